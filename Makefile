@@ -1,0 +1,57 @@
+# sandbox-executor. The two commands a new user needs:
+#   make demo    bring up the local cluster (if needed) and run a Duo-shaped job through gitlab-runner
+#   make check   everything CI runs: vet, unit tests with -race, the local cluster, e2e
+SHELL := /bin/bash
+GO ?= go
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+export SANDBOX_EXECUTOR_CACHE ?= $(HOME)/.cache/sandbox-executor
+export CLUSTER_DIR ?= $(SANDBOX_EXECUTOR_CACHE)/cluster
+BIN := $(CURDIR)/bin
+LDFLAGS := -s -w -X github.com/sandbox-executor/sandbox-executor/cmd/sandbox-executor/app.Version=$(VERSION)
+# Static binaries: the agent is copied into job pods of any image.
+GOBUILD := CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)'
+
+.PHONY: all build test vet unit check cluster-up cluster-down cluster-wipe e2e demo runner bench clean
+
+all: build
+
+build:
+	$(GOBUILD) -o $(BIN)/sandbox-executor ./cmd/sandbox-executor
+	$(GOBUILD) -o $(BIN)/sandbox-executor-agent ./cmd/sandbox-executor-agent
+
+vet:
+	$(GO) vet ./...
+
+# Unit tests: fake clientsets and a stubbed exec, with the race detector.
+unit:
+	$(GO) test -race -count=1 ./...
+
+test: vet unit
+
+# The README's test command: unit tests, then the real local cluster and the end-to-end suite.
+check: vet unit build cluster-up runner e2e
+
+cluster-up:
+	tests/cluster/up.sh
+
+cluster-down:
+	tests/cluster/down.sh
+
+cluster-wipe:
+	tests/cluster/down.sh --wipe
+
+# The real gitlab-runner (12.8, the newest the module proxy can build).
+runner:
+	tests/tools/gitlab-runner/build.sh
+
+e2e: build
+	SANDBOX_EXECUTOR_BIN=$(BIN) $(GO) test -tags e2e -count=1 -timeout 30m -v ./tests/e2e/...
+
+demo: build cluster-up runner
+	SANDBOX_EXECUTOR_BIN=$(BIN) $(GO) run ./tests/demo
+
+bench: build cluster-up runner
+	SANDBOX_EXECUTOR_BIN=$(BIN) $(GO) test -tags e2e -run '^$$' -bench . -benchtime 1x -count 1 -timeout 60m ./tests/e2e/...
+
+clean:
+	rm -rf $(BIN)

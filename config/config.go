@@ -1,0 +1,348 @@
+// Package config loads and validates the executor's TOML configuration once per stage invocation.
+package config
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path"
+	"reflect"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/BurntSushi/toml"
+)
+
+// EnvVar names the environment variable that points at the config file when --config is not given.
+const EnvVar = "SANDBOX_EXECUTOR_CONFIG"
+
+// DefaultPath is used when neither --config nor $SANDBOX_EXECUTOR_CONFIG is set.
+const DefaultPath = "/etc/sandbox-executor/config.toml"
+
+// Policies for images that no pool serves.
+const (
+	UnknownImageReject = "reject"
+	UnknownImageCold   = "cold"
+)
+
+// Config is the executor's configuration. Field tags are the TOML keys users write.
+type Config struct {
+	// Kubeconfig is a kubeconfig path; empty means in-cluster config, falling back to the
+	// default loading rules ($KUBECONFIG, ~/.kube/config) outside a cluster.
+	Kubeconfig string `toml:"kubeconfig"`
+	Context    string `toml:"context"`
+	Namespace  string `toml:"namespace"`
+
+	// RunnerName scopes claim names and labels to one runner, so several runners can share a
+	// namespace and gc only reaps its own claims. Defaults to the host name.
+	RunnerName string `toml:"runner_name"`
+
+	Pools        []Pool `toml:"pool"`
+	DefaultPool  string `toml:"default_pool"`
+	UnknownImage string `toml:"unknown_image"`
+
+	// RuntimeClasses lists the RuntimeClass names a job pod may run under; any other pod is
+	// refused before a script runs.
+	RuntimeClasses []string `toml:"runtime_classes"`
+
+	// BuildsDir and CacheDir are paths inside the job pod.
+	BuildsDir string `toml:"builds_dir"`
+	CacheDir  string `toml:"cache_dir"`
+
+	// AgentBinary is the in-pod stage agent copied into every job pod at prepare. Defaults to
+	// sandbox-executor-agent next to the executor binary.
+	AgentBinary string `toml:"agent_binary"`
+
+	ReadyTimeout   Duration `toml:"ready_timeout"`
+	ClaimGrace     Duration `toml:"claim_grace"`
+	CleanupTimeout Duration `toml:"cleanup_timeout"`
+
+	// Reconnects bounds how often one stage re-attaches after its stream drops.
+	Reconnects int `toml:"reconnects"`
+
+	// Debug adds diagnostic lines to the job log.
+	Debug bool `toml:"debug"`
+
+	// path is the file this config was read from, for error messages.
+	path string
+}
+
+// Pool maps image patterns onto a SandboxWarmPool.
+type Pool struct {
+	Name   string   `toml:"name"`
+	Images []string `toml:"images"`
+}
+
+// Duration is a time.Duration written as a Go duration string ("90s", "5m").
+type Duration struct{ time.Duration }
+
+// UnmarshalText implements encoding.TextUnmarshaler for TOML strings.
+func (d *Duration) UnmarshalText(text []byte) error {
+	v, err := time.ParseDuration(string(text))
+	if err != nil {
+		return fmt.Errorf("not a duration (use e.g. 90s, 5m): %q", text)
+	}
+	d.Duration = v
+	return nil
+}
+
+// MarshalText implements encoding.TextMarshaler.
+func (d Duration) MarshalText() ([]byte, error) { return []byte(d.String()), nil }
+
+// Error is a configuration error; it names the file and, where known, the key.
+type Error struct {
+	Path string
+	Key  string
+	Msg  string
+}
+
+func (e *Error) Error() string {
+	if e.Key == "" {
+		return fmt.Sprintf("config %s: %s", e.Path, e.Msg)
+	}
+	return fmt.Sprintf("config %s: %s: %s", e.Path, e.Key, e.Msg)
+}
+
+// ResolvePath picks the config file: the flag, else $SANDBOX_EXECUTOR_CONFIG, else DefaultPath.
+func ResolvePath(flagValue string, getenv func(string) string) string {
+	if flagValue != "" {
+		return flagValue
+	}
+	if v := getenv(EnvVar); v != "" {
+		return v
+	}
+	return DefaultPath
+}
+
+// Load reads, defaults and validates the file at path.
+func Load(path string) (*Config, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return nil, &Error{Path: path, Msg: "file not found (set --config or $" + EnvVar + ")"}
+		}
+		return nil, &Error{Path: path, Msg: err.Error()}
+	}
+	return Parse(path, data)
+}
+
+// Parse decodes TOML text; path is only used in messages.
+func Parse(path string, data []byte) (*Config, error) {
+	cfg := &Config{path: path}
+	md, err := toml.Decode(string(data), cfg)
+	if err != nil {
+		return nil, decodeError(path, err)
+	}
+	if undecoded := md.Undecoded(); len(undecoded) > 0 {
+		key := undecoded[0].String()
+		msg := "unknown key"
+		if len(undecoded[0]) == 2 && undecoded[0][0] == "pool" && isTopLevelKey(undecoded[0][1]) {
+			msg += " (top-level keys must come before the first [[pool]] table)"
+		}
+		return nil, &Error{Path: path, Key: key, Msg: msg}
+	}
+	cfg.applyDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	return cfg, nil
+}
+
+// Path is the file the config was loaded from.
+func (c *Config) Path() string { return c.path }
+
+// isTopLevelKey reports whether key is one of Config's own TOML keys.
+func isTopLevelKey(key string) bool {
+	t := reflect.TypeOf(Config{})
+	for i := 0; i < t.NumField(); i++ {
+		if strings.Split(t.Field(i).Tag.Get("toml"), ",")[0] == key {
+			return true
+		}
+	}
+	return false
+}
+
+func decodeError(path string, err error) error {
+	var perr toml.ParseError
+	if errors.As(err, &perr) {
+		msg := perr.Message
+		if perr.Position.Line > 0 {
+			msg = fmt.Sprintf("line %d: %s", perr.Position.Line, msg)
+		}
+		return &Error{Path: path, Key: perr.LastKey, Msg: msg}
+	}
+	// Type mismatches ("toml: line 3 (last key "ready_timeout"): ...") already name the key.
+	return &Error{Path: path, Msg: strings.TrimPrefix(err.Error(), "toml: ")}
+}
+
+func (c *Config) applyDefaults() {
+	if c.UnknownImage == "" {
+		c.UnknownImage = UnknownImageReject
+	}
+	if c.RuntimeClasses == nil {
+		c.RuntimeClasses = []string{"gvisor"}
+	}
+	if c.BuildsDir == "" {
+		c.BuildsDir = "/builds"
+	}
+	if c.CacheDir == "" {
+		c.CacheDir = "/cache"
+	}
+	if c.ReadyTimeout.Duration == 0 {
+		c.ReadyTimeout.Duration = 2 * time.Minute
+	}
+	if c.ClaimGrace.Duration == 0 {
+		c.ClaimGrace.Duration = 15 * time.Minute
+	}
+	if c.CleanupTimeout.Duration == 0 {
+		c.CleanupTimeout.Duration = 30 * time.Second
+	}
+	if c.Reconnects == 0 {
+		c.Reconnects = 10
+	}
+	if c.RunnerName == "" {
+		if h, err := os.Hostname(); err == nil {
+			c.RunnerName = h
+		}
+	}
+}
+
+func (c *Config) validate() error {
+	fail := func(key, format string, args ...any) error {
+		return &Error{Path: c.path, Key: key, Msg: fmt.Sprintf(format, args...)}
+	}
+	if c.Namespace == "" {
+		return fail("namespace", "is required")
+	}
+	if !isDNSLabel(c.Namespace) {
+		return fail("namespace", "%q is not a valid namespace name", c.Namespace)
+	}
+	if c.RunnerName == "" {
+		return fail("runner_name", "is required (the host name could not be read)")
+	}
+	if len(c.Pools) == 0 {
+		return fail("pool", "at least one [[pool]] is required")
+	}
+	seen := map[string]bool{}
+	for i, p := range c.Pools {
+		key := fmt.Sprintf("pool[%d]", i)
+		if p.Name == "" {
+			return fail(key+".name", "is required")
+		}
+		if !isDNSSubdomain(p.Name) {
+			return fail(key+".name", "%q is not a valid SandboxWarmPool name", p.Name)
+		}
+		if seen[p.Name] {
+			return fail(key+".name", "pool %q is listed twice", p.Name)
+		}
+		seen[p.Name] = true
+		for _, pattern := range p.Images {
+			if _, err := path.Match(pattern, ""); err != nil || pattern == "" {
+				return fail(key+".images", "bad image pattern %q", pattern)
+			}
+		}
+	}
+	if c.DefaultPool != "" && !seen[c.DefaultPool] {
+		return fail("default_pool", "%q is not one of the [[pool]] names (%s)", c.DefaultPool, strings.Join(c.PoolNames(), ", "))
+	}
+	switch c.UnknownImage {
+	case UnknownImageReject, UnknownImageCold:
+	default:
+		return fail("unknown_image", "%q is not one of reject, cold", c.UnknownImage)
+	}
+	if c.UnknownImage == UnknownImageCold {
+		return fail("unknown_image", "cold starts for unlisted images are not supported yet; use reject")
+	}
+	if len(c.RuntimeClasses) == 0 {
+		return fail("runtime_classes", "must list at least one RuntimeClass (fail-closed isolation)")
+	}
+	for _, dir := range []struct{ key, value string }{{"builds_dir", c.BuildsDir}, {"cache_dir", c.CacheDir}} {
+		if !path.IsAbs(dir.value) {
+			return fail(dir.key, "%q must be an absolute path inside the job pod", dir.value)
+		}
+	}
+	for _, d := range []struct {
+		key   string
+		value time.Duration
+	}{{"ready_timeout", c.ReadyTimeout.Duration}, {"claim_grace", c.ClaimGrace.Duration}, {"cleanup_timeout", c.CleanupTimeout.Duration}} {
+		if d.value < 0 {
+			return fail(d.key, "must be positive, got %s", d.value)
+		}
+	}
+	if c.Reconnects < 0 {
+		return fail("reconnects", "must not be negative")
+	}
+	return nil
+}
+
+// PoolNames lists the configured pools, for messages.
+func (c *Config) PoolNames() []string {
+	names := make([]string, 0, len(c.Pools))
+	for _, p := range c.Pools {
+		names = append(names, p.Name)
+	}
+	return names
+}
+
+// AllowedImages lists every image pattern some pool serves, sorted, for messages.
+func (c *Config) AllowedImages() []string {
+	var images []string
+	for _, p := range c.Pools {
+		images = append(images, p.Images...)
+	}
+	sort.Strings(images)
+	return images
+}
+
+// ErrImageNotAllowed is returned by PoolFor for images that no pool serves.
+var ErrImageNotAllowed = errors.New("image not allowed")
+
+// PoolFor picks the pool serving image. An empty image goes to default_pool. Patterns use
+// path.Match syntax, where "*" does not cross "/": "node:*" matches "node:22" but not
+// "evil/node:22", so a pattern never widens to another registry or namespace by accident.
+func (c *Config) PoolFor(image string) (string, error) {
+	if image == "" {
+		if c.DefaultPool == "" {
+			return "", fmt.Errorf("%w: the job sets no image and no default_pool is configured", ErrImageNotAllowed)
+		}
+		return c.DefaultPool, nil
+	}
+	for _, p := range c.Pools {
+		for _, pattern := range p.Images {
+			if ok, _ := path.Match(pattern, image); ok {
+				return p.Name, nil
+			}
+		}
+	}
+	allowed := c.AllowedImages()
+	if len(allowed) == 0 {
+		return "", fmt.Errorf("%w: %q: no pool serves any image; remove image: from the job to use default_pool", ErrImageNotAllowed, image)
+	}
+	return "", fmt.Errorf("%w: %q: allowed images are %s", ErrImageNotAllowed, image, strings.Join(allowed, ", "))
+}
+
+func isDNSLabel(s string) bool {
+	if len(s) == 0 || len(s) > 63 {
+		return false
+	}
+	for i, r := range s {
+		alnum := r >= 'a' && r <= 'z' || r >= '0' && r <= '9'
+		if !alnum && (r != '-' || i == 0 || i == len(s)-1) {
+			return false
+		}
+	}
+	return true
+}
+
+func isDNSSubdomain(s string) bool {
+	if len(s) == 0 || len(s) > 253 {
+		return false
+	}
+	for _, label := range strings.Split(s, ".") {
+		if !isDNSLabel(label) {
+			return false
+		}
+	}
+	return true
+}

@@ -1,0 +1,93 @@
+// Package agent is the small program the executor copies into every job pod at prepare. It runs
+// each stage detached from the exec stream that started it, in its own process group, with the
+// output in a file and the exit status in another, so that a dropped stream can re-attach and
+// resume from the last byte delivered, and a stage's status is never guessed.
+//
+// It uses only the standard library: it is copied into the pod once per job, so it stays small.
+//
+// Layout in the pod (BaseDir is 0700, owned by the container user):
+//
+//	BaseDir/agent                the agent binary
+//	BaseDir/stages/<id>/script   the stage script, delivered over exec stdin
+//	BaseDir/stages/<id>/out      stdout and stderr of the stage, merged as a job log is
+//	BaseDir/stages/<id>/pgid     the stage's process group, written once it runs
+//	BaseDir/stages/<id>/sid      the supervisor's session, to find escaped descendants on kill
+//	BaseDir/stages/<id>/status   the exit code, written atomically after the stage ends
+package agent
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+)
+
+const (
+	// BaseDir is the executor's private directory in the pod.
+	BaseDir = "/tmp/.sandbox-executor"
+	// BinaryPath is where prepare installs the agent.
+	BinaryPath = BaseDir + "/agent"
+	// StagesDir holds one directory per stage invocation.
+	StagesDir = BaseDir + "/stages"
+)
+
+// Control lines travel on the exec stream's stderr, so the job's own output (stdout) is passed
+// through byte for byte. A control line starts with an ASCII record separator, which a shell
+// script's stderr does not produce by accident.
+const controlPrefix = "\x1esandbox-executor:"
+
+// ExitAgentFailure is the agent's own exit code when it cannot start or follow a stage; the
+// reason is on stderr. A stage's exit code is reported in a status line, never as the agent's.
+const ExitAgentFailure = 125
+
+// StatusLine reports a finished stage's exit code.
+func StatusLine(code int) string { return fmt.Sprintf("%sstatus %d\n", controlPrefix, code) }
+
+// HeartbeatLine keeps idle streams alive through proxies and load balancers during silent stages.
+func HeartbeatLine() string { return controlPrefix + "heartbeat\n" }
+
+// Control is a parsed control line.
+type Control struct {
+	Heartbeat bool
+	Status    int
+}
+
+// ParseControl recognises a control line (without its newline). ok is false for ordinary text.
+func ParseControl(line string) (c Control, ok bool) {
+	rest, found := strings.CutPrefix(line, controlPrefix)
+	if !found {
+		return Control{}, false
+	}
+	if rest == "heartbeat" {
+		return Control{Heartbeat: true}, true
+	}
+	if v, found := strings.CutPrefix(rest, "status "); found {
+		code, err := strconv.Atoi(v)
+		if err == nil {
+			return Control{Status: code}, true
+		}
+	}
+	return Control{}, false
+}
+
+// StartArgs is the agent command line for starting (or re-attaching to) a stage. The script
+// itself goes over stdin; its size and digest let the agent refuse a truncated delivery instead
+// of running half a script.
+func StartArgs(stageDir string, size int, sha256Hex string, offset int64) []string {
+	return []string{BinaryPath, "start", "--dir", stageDir, "--size", strconv.Itoa(size), "--sha256", sha256Hex, "--offset", strconv.FormatInt(offset, 10)}
+}
+
+// KillArgs is the agent command line that stops a stage's whole process tree.
+func KillArgs(stageDir string, graceSeconds int) []string {
+	return []string{BinaryPath, "kill", "--dir", stageDir, "--grace", strconv.Itoa(graceSeconds) + "s"}
+}
+
+// ProbeArgs asks the agent what the pod offers (shell, kernel).
+func ProbeArgs() []string { return []string{BinaryPath, "probe"} }
+
+// Probe is the agent's report on the pod, printed as JSON by "probe".
+type Probe struct {
+	Shell         string `json:"shell"`
+	KernelRelease string `json:"kernel_release"`
+	KernelVersion string `json:"kernel_version"`
+	UID           int    `json:"uid"`
+}

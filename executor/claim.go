@@ -1,0 +1,369 @@
+package executor
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/watch"
+	sandboxv1beta1 "sigs.k8s.io/agent-sandbox/api/v1beta1"
+	extv1beta1 "sigs.k8s.io/agent-sandbox/extensions/api/v1beta1"
+)
+
+// Labels put on every claim, so that operators, gc and NetworkPolicies can find a job's claim.
+const (
+	LabelManagedBy  = "app.kubernetes.io/managed-by"
+	LabelRunner     = "sandbox-executor.gitlab.io/runner"
+	LabelJobID      = "sandbox-executor.gitlab.io/job-id"
+	LabelProjectID  = "sandbox-executor.gitlab.io/project-id"
+	LabelPipelineID = "sandbox-executor.gitlab.io/pipeline-id"
+	ManagedByValue  = "sandbox-executor"
+)
+
+const (
+	resourceClaims    = "sandboxclaims.extensions.agents.x-k8s.io"
+	resourcePools     = "sandboxwarmpools.extensions.agents.x-k8s.io"
+	resourceSandboxes = "sandboxes.agents.x-k8s.io"
+	resourcePods      = "pods"
+)
+
+// Sandbox is a claimed job pod, ready for exec. It is what later stages need, so prepare
+// saves it in the runner's per-job temporary directory.
+type Sandbox struct {
+	Namespace    string `json:"namespace"`
+	Claim        string `json:"claim"`
+	Pool         string `json:"pool"`
+	SandboxName  string `json:"sandbox"`
+	Pod          string `json:"pod"`
+	Container    string `json:"container"`
+	RuntimeClass string `json:"runtimeClass"`
+	Warm         bool   `json:"warm"`
+	PodIP        string `json:"podIP,omitempty"`
+}
+
+// ClaimName is deterministic per runner and job, so that a prepare retried by the runner adopts
+// the claim it already made. It fits a DNS label: claims may name cold-started pods.
+func ClaimName(runner string, jobID int64) string {
+	sum := sha256.Sum256([]byte(runner))
+	return "job-" + strconv.FormatInt(jobID, 10) + "-" + hex.EncodeToString(sum[:])[:10]
+}
+
+// RunnerLabel makes a runner name fit a label value.
+func RunnerLabel(runner string) string {
+	var b strings.Builder
+	for _, r := range strings.ToLower(runner) {
+		switch {
+		case r >= 'a' && r <= 'z', r >= '0' && r <= '9', r == '-', r == '_', r == '.':
+			b.WriteRune(r)
+		default:
+			b.WriteByte('-')
+		}
+	}
+	s := b.String()
+	if len(s) > 63 {
+		s = s[:63]
+	}
+	return strings.Trim(s, "-_.")
+}
+
+// ClaimRequest describes the claim prepare makes for a job.
+type ClaimRequest struct {
+	Namespace      string
+	Pool           string
+	Runner         string
+	Job            *Job
+	Grace          time.Duration
+	ReadyTimeout   time.Duration
+	RuntimeClasses []string
+}
+
+// Claimer claims and releases sandboxes.
+type Claimer struct {
+	Clients *Clients
+	// Now is the clock, replaced in tests.
+	Now func() time.Time
+}
+
+func (c *Claimer) now() time.Time {
+	if c.Now != nil {
+		return c.Now()
+	}
+	return time.Now()
+}
+
+// PoolStatus is what prepare reports about the pool before claiming from it.
+type PoolStatus struct {
+	Replicas, Ready int32
+}
+
+// CheckPool confirms the pool exists (and, with it, that the CRDs are installed).
+func (c *Claimer) CheckPool(ctx context.Context, namespace, pool string) (PoolStatus, error) {
+	p, err := c.Clients.Extensions.ExtensionsV1beta1().SandboxWarmPools(namespace).Get(ctx, pool, metav1.GetOptions{})
+	if isObjectNotFound(err) {
+		return PoolStatus{}, PermanentError(nil, "SandboxWarmPool %q not found in namespace %q: create it or fix [[pool]] name in the executor config", pool, namespace)
+	}
+	if err != nil {
+		return PoolStatus{}, explainAPIError(err, apiCall{"get", resourcePools, namespace, pool})
+	}
+	status := PoolStatus{Ready: p.Status.ReadyReplicas}
+	if p.Spec.Replicas != nil {
+		status.Replicas = *p.Spec.Replicas
+	}
+	return status, nil
+}
+
+// Claim creates the job's claim, or adopts it if a retried prepare already made it, and waits
+// until its sandbox is Ready and verified.
+func (c *Claimer) Claim(ctx context.Context, req ClaimRequest) (*Sandbox, error) {
+	name := ClaimName(req.Runner, req.Job.ID)
+	claims := c.Clients.Extensions.ExtensionsV1beta1().SandboxClaims(req.Namespace)
+	shutdown := metav1.NewTime(c.now().Add(req.Job.Timeout + req.Grace).Truncate(time.Second))
+	want := &extv1beta1.SandboxClaim{
+		ObjectMeta: metav1.ObjectMeta{
+			Name:      name,
+			Namespace: req.Namespace,
+			Labels:    claimLabels(req),
+		},
+		Spec: extv1beta1.SandboxClaimSpec{
+			WarmPoolRef: extv1beta1.SandboxWarmPoolRef{Name: req.Pool},
+			// Delete, not the default Retain: a runner that dies never runs cleanup, and the
+			// claim must not outlive the job by more than the grace period.
+			Lifecycle: &extv1beta1.Lifecycle{ShutdownTime: &shutdown, ShutdownPolicy: extv1beta1.ShutdownPolicyDelete},
+		},
+	}
+	claim, err := claims.Create(ctx, want, metav1.CreateOptions{})
+	if apierrors.IsAlreadyExists(err) {
+		claim, err = claims.Get(ctx, name, metav1.GetOptions{})
+		if err == nil && claim.Labels[LabelJobID] != want.Labels[LabelJobID] {
+			return nil, PermanentError(nil, "SandboxClaim %s/%s exists but belongs to another job", req.Namespace, name)
+		}
+		if err == nil && claim.DeletionTimestamp != nil {
+			return nil, SystemError(nil, "SandboxClaim %s/%s from an earlier attempt is still being deleted", req.Namespace, name)
+		}
+	}
+	if err != nil {
+		return nil, explainAPIError(err, apiCall{"create", resourceClaims, req.Namespace, name})
+	}
+	ready, err := c.waitReady(ctx, claim, req.ReadyTimeout)
+	if err != nil {
+		return nil, err
+	}
+	return c.Resolve(ctx, ready, req.RuntimeClasses)
+}
+
+func claimLabels(req ClaimRequest) map[string]string {
+	labels := map[string]string{
+		LabelManagedBy: ManagedByValue,
+		LabelRunner:    RunnerLabel(req.Runner),
+		LabelJobID:     strconv.FormatInt(req.Job.ID, 10),
+	}
+	if req.Job.ProjectID > 0 {
+		labels[LabelProjectID] = strconv.FormatInt(req.Job.ProjectID, 10)
+	}
+	if req.Job.PipelineID > 0 {
+		labels[LabelPipelineID] = strconv.FormatInt(req.Job.PipelineID, 10)
+	}
+	return labels
+}
+
+// claimReady reports whether the claim is Ready with a sandbox, and a description of where it
+// stands otherwise.
+func claimReady(claim *extv1beta1.SandboxClaim) (bool, string) {
+	cond := meta.FindStatusCondition(claim.Status.Conditions, string(sandboxv1beta1.SandboxConditionReady))
+	if cond == nil {
+		return false, "no Ready condition yet"
+	}
+	if cond.Status == metav1.ConditionTrue && claim.Status.SandboxStatus.Name != "" {
+		return true, ""
+	}
+	return false, fmt.Sprintf("Ready=%s reason=%s message=%q", cond.Status, cond.Reason, cond.Message)
+}
+
+// permanentClaimReasons are Ready=False reasons that waiting cannot fix.
+var permanentClaimReasons = []string{"TemplateNotFound", "WarmPoolNotFound", "VolumeClaimTemplatesError"}
+
+// waitReady watches the claim until Ready. It re-establishes the watch when the API server ends
+// it, never polls on a timer, and gives up after timeout naming the last condition seen.
+func (c *Claimer) waitReady(ctx context.Context, claim *extv1beta1.SandboxClaim, timeout time.Duration) (*extv1beta1.SandboxClaim, error) {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	claims := c.Clients.Extensions.ExtensionsV1beta1().SandboxClaims(claim.Namespace)
+	last := "no status yet"
+	for {
+		if ok, why := claimReady(claim); ok {
+			return claim, nil
+		} else if why != "" {
+			last = why
+		}
+		if cond := meta.FindStatusCondition(claim.Status.Conditions, string(sandboxv1beta1.SandboxConditionReady)); cond != nil && slices.Contains(permanentClaimReasons, cond.Reason) {
+			return nil, PermanentError(nil, "SandboxClaim %s/%s cannot become Ready: %s", claim.Namespace, claim.Name, last)
+		}
+		w, err := claims.Watch(ctx, metav1.ListOptions{
+			FieldSelector:   fields.OneTermEqualSelector("metadata.name", claim.Name).String(),
+			ResourceVersion: claim.ResourceVersion,
+		})
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil, c.readyTimeout(ctx, claim, timeout, last)
+			}
+			return nil, explainAPIError(err, apiCall{"watch", resourceClaims, claim.Namespace, claim.Name})
+		}
+		next, err := nextClaimUpdate(ctx, w, claim.Name)
+		w.Stop()
+		switch {
+		case ctx.Err() != nil:
+			return nil, c.readyTimeout(ctx, claim, timeout, last)
+		case err != nil:
+			return nil, err
+		case next != nil:
+			claim = next
+		default:
+			// The watch ended (API server timeout or restart): re-read and watch again.
+			fresh, err := claims.Get(ctx, claim.Name, metav1.GetOptions{})
+			if err != nil {
+				if ctx.Err() != nil {
+					return nil, c.readyTimeout(ctx, claim, timeout, last)
+				}
+				return nil, explainAPIError(err, apiCall{"get", resourceClaims, claim.Namespace, claim.Name})
+			}
+			claim = fresh
+		}
+	}
+}
+
+// nextClaimUpdate returns the next version of the claim, or nil when the watch closed.
+func nextClaimUpdate(ctx context.Context, w watch.Interface, name string) (*extv1beta1.SandboxClaim, error) {
+	for {
+		select {
+		case <-ctx.Done():
+			return nil, nil
+		case ev, open := <-w.ResultChan():
+			if !open {
+				return nil, nil
+			}
+			switch ev.Type {
+			case watch.Deleted:
+				return nil, SystemError(nil, "SandboxClaim %s was deleted while waiting for it to become Ready", name)
+			case watch.Error:
+				// Typically "resource version too old": re-read and watch again.
+				return nil, nil
+			}
+			if claim, ok := ev.Object.(*extv1beta1.SandboxClaim); ok && claim.Name == name {
+				return claim, nil
+			}
+		}
+	}
+}
+
+func (c *Claimer) readyTimeout(ctx context.Context, claim *extv1beta1.SandboxClaim, timeout time.Duration, last string) error {
+	if ctx.Err() == context.DeadlineExceeded {
+		return SystemError(nil, "SandboxClaim %s/%s (pool %s) not Ready within ready_timeout %s; last condition: %s",
+			claim.Namespace, claim.Name, claim.Spec.WarmPoolRef.Name, timeout, last)
+	}
+	return SystemError(ctx.Err(), "waiting for SandboxClaim %s/%s", claim.Namespace, claim.Name)
+}
+
+// Resolve finds the pod behind a Ready claim and fails closed unless it runs an allowed
+// RuntimeClass and belongs to this claim.
+func (c *Claimer) Resolve(ctx context.Context, claim *extv1beta1.SandboxClaim, runtimeClasses []string) (*Sandbox, error) {
+	ns := claim.Namespace
+	sbx, err := c.Clients.Sandboxes.AgentsV1beta1().Sandboxes(ns).Get(ctx, claim.Status.SandboxStatus.Name, metav1.GetOptions{})
+	if err != nil {
+		return nil, explainAPIError(err, apiCall{"get", resourceSandboxes, ns, claim.Status.SandboxStatus.Name})
+	}
+	podName := sbx.Annotations[sandboxv1beta1.SandboxPodNameAnnotation]
+	if podName == "" {
+		podName = sbx.Name
+	}
+	pod, err := c.Clients.Kube.CoreV1().Pods(ns).Get(ctx, podName, metav1.GetOptions{})
+	if err != nil {
+		return nil, explainAPIError(err, apiCall{"get", resourcePods, ns, podName})
+	}
+	if err := verifyPod(pod, claim, runtimeClasses); err != nil {
+		return nil, err
+	}
+	out := &Sandbox{
+		Namespace:    ns,
+		Claim:        claim.Name,
+		Pool:         claim.Spec.WarmPoolRef.Name,
+		SandboxName:  sbx.Name,
+		Pod:          pod.Name,
+		Container:    pod.Spec.Containers[0].Name,
+		RuntimeClass: *pod.Spec.RuntimeClassName,
+		Warm:         sbx.Labels[sandboxv1beta1.SandboxLaunchTypeLabel] == sandboxv1beta1.SandboxLaunchTypeWarm,
+		PodIP:        pod.Status.PodIP,
+	}
+	return out, nil
+}
+
+// verifyPod is the fail-closed gate: no script runs in a pod that is not isolated as configured.
+func verifyPod(pod *corev1.Pod, claim *extv1beta1.SandboxClaim, runtimeClasses []string) error {
+	rc := ""
+	if pod.Spec.RuntimeClassName != nil {
+		rc = *pod.Spec.RuntimeClassName
+	}
+	if !slices.Contains(runtimeClasses, rc) {
+		shown := rc
+		if shown == "" {
+			shown = "none (the node's default runtime)"
+		}
+		return PermanentError(nil, "refusing pod %s/%s: runtimeClassName is %s, allowed: %s; fix the SandboxTemplate of pool %s",
+			pod.Namespace, pod.Name, shown, strings.Join(runtimeClasses, ", "), claim.Spec.WarmPoolRef.Name)
+	}
+	if uid := pod.Labels[extv1beta1.SandboxIDLabel]; uid != "" && uid != string(claim.UID) {
+		return SystemError(nil, "pod %s/%s belongs to another claim", pod.Namespace, pod.Name)
+	}
+	if pod.DeletionTimestamp != nil || pod.Status.Phase != corev1.PodRunning {
+		return SystemError(nil, "pod %s/%s is %s, not Running", pod.Namespace, pod.Name, podState(pod))
+	}
+	if len(pod.Spec.Containers) == 0 {
+		return PermanentError(nil, "pod %s/%s has no containers", pod.Namespace, pod.Name)
+	}
+	return nil
+}
+
+func podState(pod *corev1.Pod) string {
+	if pod.DeletionTimestamp != nil {
+		return "being deleted"
+	}
+	if pod.Status.Reason != "" {
+		return string(pod.Status.Phase) + " (" + pod.Status.Reason + ")"
+	}
+	return string(pod.Status.Phase)
+}
+
+// Release deletes the job's claim; the Sandbox and its pod are garbage-collected with it.
+// A claim already gone is success, so cleanup may run any number of times.
+func (c *Claimer) Release(ctx context.Context, namespace, claim string) error {
+	policy := metav1.DeletePropagationBackground
+	err := c.Clients.Extensions.ExtensionsV1beta1().SandboxClaims(namespace).Delete(ctx, claim, metav1.DeleteOptions{PropagationPolicy: &policy})
+	if err == nil || isObjectNotFound(err) {
+		return nil
+	}
+	return explainAPIError(err, apiCall{"delete", resourceClaims, namespace, claim})
+}
+
+// PodGone explains why a pod can no longer run stages, or returns "" while it still can.
+func (c *Claimer) PodGone(ctx context.Context, sbx *Sandbox) (string, error) {
+	pod, err := c.Clients.Kube.CoreV1().Pods(sbx.Namespace).Get(ctx, sbx.Pod, metav1.GetOptions{})
+	if isObjectNotFound(err) {
+		return fmt.Sprintf("pod %s/%s was deleted", sbx.Namespace, sbx.Pod), nil
+	}
+	if err != nil {
+		return "", explainAPIError(err, apiCall{"get", resourcePods, sbx.Namespace, sbx.Pod})
+	}
+	if pod.DeletionTimestamp != nil || pod.Status.Phase != corev1.PodRunning {
+		return fmt.Sprintf("pod %s/%s is %s", sbx.Namespace, sbx.Pod, podState(pod)), nil
+	}
+	return "", nil
+}

@@ -1,0 +1,121 @@
+package executor
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"strconv"
+	"time"
+)
+
+// Job is what prepare needs to know about a job. It is read from $JOB_RESPONSE_FILE, the job
+// JSON GitLab sent the runner: CUSTOM_ENV_* variables can be overridden by job variables, so
+// they are never trusted for identity, timeout or image.
+type Job struct {
+	ID         int64
+	ProjectID  int64
+	PipelineID int64
+	Image      string
+	// Timeout is the job's timeout as GitLab set it (runner_info.timeout).
+	Timeout time.Duration
+}
+
+// jobResponse mirrors the parts of GitLab's job JSON that we read.
+type jobResponse struct {
+	ID      int64 `json:"id"`
+	JobInfo struct {
+		ProjectID int64 `json:"project_id"`
+	} `json:"job_info"`
+	RunnerInfo struct {
+		Timeout int64 `json:"timeout"`
+	} `json:"runner_info"`
+	Image struct {
+		Name string `json:"name"`
+	} `json:"image"`
+	Variables []struct {
+		Key   string `json:"key"`
+		Value string `json:"value"`
+	} `json:"variables"`
+}
+
+// DefaultJobTimeout applies when the job JSON carries no timeout (GitLab's own default).
+const DefaultJobTimeout = time.Hour
+
+// ReadJob parses the job JSON at path. Errors never quote the file: it holds the job token.
+func ReadJob(path string) (*Job, error) {
+	if path == "" {
+		return nil, PermanentError(nil, "JOB_RESPONSE_FILE is not set: run this command from gitlab-runner's custom executor")
+	}
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, SystemError(nil, "reading JOB_RESPONSE_FILE %s: %v", path, unwrapPathError(err))
+	}
+	var resp jobResponse
+	if err := json.Unmarshal(data, &resp); err != nil {
+		return nil, PermanentError(nil, "JOB_RESPONSE_FILE %s is not valid job JSON", path)
+	}
+	if resp.ID <= 0 {
+		return nil, PermanentError(nil, "JOB_RESPONSE_FILE %s has no job id", path)
+	}
+	job := &Job{ID: resp.ID, ProjectID: resp.JobInfo.ProjectID, Image: resp.Image.Name, Timeout: DefaultJobTimeout}
+	if resp.RunnerInfo.Timeout > 0 {
+		job.Timeout = time.Duration(resp.RunnerInfo.Timeout) * time.Second
+	}
+	for _, v := range resp.Variables {
+		switch v.Key {
+		case "CI_PIPELINE_ID":
+			job.PipelineID, _ = strconv.ParseInt(v.Value, 10, 64)
+		case "CI_PROJECT_ID":
+			if job.ProjectID == 0 {
+				job.ProjectID, _ = strconv.ParseInt(v.Value, 10, 64)
+			}
+		}
+	}
+	return job, nil
+}
+
+func unwrapPathError(err error) error {
+	if pe, ok := err.(*os.PathError); ok {
+		return pe.Err
+	}
+	return err
+}
+
+// RunnerEnv is what the runner tells every stage through its environment.
+type RunnerEnv struct {
+	BuildFailureExitCode  int
+	SystemFailureExitCode int
+	// BuildExitCodeFile receives the script's exit code (runner 17.9+); empty on older runners.
+	BuildExitCodeFile string
+	JobResponseFile   string
+	// TmpDir is the runner's per-job temporary directory, shared by all stages of a job.
+	TmpDir string
+}
+
+// RunnerEnvFrom reads the runner's variables, with the runner's defaults for missing exit codes.
+func RunnerEnvFrom(getenv func(string) string) RunnerEnv {
+	code := func(key string, def int) int {
+		if v, err := strconv.Atoi(getenv(key)); err == nil {
+			return v
+		}
+		return def
+	}
+	return RunnerEnv{
+		BuildFailureExitCode:  code("BUILD_FAILURE_EXIT_CODE", 1),
+		SystemFailureExitCode: code("SYSTEM_FAILURE_EXIT_CODE", 2),
+		BuildExitCodeFile:     getenv("BUILD_EXIT_CODE_FILE"),
+		JobResponseFile:       getenv("JOB_RESPONSE_FILE"),
+		TmpDir:                getenv("TMPDIR"),
+	}
+}
+
+// WriteBuildExitCode records a script's exit code where the runner reads it.
+func (e RunnerEnv) WriteBuildExitCode(code int) error {
+	if e.BuildExitCodeFile == "" {
+		return nil
+	}
+	if err := os.WriteFile(e.BuildExitCodeFile, []byte(fmt.Sprintf("%d\n", code)), 0o600); err != nil {
+		return SystemError(err, "writing BUILD_EXIT_CODE_FILE")
+	}
+	return nil
+}

@@ -1,0 +1,215 @@
+package executor
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"path"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/sandbox-executor/sandbox-executor/executor/agent"
+)
+
+// StageRunner runs one stage script in the job pod through the in-pod agent: the stage runs
+// detached, and a dropped exec stream re-attaches and resumes from the last byte delivered, until
+// the agent reports the stage's exit status. A status that cannot be established is a system
+// failure, never a success.
+type StageRunner struct {
+	Exec    RemoteExecutor
+	Sandbox *Sandbox
+	// PodGone explains why the pod cannot run stages any more ("" while it can).
+	PodGone func(ctx context.Context) (string, error)
+	Log     *JobLog
+	// Reconnects bounds re-attaches per stage.
+	Reconnects int
+	// Backoff is the wait before re-attach attempt n (1-based).
+	Backoff func(attempt int) time.Duration
+	// KillGrace is how long the stage gets between SIGTERM and SIGKILL on cancel.
+	KillGrace time.Duration
+}
+
+// DefaultBackoff doubles from 200 ms to a 5 s ceiling.
+func DefaultBackoff(attempt int) time.Duration {
+	d := 200 * time.Millisecond << min(attempt-1, 5)
+	return min(d, 5*time.Second)
+}
+
+// ErrCancelled is returned when the stage was stopped because the runner cancelled it.
+var ErrCancelled = errors.New("stage cancelled")
+
+// Run executes script as stage name, streaming its output to stdout, and returns its exit code.
+// When ctx is cancelled (SIGTERM from the runner), it stops the stage's processes in the pod
+// before it returns.
+func (r *StageRunner) Run(ctx context.Context, name string, script []byte, stdout, stderr io.Writer) (int, error) {
+	stageDir := path.Join(agent.StagesDir, stageID(name))
+	sum := sha256.Sum256(script)
+	digest := hex.EncodeToString(sum[:])
+	delivered := &countingWriter{w: stdout}
+	var lastErr error
+	for attempt := 0; ; attempt++ {
+		ctrl := newControlReader(stderr)
+		err := r.Exec.Exec(ctx, ExecRequest{
+			Namespace: r.Sandbox.Namespace, Pod: r.Sandbox.Pod, Container: r.Sandbox.Container,
+			Command: agent.StartArgs(stageDir, len(script), digest, delivered.n),
+			Stdin:   bytes.NewReader(script),
+			Stdout:  delivered,
+			Stderr:  ctrl,
+		})
+		ctrl.Close()
+		if code, ok := ctrl.Status(); ok {
+			return code, nil
+		}
+		if ctx.Err() != nil {
+			return 0, r.stop(stageDir, name)
+		}
+		if delivered.err != nil {
+			return 0, SystemError(delivered.err, "writing stage %s output to the runner", name)
+		}
+		var exit *ExitError
+		if errors.As(err, &exit) {
+			// The agent ran and said why it could not run the stage (already on stderr).
+			return 0, SystemError(nil, "stage %s: the in-pod agent failed (exit %d): %s", name, exit.Code, ctrl.LastText())
+		}
+		if err == nil {
+			err = errors.New("stream ended without the stage's exit status")
+		}
+		lastErr = err
+		if why, gerr := r.PodGone(ctx); why != "" {
+			return 0, SystemError(nil, "stage %s: %s", name, why)
+		} else if gerr != nil && KindOf(gerr) == KindPermanent {
+			return 0, gerr
+		}
+		if attempt >= r.Reconnects {
+			return 0, SystemError(lastErr, "stage %s: lost the stream to pod %s %d times; its exit status is unknown", name, r.Sandbox.Pod, attempt+1)
+		}
+		r.Log.Warnf("Stream to pod %s dropped (%s); re-attaching at byte %d (attempt %d/%d)", r.Sandbox.Pod, oneLine(err.Error()), delivered.n, attempt+1, r.Reconnects)
+		select {
+		case <-time.After(r.Backoff(attempt + 1)):
+		case <-ctx.Done():
+			return 0, r.stop(stageDir, name)
+		}
+	}
+}
+
+// stop kills the stage's process tree in the pod. It runs on its own short context: the
+// stage's context is already cancelled.
+func (r *StageRunner) stop(stageDir, name string) error {
+	ctx, cancel := context.WithTimeout(context.Background(), r.KillGrace+15*time.Second)
+	defer cancel()
+	var out bytes.Buffer
+	err := r.Exec.Exec(ctx, ExecRequest{
+		Namespace: r.Sandbox.Namespace, Pod: r.Sandbox.Pod, Container: r.Sandbox.Container,
+		Command: agent.KillArgs(stageDir, int(r.KillGrace/time.Second)),
+		Stdout:  &out, Stderr: &out,
+	})
+	if err != nil {
+		return SystemError(nil, "stage %s cancelled, but stopping its processes in pod %s failed: %s", name, r.Sandbox.Pod, oneLine(strings.TrimSpace(out.String()+" "+err.Error())))
+	}
+	r.Log.Warnf("Stage %s cancelled: its processes in pod %s were stopped", name, r.Sandbox.Pod)
+	return &Error{Kind: KindSystem, Err: ErrCancelled, Msg: "stage " + name}
+}
+
+// stageID is unique per invocation: the runner may run a stage name more than once (retries of
+// get_sources), and each run must have its own output and status.
+func stageID(name string) string {
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	clean := strings.Map(func(r rune) rune {
+		if r >= 'a' && r <= 'z' || r >= '0' && r <= '9' || r == '_' || r == '-' {
+			return r
+		}
+		return '-'
+	}, strings.ToLower(name))
+	if len(clean) > 64 {
+		clean = clean[:64]
+	}
+	return clean + "-" + hex.EncodeToString(b[:])
+}
+
+// countingWriter counts the bytes the job log has received: the offset to resume from.
+type countingWriter struct {
+	w   io.Writer
+	n   int64
+	err error
+}
+
+func (c *countingWriter) Write(p []byte) (int, error) {
+	n, err := c.w.Write(p)
+	c.n += int64(n)
+	if err != nil {
+		c.err = err
+	}
+	return n, err
+}
+
+// controlReader splits the agent's stderr into control lines (status, heartbeats), which it
+// keeps, and text, which it passes on.
+type controlReader struct {
+	pw   *io.PipeWriter
+	done chan struct{}
+
+	mu       sync.Mutex
+	status   *int
+	lastText string
+}
+
+func newControlReader(passthrough io.Writer) *controlReader {
+	pr, pw := io.Pipe()
+	c := &controlReader{pw: pw, done: make(chan struct{})}
+	go func() {
+		defer close(c.done)
+		sc := bufio.NewScanner(pr)
+		sc.Buffer(make([]byte, 64<<10), 1<<20)
+		for sc.Scan() {
+			line := sc.Text()
+			if ctl, ok := agent.ParseControl(line); ok {
+				if !ctl.Heartbeat {
+					c.mu.Lock()
+					c.status = &ctl.Status
+					c.mu.Unlock()
+				}
+				continue
+			}
+			c.mu.Lock()
+			c.lastText = line
+			c.mu.Unlock()
+			fmt.Fprintln(passthrough, line)
+		}
+		_, _ = io.Copy(io.Discard, pr)
+	}()
+	return c
+}
+
+func (c *controlReader) Write(p []byte) (int, error) { return c.pw.Write(p) }
+
+// Close ends the stream and waits until every line has been handled.
+func (c *controlReader) Close() {
+	c.pw.Close()
+	<-c.done
+}
+
+func (c *controlReader) Status() (int, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.status == nil {
+		return 0, false
+	}
+	return *c.status, true
+}
+
+func (c *controlReader) LastText() string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.lastText == "" {
+		return "no message"
+	}
+	return c.lastText
+}

@@ -1,0 +1,65 @@
+package executor
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"os"
+	"path/filepath"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// stateFile is where prepare leaves the claimed sandbox for the stages after it: the runner's
+// per-job TMPDIR, which it removes when the job ends.
+const stateFile = "sandbox-executor-state.json"
+
+// SaveSandbox records the claimed sandbox for later stages.
+func SaveSandbox(tmpDir string, sbx *Sandbox) error {
+	if tmpDir == "" {
+		return nil // older runners: later stages resolve the claim again
+	}
+	data, err := json.Marshal(sbx)
+	if err != nil {
+		return err
+	}
+	tmp := filepath.Join(tmpDir, stateFile+".tmp")
+	if err := os.WriteFile(tmp, data, 0o600); err != nil {
+		return SystemError(err, "saving job state")
+	}
+	return os.Rename(tmp, filepath.Join(tmpDir, stateFile))
+}
+
+// LoadSandbox finds the job's sandbox: from prepare's state file when there is one, else by
+// resolving the job's deterministic claim name again.
+func (c *Claimer) LoadSandbox(ctx context.Context, tmpDir, namespace, claimName string, runtimeClasses []string) (*Sandbox, error) {
+	if tmpDir != "" {
+		data, err := os.ReadFile(filepath.Join(tmpDir, stateFile))
+		if err == nil {
+			var sbx Sandbox
+			if json.Unmarshal(data, &sbx) == nil && sbx.Claim == claimName && sbx.Pod != "" {
+				return &sbx, nil
+			}
+		} else if !errors.Is(err, os.ErrNotExist) {
+			return nil, SystemError(err, "reading job state")
+		}
+	}
+	claim, err := c.Clients.Extensions.ExtensionsV1beta1().SandboxClaims(namespace).Get(ctx, claimName, metav1.GetOptions{})
+	if isObjectNotFound(err) {
+		return nil, SystemError(nil, "SandboxClaim %s/%s is gone: the job's sandbox was released or expired", namespace, claimName)
+	}
+	if err != nil {
+		return nil, explainAPIError(err, apiCall{"get", resourceClaims, namespace, claimName})
+	}
+	if ok, why := claimReady(claim); !ok {
+		return nil, SystemError(nil, "SandboxClaim %s/%s is not Ready: %s", namespace, claimName, why)
+	}
+	return c.Resolve(ctx, claim, runtimeClasses)
+}
+
+// ForgetSandbox removes the state file after cleanup.
+func ForgetSandbox(tmpDir string) {
+	if tmpDir != "" {
+		_ = os.Remove(filepath.Join(tmpDir, stateFile))
+	}
+}

@@ -1,0 +1,104 @@
+// Package prepare implements prepare_exec: it claims a gVisor pod for the job from the warm pool
+// that serves the job's image, verifies its isolation, and installs the stage agent in it.
+package prepare
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+
+	"github.com/sandbox-executor/sandbox-executor/config"
+	"github.com/sandbox-executor/sandbox-executor/executor"
+	"github.com/sandbox-executor/sandbox-executor/stages"
+)
+
+// Run claims the job's sandbox and leaves it ready for the run stages.
+func Run(ctx context.Context, env *stages.Env) error {
+	start := env.Clock()
+	log := env.Log()
+	job, err := executor.ReadJob(env.Runner.JobResponseFile)
+	if err != nil {
+		return err
+	}
+	pool, err := env.Config.PoolFor(job.Image)
+	if errors.Is(err, config.ErrImageNotAllowed) {
+		return executor.PermanentError(nil, "%s", err)
+	}
+	if err != nil {
+		return err
+	}
+	agentBinary, err := readAgent(env.Config)
+	if err != nil {
+		return err
+	}
+	claimer, err := env.Claimer()
+	if err != nil {
+		return err
+	}
+	endSection := log.Section("sandbox_claim", "Claiming a gVisor sandbox from pool "+pool)
+	status, err := claimer.CheckPool(ctx, env.Config.Namespace, pool)
+	if err != nil {
+		endSection()
+		return err
+	}
+	if status.Ready == 0 {
+		log.Warnf("Warm pool %s has no ready sandbox (%d requested): this job waits for a cold start", pool, status.Replicas)
+	}
+	sbx, err := claimer.Claim(ctx, executor.ClaimRequest{
+		Namespace:      env.Config.Namespace,
+		Pool:           pool,
+		Runner:         env.Config.RunnerName,
+		Job:            job,
+		Grace:          env.Config.ClaimGrace.Duration,
+		ReadyTimeout:   env.Config.ReadyTimeout.Duration,
+		RuntimeClasses: env.Config.RuntimeClasses,
+	})
+	if err != nil {
+		endSection()
+		return err
+	}
+	claimed := env.Since(start)
+	probe, err := executor.InstallAgent(ctx, claimer.Clients.Exec, sbx, agentBinary)
+	if err != nil {
+		endSection()
+		return err
+	}
+	if err := executor.SaveSandbox(env.Runner.TmpDir, sbx); err != nil {
+		endSection()
+		return err
+	}
+	endSection()
+	launch := "cold"
+	if sbx.Warm {
+		launch = "warm"
+	}
+	log.Infof("Sandbox ready: pool %s (%s start), pod %s/%s, runtime %s, kernel %s, shell %s, claimed in %s, ready in %s",
+		pool, launch, sbx.Namespace, sbx.Pod, sbx.RuntimeClass, probe.KernelRelease, probe.Shell,
+		executor.Millis(claimed), executor.Millis(env.Since(start)))
+	return nil
+}
+
+func readAgent(cfg *config.Config) ([]byte, error) {
+	path := cfg.AgentBinary
+	if path == "" {
+		self, err := os.Executable()
+		if err != nil {
+			return nil, executor.PermanentError(err, "locating the stage agent: set agent_binary in %s", cfg.Path())
+		}
+		path = stages.AgentNextTo(self)
+	}
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, executor.PermanentError(nil, "stage agent %s: %v (install sandbox-executor-agent next to sandbox-executor or set agent_binary in %s)", path, unwrap(err), cfg.Path())
+	}
+	return data, nil
+}
+
+func unwrap(err error) error {
+	var pe *os.PathError
+	if errors.As(err, &pe) {
+		return pe.Err
+	}
+	return fmt.Errorf("%w", err)
+}

@@ -1,0 +1,57 @@
+// Package run implements run_exec: it runs one stage script in the job's pod and reports its
+// outcome the way the runner expects.
+package run
+
+import (
+	"context"
+	"errors"
+	"os"
+	"time"
+
+	"github.com/sandbox-executor/sandbox-executor/executor"
+	"github.com/sandbox-executor/sandbox-executor/stages"
+)
+
+// killGrace is how long a cancelled stage gets between SIGTERM and SIGKILL.
+const killGrace = 5 * time.Second
+
+// Run executes the script at scriptPath (on the runner host) as stage stageName in the pod.
+// The script travels over exec stdin only.
+func Run(ctx context.Context, env *stages.Env, scriptPath, stageName string) error {
+	script, err := os.ReadFile(scriptPath)
+	if err != nil {
+		return executor.SystemError(nil, "reading stage script %s: %v", scriptPath, errors.Unwrap(err))
+	}
+	job, err := executor.ReadJob(env.Runner.JobResponseFile)
+	if err != nil {
+		return err
+	}
+	claimer, err := env.Claimer()
+	if err != nil {
+		return err
+	}
+	sbx, err := claimer.LoadSandbox(ctx, env.Runner.TmpDir, env.Config.Namespace, env.ClaimName(job), env.Config.RuntimeClasses)
+	if err != nil {
+		return err
+	}
+	runner := &executor.StageRunner{
+		Exec:       claimer.Clients.Exec,
+		Sandbox:    sbx,
+		PodGone:    func(ctx context.Context) (string, error) { return claimer.PodGone(ctx, sbx) },
+		Log:        env.Log(),
+		Reconnects: env.Config.Reconnects,
+		Backoff:    executor.DefaultBackoff,
+		KillGrace:  killGrace,
+	}
+	code, err := runner.Run(ctx, stageName, script, env.Stdout, env.Stderr)
+	if err != nil {
+		return err
+	}
+	if code != 0 {
+		if err := env.Runner.WriteBuildExitCode(code); err != nil {
+			return err
+		}
+		return executor.BuildError(code)
+	}
+	return nil
+}
