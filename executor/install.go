@@ -2,9 +2,9 @@ package executor
 
 import (
 	"bytes"
-	"errors"
 	"context"
 	"encoding/json"
+	"errors"
 	"strconv"
 	"strings"
 

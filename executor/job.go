@@ -74,6 +74,23 @@ func ReadJob(path string) (*Job, error) {
 	return job, nil
 }
 
+// JobFromEnv reads the job from CUSTOM_ENV_* variables, for runners older than 13 that write no
+// JOB_RESPONSE_FILE. Job variables can override these, so on such runners a job could pick
+// another job's claim name; modern runners never take this path.
+func JobFromEnv(getenv func(string) string) (*Job, error) {
+	id, err := strconv.ParseInt(getenv("CUSTOM_ENV_CI_JOB_ID"), 10, 64)
+	if err != nil || id <= 0 {
+		return nil, PermanentError(nil, "neither JOB_RESPONSE_FILE nor CUSTOM_ENV_CI_JOB_ID is set: run this command from gitlab-runner's custom executor")
+	}
+	job := &Job{ID: id, Image: getenv("CUSTOM_ENV_CI_JOB_IMAGE"), Timeout: DefaultJobTimeout}
+	job.ProjectID, _ = strconv.ParseInt(getenv("CUSTOM_ENV_CI_PROJECT_ID"), 10, 64)
+	job.PipelineID, _ = strconv.ParseInt(getenv("CUSTOM_ENV_CI_PIPELINE_ID"), 10, 64)
+	if secs, err := strconv.ParseInt(getenv("CUSTOM_ENV_CI_JOB_TIMEOUT"), 10, 64); err == nil && secs > 0 {
+		job.Timeout = time.Duration(secs) * time.Second
+	}
+	return job, nil
+}
+
 func unwrapPathError(err error) error {
 	if pe, ok := err.(*os.PathError); ok {
 		return pe.Err

@@ -22,6 +22,8 @@ type Env struct {
 	Version string
 	Stdout  io.Writer
 	Stderr  io.Writer
+	// Getenv reads the stage's environment.
+	Getenv func(string) string
 	// Clients connects to the cluster; called only by stages that need it.
 	Clients func() (*executor.Clients, error)
 	// Now is the clock, replaced in tests.
@@ -40,6 +42,15 @@ func (e *Env) Claimer() (*executor.Claimer, error) {
 		return nil, err
 	}
 	return &executor.Claimer{Clients: clients, Now: e.Now}, nil
+}
+
+// Job identifies the job: from JOB_RESPONSE_FILE (the trusted source), or on runners too old
+// to write it, from CUSTOM_ENV_* variables.
+func (e *Env) Job() (*executor.Job, error) {
+	if e.Runner.JobResponseFile == "" && e.Getenv != nil {
+		return executor.JobFromEnv(e.Getenv)
+	}
+	return executor.ReadJob(e.Runner.JobResponseFile)
 }
 
 // ClaimName is the job's claim, derived from the trusted job JSON.

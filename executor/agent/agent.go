@@ -212,6 +212,9 @@ func superviseCommand(args []string) error {
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
+	// fd 3 came from the start command without close-on-exec: keep the stage from inheriting it,
+	// or the start command would wait for the ready pipe until the whole stage ends.
+	syscall.CloseOnExec(3)
 	ready := os.NewFile(3, "ready")
 	fail := func(err error) error {
 		fmt.Fprint(ready, err.Error())
@@ -342,3 +345,14 @@ func follow(dir string, offset int64, stdout, ctrl io.Writer) (int, error) {
 		wait = min(wait*2, maxPoll)
 	}
 }
+
+// SetStagesDir moves the stage directories, for tests that run the agent outside a pod. It
+// returns a function that restores the default.
+func SetStagesDir(dir string) (restore func()) {
+	old := stagesDir
+	stagesDir = dir
+	return func() { stagesDir = old }
+}
+
+// StagesDirInUse is where stage directories are, StagesDir unless a test moved them.
+func StagesDirInUse() string { return stagesDir }

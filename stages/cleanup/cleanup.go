@@ -11,7 +11,7 @@ import (
 
 // Run deletes the job's claim. Its output goes to the runner's log, not the job log.
 func Run(ctx context.Context, env *stages.Env) error {
-	job, err := executor.ReadJob(env.Runner.JobResponseFile)
+	job, err := env.Job()
 	if err != nil {
 		return err
 	}

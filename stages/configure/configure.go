@@ -5,7 +5,6 @@ package configure
 import (
 	"encoding/json"
 
-	"github.com/sandbox-executor/sandbox-executor/executor"
 	"github.com/sandbox-executor/sandbox-executor/stages"
 )
 
@@ -39,7 +38,7 @@ func Run(env *stages.Env) error {
 		JobEnv: map[string]string{"SANDBOX_EXECUTOR_NAMESPACE": env.Config.Namespace},
 	}
 	// The job's claim makes a better host name, when the runner has written the job JSON already.
-	if job, err := executor.ReadJob(env.Runner.JobResponseFile); err == nil {
+	if job, err := env.Job(); err == nil {
 		out.Hostname = env.ClaimName(job)
 	}
 	enc := json.NewEncoder(env.Stdout)

@@ -17,7 +17,7 @@ import (
 func Run(ctx context.Context, env *stages.Env) error {
 	start := env.Clock()
 	log := env.Log()
-	job, err := executor.ReadJob(env.Runner.JobResponseFile)
+	job, err := env.Job()
 	if err != nil {
 		return err
 	}

@@ -22,7 +22,7 @@ func Run(ctx context.Context, env *stages.Env, scriptPath, stageName string) err
 	if err != nil {
 		return executor.SystemError(nil, "reading stage script %s: %v", scriptPath, errors.Unwrap(err))
 	}
-	job, err := executor.ReadJob(env.Runner.JobResponseFile)
+	job, err := env.Job()
 	if err != nil {
 		return err
 	}

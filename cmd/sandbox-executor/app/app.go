@@ -58,6 +58,7 @@ func RunWith(ctx context.Context, args []string, stdout, stderr io.Writer, geten
 			Version: Version,
 			Stdout:  stdout,
 			Stderr:  stderr,
+			Getenv:  getenv,
 			Clients: func() (*executor.Clients, error) { return deps.Clients(cfg) },
 		}, nil
 	}

@@ -1,0 +1,199 @@
+package app_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/sandbox-executor/sandbox-executor/cmd/sandbox-executor/app"
+	"github.com/sandbox-executor/sandbox-executor/config"
+	"github.com/sandbox-executor/sandbox-executor/executor"
+	"github.com/sandbox-executor/sandbox-executor/executor/executortest"
+)
+
+func TestMain(m *testing.M) { executortest.Main(m) }
+
+// secrets are job variables as GitLab sends them: plain text in CUSTOM_ENV_*.
+var secrets = map[string]string{
+	"CUSTOM_ENV_CI_JOB_TOKEN":                   "glcbt-64_s3cr3tJobT0ken",
+	"CUSTOM_ENV_DUO_WORKFLOW_SERVICE_TOKEN":     "duo-wf-t0ken-abcdef123456",
+	"CUSTOM_ENV_DUO_WORKFLOW_GIT_HTTP_PASSWORD": "gitpassw0rd-98765",
+	"CUSTOM_ENV_GITLAB_TOKEN":                   "glpat-XXXXsecretXXXX",
+	"CUSTOM_ENV_GITLAB_OAUTH_TOKEN":             "oauth-secret-value-42",
+}
+
+// harness runs the CLI like the runner does, against the fake cluster and a local agent.
+type harness struct {
+	t       *testing.T
+	cluster *executortest.Cluster
+	local   *executortest.Local
+	env     map[string]string
+	tmp     string
+}
+
+func newHarness(t *testing.T, image string) *harness {
+	t.Helper()
+	tmp := t.TempDir()
+	agentBin := filepath.Join(tmp, "agent-binary")
+	os.WriteFile(agentBin, []byte("\x7fELF stand-in"), 0o755)
+	cfgPath := filepath.Join(tmp, "config.toml")
+	os.WriteFile(cfgPath, []byte(fmt.Sprintf(`namespace = %q
+runner_name = "test-runner"
+default_pool = %q
+agent_binary = %q
+[[pool]]
+name = %q
+images = ["ci:*"]
+`, executortest.Namespace, executortest.Pool, agentBin, executortest.Pool)), 0o600)
+	job := map[string]any{
+		"id": 777, "token": "glcbt-64_s3cr3tJobT0ken",
+		"job_info":    map[string]any{"project_id": 12},
+		"runner_info": map[string]any{"timeout": 600},
+		"image":       map[string]any{"name": image},
+		"variables":   []map[string]any{{"key": "CI_PIPELINE_ID", "value": "34"}, {"key": "CI_JOB_TOKEN", "value": "glcbt-64_s3cr3tJobT0ken"}},
+	}
+	data, _ := json.Marshal(job)
+	jobFile := filepath.Join(tmp, "response.json")
+	os.WriteFile(jobFile, data, 0o600)
+	env := map[string]string{
+		config.EnvVar:              cfgPath,
+		"JOB_RESPONSE_FILE":        jobFile,
+		"BUILD_EXIT_CODE_FILE":     filepath.Join(tmp, "exit-code"),
+		"BUILD_FAILURE_EXIT_CODE":  "1",
+		"SYSTEM_FAILURE_EXIT_CODE": "2",
+		"TMPDIR":                   tmp,
+	}
+	for k, v := range secrets {
+		env[k] = v
+	}
+	return &harness{t: t, cluster: executortest.NewCluster(t), local: executortest.NewLocal(t), env: env, tmp: tmp}
+}
+
+// run invokes the binary's command line and returns exit code, stdout and stderr.
+func (h *harness) run(args ...string) (int, string, string) {
+	var stdout, stderr bytes.Buffer
+	deps := app.Deps{Clients: func(*config.Config) (*executor.Clients, error) {
+		c := *h.cluster.Clients
+		c.Exec = h.local
+		return &c, nil
+	}}
+	code := app.RunWith(context.Background(), append([]string{"sandbox-executor"}, args...), &stdout, &stderr,
+		func(k string) string { return h.env[k] }, deps)
+	return code, stdout.String(), stderr.String()
+}
+
+func (h *harness) script(body string) string {
+	p := filepath.Join(h.tmp, fmt.Sprintf("script-%d", len(body)))
+	os.WriteFile(p, []byte(body), 0o700)
+	return p
+}
+
+func TestJobLifecycleAndExitCodes(t *testing.T) {
+	h := newHarness(t, "ci:bookworm")
+	var all strings.Builder
+	step := func(want int, args ...string) string {
+		code, out, errOut := h.run(args...)
+		all.WriteString(out + errOut)
+		if code != want {
+			t.Fatalf("%v: exit %d, want %d\nstdout: %s\nstderr: %s", args, code, want, out, errOut)
+		}
+		return out + errOut
+	}
+
+	out := step(0, "config")
+	var cfgOut map[string]any
+	if err := json.Unmarshal([]byte(out), &cfgOut); err != nil || cfgOut["builds_dir"] != "/builds" || cfgOut["hostname"] != executor.ClaimName("test-runner", 777) {
+		t.Fatalf("config output %q: %v", out, err)
+	}
+	log := step(0, "prepare")
+	for _, want := range []string{"pool duo-default (warm start)", "runtime gvisor", "kernel 4.19.0-gvisor"} {
+		if !strings.Contains(log, want) {
+			t.Errorf("prepare log lacks %q:\n%s", want, log)
+		}
+	}
+	if out := step(0, "run", h.script("echo from the pod\n"), "build_script"); !strings.Contains(out, "from the pod") {
+		t.Errorf("run output = %q", out)
+	}
+	step(1, "run", h.script("echo failing; exit 42\n"), "after_script")
+	if code, _ := os.ReadFile(h.env["BUILD_EXIT_CODE_FILE"]); strings.TrimSpace(string(code)) != "42" {
+		t.Errorf("BUILD_EXIT_CODE_FILE = %q, want 42", code)
+	}
+
+	claim, err := h.cluster.Extensions.ExtensionsV1beta1().SandboxClaims(executortest.Namespace).Get(context.Background(), executor.ClaimName("test-runner", 777), metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	claimJSON, _ := json.Marshal(claim)
+	step(0, "cleanup")
+	step(0, "cleanup") // idempotent
+	if _, err := h.cluster.Extensions.ExtensionsV1beta1().SandboxClaims(executortest.Namespace).Get(context.Background(), claim.Name, metav1.GetOptions{}); err == nil {
+		t.Error("claim still exists after cleanup")
+	}
+
+	// Nothing from the job's environment leaks into our output, the claim or exec argv.
+	var argv strings.Builder
+	for _, c := range h.local.Commands() {
+		argv.WriteString(strings.Join(c, " "))
+	}
+	for name, value := range secrets {
+		for where, text := range map[string]string{"our output": all.String(), "the claim": string(claimJSON), "exec argv": argv.String()} {
+			if strings.Contains(text, value) {
+				t.Errorf("%s value appears in %s", name, where)
+			}
+		}
+	}
+}
+
+func TestPermanentErrorsAreBuildFailuresWithOneLine(t *testing.T) {
+	for _, tc := range []struct {
+		name, image string
+		edit        func(h *harness)
+		want        string
+	}{
+		{"image not allowed", "evil/miner:latest", nil, `image not allowed: "evil/miner:latest": allowed images are ci:*`},
+		{"bad config", "ci:1", func(h *harness) { os.WriteFile(h.env[config.EnvVar], []byte("namespace = 3\n"), 0o600) }, "namespace"},
+		{"missing config", "ci:1", func(h *harness) { h.env[config.EnvVar] = "/nonexistent/config.toml" }, "config /nonexistent/config.toml: file not found"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t, tc.image)
+			if tc.edit != nil {
+				tc.edit(h)
+			}
+			code, out, errOut := h.run("prepare")
+			if code != 1 {
+				t.Errorf("exit %d, want BUILD_FAILURE (1)", code)
+			}
+			if !strings.Contains(errOut, tc.want) || strings.Count(strings.TrimSpace(errOut), "\n") > 1 || out != "" {
+				t.Errorf("stderr = %q, want one line containing %q", errOut, tc.want)
+			}
+		})
+	}
+}
+
+func TestRunWithoutPrepareIsSystemFailure(t *testing.T) {
+	h := newHarness(t, "ci:1")
+	code, _, errOut := h.run("run", h.script("true\n"), "build_script")
+	if code != 2 || !strings.Contains(errOut, "is gone") {
+		t.Errorf("exit %d, stderr %q: want SYSTEM_FAILURE saying the claim is gone", code, errOut)
+	}
+}
+
+func TestHelpListsStages(t *testing.T) {
+	h := newHarness(t, "")
+	code, out, _ := h.run("--help")
+	for _, cmd := range []string{"config", "prepare", "run", "cleanup"} {
+		if !strings.Contains(out, cmd) {
+			t.Errorf("--help lacks %s", cmd)
+		}
+	}
+	if code != 0 {
+		t.Errorf("--help exit %d", code)
+	}
+}

@@ -1,0 +1,115 @@
+package config_test
+
+import (
+	"errors"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sandbox-executor/sandbox-executor/config"
+)
+
+func TestExampleConfigLoads(t *testing.T) {
+	cfg, err := config.Load("../config.toml.example")
+	if err != nil {
+		t.Fatalf("the shipped example must load: %v", err)
+	}
+	if cfg.Namespace != "sandbox-executor" || cfg.DefaultPool != "duo-default" || cfg.ReadyTimeout.Duration != 2*time.Minute {
+		t.Errorf("unexpected values: %+v", cfg)
+	}
+}
+
+func TestDefaults(t *testing.T) {
+	cfg, err := config.Parse("c.toml", []byte("namespace = \"ns\"\n[[pool]]\nname = \"p\"\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.UnknownImage != "reject" || strings.Join(cfg.RuntimeClasses, ",") != "gvisor" || cfg.BuildsDir != "/builds" || cfg.CacheDir != "/cache" {
+		t.Errorf("defaults: %+v", cfg)
+	}
+	if cfg.RunnerName == "" || cfg.ClaimGrace.Duration <= 0 || cfg.CleanupTimeout.Duration <= 0 || cfg.Reconnects <= 0 {
+		t.Errorf("defaults: %+v", cfg)
+	}
+}
+
+func TestErrorsNameKeyAndFile(t *testing.T) {
+	base := "namespace = \"ns\"\n"
+	pool := "[[pool]]\nname = \"p\"\nimages = [\"ci:*\"]\n"
+	for _, tc := range []struct{ name, text, key string }{
+		{"unknown key", base + "namespcae = \"x\"\n" + pool, "namespcae: unknown key"},
+		{"key after pool", base + pool + "default_pool = \"p\"\n", "top-level keys must come before"},
+		{"missing namespace", pool, "namespace: is required"},
+		{"bad namespace", "namespace = \"Bad_NS\"\n" + pool, "namespace:"},
+		{"no pools", base, "pool: at least one"},
+		{"unknown default pool", base + "default_pool = \"nope\"\n" + pool, "default_pool: \"nope\" is not one of"},
+		{"bad policy", base + "unknown_image = \"allow\"\n" + pool, "unknown_image:"},
+		{"empty runtime classes", base + "runtime_classes = []\n" + pool, "runtime_classes:"},
+		{"relative builds dir", base + "builds_dir = \"builds\"\n" + pool, "builds_dir:"},
+		{"bad duration", base + "ready_timeout = \"soon\"\n" + pool, "ready_timeout:"},
+		{"wrong type", base + "reconnects = \"many\"\n" + pool, "reconnects"},
+		{"bad pattern", base + "[[pool]]\nname = \"p\"\nimages = [\"[\"]\n", "pool[0].images"},
+		{"duplicate pool", base + pool + pool, "listed twice"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := config.Parse("/etc/se.toml", []byte(tc.text))
+			if err == nil {
+				t.Fatal("no error")
+			}
+			var cerr *config.Error
+			if !errors.As(err, &cerr) || !strings.Contains(err.Error(), "/etc/se.toml") || !strings.Contains(err.Error(), tc.key) {
+				t.Errorf("err = %v, want a config.Error naming the file and %q", err, tc.key)
+			}
+			if strings.Contains(err.Error(), "\n") {
+				t.Errorf("multi-line error: %q", err)
+			}
+		})
+	}
+}
+
+func TestPoolFor(t *testing.T) {
+	cfg, err := config.Parse("c.toml", []byte(`namespace = "ns"
+default_pool = "base"
+[[pool]]
+name = "node"
+images = ["node:22*", "registry.example.com/duo/node:*"]
+[[pool]]
+name = "base"
+images = ["registry.example.com/duo/ci:*"]
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for image, want := range map[string]string{"": "base", "node:22-slim": "node", "registry.example.com/duo/ci:v1": "base", "registry.example.com/duo/node:1": "node"} {
+		if got, err := cfg.PoolFor(image); err != nil || got != want {
+			t.Errorf("PoolFor(%q) = %q, %v; want %q", image, got, err, want)
+		}
+	}
+	for _, image := range []string{"evil/node:22", "registry.example.com/duo/ci/../x:1", "node:20"} {
+		_, err := cfg.PoolFor(image)
+		if !errors.Is(err, config.ErrImageNotAllowed) || !strings.Contains(err.Error(), "node:22*") {
+			t.Errorf("PoolFor(%q) = %v, want ErrImageNotAllowed listing allowed images", image, err)
+		}
+	}
+}
+
+func TestResolvePathAndMissingFile(t *testing.T) {
+	env := func(v string) func(string) string { return func(string) string { return v } }
+	if got := config.ResolvePath("/flag.toml", env("/env.toml")); got != "/flag.toml" {
+		t.Errorf("flag should win, got %s", got)
+	}
+	if got := config.ResolvePath("", env("/env.toml")); got != "/env.toml" {
+		t.Errorf("env should be used, got %s", got)
+	}
+	if got := config.ResolvePath("", env("")); got != config.DefaultPath {
+		t.Errorf("default should be used, got %s", got)
+	}
+	missing := filepath.Join(t.TempDir(), "none.toml")
+	if _, err := config.Load(missing); err == nil || !strings.Contains(err.Error(), missing) {
+		t.Errorf("Load(missing) = %v", err)
+	}
+	unreadable := t.TempDir()
+	if _, err := config.Load(unreadable); err == nil {
+		t.Error("loading a directory should fail")
+	}
+}

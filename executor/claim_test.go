@@ -1,0 +1,166 @@
+package executor_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	k8stesting "k8s.io/client-go/testing"
+	extv1beta1 "sigs.k8s.io/agent-sandbox/extensions/api/v1beta1"
+
+	"github.com/sandbox-executor/sandbox-executor/executor"
+	"github.com/sandbox-executor/sandbox-executor/executor/executortest"
+)
+
+func testRequest() executor.ClaimRequest {
+	return executor.ClaimRequest{
+		Namespace: executortest.Namespace, Pool: "duo-default", Runner: "runner-a",
+		Job:   &executor.Job{ID: 4242, ProjectID: 7, PipelineID: 99, Timeout: time.Hour},
+		Grace: 10 * time.Minute, ReadyTimeout: 5 * time.Second, RuntimeClasses: []string{"gvisor"},
+	}
+}
+
+func TestClaimCreatesLabelledClaimWithLifecycle(t *testing.T) {
+	fc := executortest.NewCluster(t)
+	now := time.Date(2026, 11, 21, 10, 0, 0, 0, time.UTC)
+	c := &executor.Claimer{Clients: fc.Clients, Now: func() time.Time { return now }}
+	sbx, err := c.Claim(context.Background(), testRequest())
+	if err != nil {
+		t.Fatalf("Claim: %v", err)
+	}
+	want := executor.Sandbox{Namespace: executortest.Namespace, Claim: executor.ClaimName("runner-a", 4242), Pool: "duo-default",
+		SandboxName: "duo-default-abcde", Pod: "duo-default-abcde", Container: "job", RuntimeClass: "gvisor", Warm: true, PodIP: "10.88.0.9"}
+	if *sbx != want {
+		t.Errorf("sandbox = %+v\nwant      %+v", *sbx, want)
+	}
+	claim, err := fc.Extensions.ExtensionsV1beta1().SandboxClaims(executortest.Namespace).Get(context.Background(), sbx.Claim, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for k, v := range map[string]string{executor.LabelRunner: "runner-a", executor.LabelJobID: "4242", executor.LabelProjectID: "7", executor.LabelPipelineID: "99", executor.LabelManagedBy: "sandbox-executor"} {
+		if claim.Labels[k] != v {
+			t.Errorf("label %s = %q, want %q", k, claim.Labels[k], v)
+		}
+	}
+	lc := claim.Spec.Lifecycle
+	if lc == nil || lc.ShutdownPolicy != extv1beta1.ShutdownPolicyDelete || !lc.ShutdownTime.Time.Equal(now.Add(70*time.Minute)) {
+		t.Errorf("lifecycle = %+v, want Delete at job timeout + grace (%s)", lc, now.Add(70*time.Minute))
+	}
+	if len(claim.Spec.Env) != 0 || claim.Spec.WarmPoolRef.Name != "duo-default" {
+		t.Errorf("claim spec must only reference the pool (env forces cold starts): %+v", claim.Spec)
+	}
+}
+
+func TestClaimAdoptsItsOwnClaimOnRetry(t *testing.T) {
+	fc := executortest.NewCluster(t)
+	c := &executor.Claimer{Clients: fc.Clients}
+	first, err := c.Claim(context.Background(), testRequest())
+	if err != nil {
+		t.Fatal(err)
+	}
+	second, err := c.Claim(context.Background(), testRequest())
+	if err != nil {
+		t.Fatalf("retried Claim: %v", err)
+	}
+	if *first != *second {
+		t.Errorf("retry got %+v, want the same sandbox %+v", second, first)
+	}
+	list, _ := fc.Extensions.ExtensionsV1beta1().SandboxClaims(executortest.Namespace).List(context.Background(), metav1.ListOptions{})
+	if len(list.Items) != 1 {
+		t.Errorf("%d claims after a retry, want 1", len(list.Items))
+	}
+}
+
+func TestClaimFailsClosedOnRuntimeClass(t *testing.T) {
+	for _, rc := range []string{"", "runc"} {
+		fc := executortest.NewCluster(t)
+		fc.RuntimeClass = rc
+		_, err := (&executor.Claimer{Clients: fc.Clients}).Claim(context.Background(), testRequest())
+		if executor.KindOf(err) != executor.KindPermanent || !strings.Contains(err.Error(), "refusing pod") {
+			t.Errorf("runtimeClass %q: err = %v, want a permanent refusal", rc, err)
+		}
+	}
+}
+
+func TestClaimReadyTimeoutNamesLastCondition(t *testing.T) {
+	fc := executortest.NewCluster(t)
+	fc.ReadyReason = "SandboxNotReady"
+	req := testRequest()
+	req.ReadyTimeout = 300 * time.Millisecond
+	_, err := (&executor.Claimer{Clients: fc.Clients}).Claim(context.Background(), req)
+	if executor.KindOf(err) != executor.KindSystem || !strings.Contains(err.Error(), "not Ready within ready_timeout 300ms") || !strings.Contains(err.Error(), "reason=SandboxNotReady") {
+		t.Errorf("err = %v, want a timeout naming the last condition", err)
+	}
+}
+
+func TestClaimPermanentReasonFailsFast(t *testing.T) {
+	fc := executortest.NewCluster(t)
+	fc.ReadyReason = "TemplateNotFound"
+	_, err := (&executor.Claimer{Clients: fc.Clients}).Claim(context.Background(), testRequest())
+	if executor.KindOf(err) != executor.KindPermanent || !strings.Contains(err.Error(), "TemplateNotFound") {
+		t.Errorf("err = %v, want a permanent error naming TemplateNotFound", err)
+	}
+}
+
+func TestAPIErrorsAreExplained(t *testing.T) {
+	gr := schema.GroupResource{Group: "extensions.agents.x-k8s.io", Resource: "sandboxwarmpools"}
+	missingCRD := &apierrors.StatusError{ErrStatus: metav1.Status{Status: metav1.StatusFailure, Code: 404, Reason: metav1.StatusReasonNotFound, Message: "the server could not find the requested resource", Details: &metav1.StatusDetails{}}}
+	for _, tc := range []struct {
+		name string
+		err  error
+		kind executor.Kind
+		want string
+	}{
+		{"pool missing", apierrors.NewNotFound(gr, "duo-default"), executor.KindPermanent, `SandboxWarmPool "duo-default" not found in namespace "sandbox-executor"`},
+		{"missing CRD", missingCRD, executor.KindPermanent, "CRD missing: the API server does not serve sandboxwarmpools.extensions.agents.x-k8s.io"},
+		{"RBAC", apierrors.NewForbidden(gr, "duo-default", nil), executor.KindPermanent, `RBAC denied: cannot get sandboxwarmpools.extensions.agents.x-k8s.io in namespace sandbox-executor`},
+		{"overloaded", apierrors.NewTooManyRequests("slow down", 1), executor.KindSystem, "kubernetes API error"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			fc := executortest.NewCluster(t)
+			fc.Extensions.PrependReactor("get", "sandboxwarmpools", func(k8stesting.Action) (bool, runtime.Object, error) { return true, nil, tc.err })
+			_, err := (&executor.Claimer{Clients: fc.Clients}).CheckPool(context.Background(), executortest.Namespace, "duo-default")
+			if executor.KindOf(err) != tc.kind || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("err = %v (kind %d), want kind %d containing %q", err, executor.KindOf(err), tc.kind, tc.want)
+			}
+			if strings.Contains(err.Error(), "\n") {
+				t.Errorf("error spans several lines: %q", err)
+			}
+		})
+	}
+}
+
+func TestReleaseIsIdempotent(t *testing.T) {
+	fc := executortest.NewCluster(t)
+	c := &executor.Claimer{Clients: fc.Clients}
+	sbx, err := c.Claim(context.Background(), testRequest())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 2; i++ {
+		if err := c.Release(context.Background(), executortest.Namespace, sbx.Claim); err != nil {
+			t.Fatalf("Release #%d: %v", i+1, err)
+		}
+	}
+	if _, err := fc.Extensions.ExtensionsV1beta1().SandboxClaims(executortest.Namespace).Get(context.Background(), sbx.Claim, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		t.Errorf("claim still there after Release: %v", err)
+	}
+}
+
+func TestClaimNameIsDeterministicAndDNSSafe(t *testing.T) {
+	a, b := executor.ClaimName("Runner One", 123456789), executor.ClaimName("Runner One", 123456789)
+	if a != b {
+		t.Fatalf("ClaimName not deterministic: %s vs %s", a, b)
+	}
+	if executor.ClaimName("Runner Two", 123456789) == a {
+		t.Error("two runners got the same claim name for one job id")
+	}
+	if len(a) > 63 || strings.ToLower(a) != a || strings.ContainsAny(a, " _.") {
+		t.Errorf("claim name %q is not a DNS label", a)
+	}
+}

@@ -1,0 +1,118 @@
+package executortest
+
+import (
+	"context"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/watch"
+	kubefake "k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
+	sandboxv1beta1 "sigs.k8s.io/agent-sandbox/api/v1beta1"
+	sandboxfake "sigs.k8s.io/agent-sandbox/clients/k8s/clientset/versioned/fake"
+	extfake "sigs.k8s.io/agent-sandbox/clients/k8s/extensions/clientset/versioned/fake"
+	extv1beta1 "sigs.k8s.io/agent-sandbox/extensions/api/v1beta1"
+
+	"github.com/sandbox-executor/sandbox-executor/executor"
+)
+
+// Namespace is where the fake cluster keeps its pool, claims, sandboxes and pods.
+const Namespace = "sandbox-executor"
+
+// Pool is the fake cluster's warm pool.
+const Pool = "duo-default"
+
+var claimsGVR = schema.GroupVersionResource{Group: "extensions.agents.x-k8s.io", Version: "v1beta1", Resource: "sandboxclaims"}
+
+// Cluster is the fake clientsets plus a stand-in for the agent-sandbox controller: when a
+// claim is watched it binds the claim to a warm sandbox and pod, as the real controller does.
+type Cluster struct {
+	Kube       *kubefake.Clientset
+	Sandboxes  *sandboxfake.Clientset
+	Extensions *extfake.Clientset
+	Clients    *executor.Clients
+	// RuntimeClass of the pods the controller hands out; "" for none.
+	RuntimeClass string
+	// ReadyReason, when set, makes claims Ready=False with this reason instead of Ready.
+	ReadyReason string
+}
+
+func NewCluster(t testing.TB, objects ...runtime.Object) *Cluster {
+	t.Helper()
+	replicas := int32(2)
+	pool := &extv1beta1.SandboxWarmPool{
+		ObjectMeta: metav1.ObjectMeta{Name: Pool, Namespace: Namespace},
+		Spec:       extv1beta1.SandboxWarmPoolSpec{Replicas: &replicas},
+		Status:     extv1beta1.SandboxWarmPoolStatus{ReadyReplicas: 2},
+	}
+	fc := &Cluster{
+		Kube:         kubefake.NewSimpleClientset(),
+		Sandboxes:    sandboxfake.NewSimpleClientset(),
+		Extensions:   extfake.NewSimpleClientset(append([]runtime.Object{pool}, objects...)...),
+		RuntimeClass: "gvisor",
+	}
+	fc.Extensions.PrependWatchReactor("sandboxclaims", func(action k8stesting.Action) (bool, watch.Interface, error) {
+		w, err := fc.Extensions.Tracker().Watch(claimsGVR, action.GetNamespace())
+		if err != nil {
+			return true, nil, err
+		}
+		go fc.bindClaims(t)
+		return true, w, nil
+	})
+	fc.Clients = &executor.Clients{Kube: fc.Kube, Sandboxes: fc.Sandboxes, Extensions: fc.Extensions}
+	return fc
+}
+
+// bindClaims makes every unbound claim Ready on a warm sandbox.
+func (fc *Cluster) bindClaims(t testing.TB) {
+	ctx := context.Background()
+	claims, err := fc.Extensions.ExtensionsV1beta1().SandboxClaims(Namespace).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Errorf("fake controller: %v", err)
+		return
+	}
+	for i := range claims.Items {
+		claim := &claims.Items[i]
+		if claim.Status.SandboxStatus.Name != "" {
+			continue
+		}
+		cond := metav1.Condition{Type: "Ready", Status: metav1.ConditionTrue, Reason: "DependenciesReady"}
+		if fc.ReadyReason != "" {
+			cond = metav1.Condition{Type: "Ready", Status: metav1.ConditionFalse, Reason: fc.ReadyReason, Message: "waiting for " + fc.ReadyReason}
+		} else {
+			fc.addWarmSandbox(t, claim, Pool+"-abcde")
+			claim.Status.SandboxStatus.Name = Pool + "-abcde"
+		}
+		claim.Status.Conditions = []metav1.Condition{cond}
+		if _, err := fc.Extensions.ExtensionsV1beta1().SandboxClaims(Namespace).UpdateStatus(ctx, claim, metav1.UpdateOptions{}); err != nil {
+			t.Errorf("fake controller: %v", err)
+		}
+	}
+}
+
+func (fc *Cluster) addWarmSandbox(t testing.TB, claim *extv1beta1.SandboxClaim, name string) {
+	ctx := context.Background()
+	sandbox := &sandboxv1beta1.Sandbox{ObjectMeta: metav1.ObjectMeta{
+		Name: name, Namespace: Namespace,
+		Labels:      map[string]string{sandboxv1beta1.SandboxLaunchTypeLabel: sandboxv1beta1.SandboxLaunchTypeWarm},
+		Annotations: map[string]string{sandboxv1beta1.SandboxPodNameAnnotation: name},
+	}}
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: Namespace, Labels: map[string]string{extv1beta1.SandboxIDLabel: string(claim.UID)}},
+		Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "job", Image: "ci:bookworm"}}},
+		Status:     corev1.PodStatus{Phase: corev1.PodRunning, PodIP: "10.88.0.9"},
+	}
+	if fc.RuntimeClass != "" {
+		pod.Spec.RuntimeClassName = &fc.RuntimeClass
+	}
+	if _, err := fc.Sandboxes.AgentsV1beta1().Sandboxes(Namespace).Create(ctx, sandbox, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Errorf("fake controller: %v", err)
+	}
+	if _, err := fc.Kube.CoreV1().Pods(Namespace).Create(ctx, pod, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Errorf("fake controller: %v", err)
+	}
+}

@@ -1,0 +1,255 @@
+package executor_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/sandbox-executor/sandbox-executor/executor"
+	"github.com/sandbox-executor/sandbox-executor/executor/executortest"
+)
+
+// syncBuffer is a bytes.Buffer safe for the concurrent writes of a stream and a log.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+func newStageRunner(ex executor.RemoteExecutor, log *syncBuffer, podGone string) *executor.StageRunner {
+	return &executor.StageRunner{
+		Exec:       ex,
+		Sandbox:    &executor.Sandbox{Namespace: "ns", Pod: "job-pod", Container: "job"},
+		PodGone:    func(context.Context) (string, error) { return podGone, nil },
+		Log:        &executor.JobLog{W: log},
+		Reconnects: 5,
+		Backoff:    func(int) time.Duration { return time.Millisecond },
+		KillGrace:  2 * time.Second,
+	}
+}
+
+// numberedLines is a script whose complete output is easy to check for loss and duplication.
+func numberedLines(n int) (script, want string) {
+	var w strings.Builder
+	for i := 1; i <= n; i++ {
+		fmt.Fprintf(&w, "line %04d of the stage output\n", i)
+	}
+	return fmt.Sprintf("i=1; while [ $i -le %d ]; do printf 'line %%04d of the stage output\\n' $i; i=$((i+1)); done\n", n), w.String()
+}
+
+func TestStageRunnerDeliversOutputAndExitCode(t *testing.T) {
+	local := executortest.NewLocal(t)
+	var stdout, stderr, log syncBuffer
+	r := newStageRunner(local, &log, "")
+	code, err := r.Run(context.Background(), "build_script", []byte("echo hello; echo to-stderr >&2; exit 3\n"), &stdout, &stderr)
+	if err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	if code != 3 {
+		t.Errorf("exit code = %d, want 3", code)
+	}
+	if got, want := stdout.String(), "hello\nto-stderr\n"; got != want {
+		t.Errorf("output = %q, want %q", got, want)
+	}
+	if log.String() != "" {
+		t.Errorf("an undisturbed stage should log nothing, got %q", log.String())
+	}
+}
+
+func TestStageRunnerScriptTravelsOnStdinOnly(t *testing.T) {
+	local := executortest.NewLocal(t)
+	var out, log syncBuffer
+	script := "echo $((40+2)) # glpat-SECRET-IN-SCRIPT\n"
+	if _, err := newStageRunner(local, &log, "").Run(context.Background(), "build_script", []byte(script), &out, &out); err != nil {
+		t.Fatal(err)
+	}
+	for _, cmd := range local.Commands() {
+		if strings.Contains(strings.Join(cmd, " "), "SECRET") {
+			t.Fatalf("script content leaked into exec argv: %q", cmd)
+		}
+	}
+	if local.Stdins()[0] != script {
+		t.Errorf("stdin = %q, want the script", local.Stdins()[0])
+	}
+}
+
+func TestStageRunnerResumesAfterDroppedStreams(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		exitCode int
+	}{{"passing", 0}, {"failing", 7}} {
+		t.Run(tc.name, func(t *testing.T) {
+			local := executortest.NewLocal(t)
+			local.CutAfter, local.Cuts = 1000, 4 // several drops in one stage
+			script, want := numberedLines(2000)
+			script += "exit " + strconv.Itoa(tc.exitCode) + "\n"
+			var stdout, stderr, log syncBuffer
+			code, err := newStageRunner(local, &log, "").Run(context.Background(), "build_script", []byte(script), &stdout, &stderr)
+			if err != nil {
+				t.Fatalf("Run: %v", err)
+			}
+			if code != tc.exitCode {
+				t.Errorf("exit code = %d, want %d", code, tc.exitCode)
+			}
+			if stdout.String() != want {
+				t.Fatalf("output differs after resume: got %d bytes, want %d (lost or duplicated bytes)", len(stdout.String()), len(want))
+			}
+			if n := strings.Count(log.String(), "re-attaching"); n != 4 {
+				t.Errorf("reconnects noted %d times in the job log, want 4:\n%s", n, log.String())
+			}
+			starts := 0
+			for _, cmd := range local.Commands() {
+				if cmd[1] == "start" {
+					starts++
+				}
+			}
+			if starts != 5 {
+				t.Errorf("start commands = %d, want 5", starts)
+			}
+		})
+	}
+}
+
+func TestStageRunnerNeverReportsSuccessWithoutStatus(t *testing.T) {
+	local := executortest.NewLocal(t)
+	local.CutAfter, local.Cuts = 10, 100
+	script, _ := numberedLines(500)
+	var out, log syncBuffer
+	r := newStageRunner(local, &log, "")
+	r.Reconnects = 2
+	code, err := r.Run(context.Background(), "build_script", []byte(script), &out, &out)
+	if err == nil {
+		t.Fatalf("Run succeeded with exit %d although every stream dropped", code)
+	}
+	if executor.KindOf(err) != executor.KindSystem || !strings.Contains(err.Error(), "exit status is unknown") {
+		t.Errorf("err = %v, want a system failure saying the status is unknown", err)
+	}
+}
+
+func TestStageRunnerLostPodIsSystemFailureNamingThePod(t *testing.T) {
+	local := executortest.NewLocal(t)
+	local.CutAfter, local.Cuts = 5, 1
+	var out, log syncBuffer
+	r := newStageRunner(local, &log, "pod ns/job-pod was deleted")
+	_, err := r.Run(context.Background(), "build_script", []byte("echo 0123456789; sleep 0.2\n"), &out, &out)
+	if executor.KindOf(err) != executor.KindSystem || !strings.Contains(err.Error(), "job-pod was deleted") {
+		t.Fatalf("err = %v, want a system failure naming the deleted pod", err)
+	}
+}
+
+func TestStageRunnerRefusesTruncatedScript(t *testing.T) {
+	local := executortest.NewLocal(t)
+	var out, log syncBuffer
+	r := newStageRunner(&truncatingExec{local}, &log, "")
+	_, err := r.Run(context.Background(), "build_script", []byte("echo executed-marker\n"), &out, &out)
+	if err == nil || executor.KindOf(err) != executor.KindSystem || !strings.Contains(err.Error(), "truncated") {
+		t.Fatalf("err = %v, want a system failure about the truncated script", err)
+	}
+	if strings.Contains(out.String(), "executed-marker") {
+		t.Fatal("a truncated script was run")
+	}
+}
+
+// truncatingExec delivers only half of stdin, as a stream cut mid-upload would.
+type truncatingExec struct{ next executor.RemoteExecutor }
+
+func (e *truncatingExec) Exec(ctx context.Context, req executor.ExecRequest) error {
+	if req.Stdin != nil {
+		var b bytes.Buffer
+		b.ReadFrom(req.Stdin)
+		req.Stdin = bytes.NewReader(b.Bytes()[:b.Len()/2])
+	}
+	return e.next.Exec(ctx, req)
+}
+
+func TestStageRunnerCancelStopsTheWholeProcessTree(t *testing.T) {
+	local := executortest.NewLocal(t)
+	pidFile := filepath.Join(t.TempDir(), "pids")
+	// A child, and a grandchild in its own process group, both ignoring nothing special.
+	script := fmt.Sprintf("sleep 300 & echo $! >> %[1]s; (set -m 2>/dev/null; sleep 301 & echo $! >> %[1]s; wait) & echo started; wait\n", pidFile)
+	var out, log syncBuffer
+	ctx, cancel := context.WithCancel(context.Background())
+	r := newStageRunner(local, &log, "")
+	errc := make(chan error, 1)
+	go func() {
+		_, err := r.Run(ctx, "build_script", []byte(script), &out, &out)
+		errc <- err
+	}()
+	waitFor(t, func() bool { return strings.Contains(out.String(), "started") && countLines(pidFile) == 2 })
+	pids := readPids(t, pidFile)
+	cancel()
+	err := <-errc
+	if !errors.Is(err, executor.ErrCancelled) {
+		t.Fatalf("err = %v, want ErrCancelled", err)
+	}
+	for _, pid := range pids {
+		if alive(pid) {
+			t.Errorf("process %d of the cancelled stage is still running", pid)
+		}
+	}
+	if !strings.Contains(log.String(), "cancelled") {
+		t.Errorf("job log does not mention the cancel: %q", log.String())
+	}
+}
+
+func waitFor(t *testing.T, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatal("condition not met within 10s")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func countLines(path string) int {
+	data, _ := os.ReadFile(path)
+	return strings.Count(string(data), "\n")
+}
+
+func readPids(t *testing.T, path string) []int {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var pids []int
+	for _, f := range strings.Fields(string(data)) {
+		pid, _ := strconv.Atoi(f)
+		pids = append(pids, pid)
+	}
+	return pids
+}
+
+// alive is true for a live, non-zombie process.
+func alive(pid int) bool {
+	if syscall.Kill(pid, 0) != nil {
+		return false
+	}
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	i := bytes.LastIndexByte(data, ')')
+	return i < 0 || !bytes.HasPrefix(bytes.TrimSpace(data[i+1:]), []byte("Z"))
+}

@@ -1,0 +1,315 @@
+// Package runner drives the real gitlab-runner binary (12.8.0-pre, built by
+// tests/tools/gitlab-runner/build.sh) against a fake GitLab: it runs
+// `gitlab-runner run-single` with a custom executor definition, bounds it
+// with a timeout, captures the runner's own log and always stops the process
+// it started.
+//
+// Runner 12.8 predates much of today's custom executor protocol (no
+// JOB_RESPONSE_FILE, BUILD_EXIT_CODE_FILE or job_env, no process-group
+// kill); the sibling package modern invokes an executor exactly as a 17.x
+// runner does.
+package runner
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+)
+
+// BinaryEnvVar names the environment variable that points at the
+// gitlab-runner binary; build.sh prints the path to put there.
+const BinaryEnvVar = "SANDBOX_EXECUTOR_GITLAB_RUNNER"
+
+// BinaryPath finds the gitlab-runner binary: $SANDBOX_EXECUTOR_GITLAB_RUNNER,
+// else where build.sh puts it. The error says how to build it.
+func BinaryPath() (string, error) {
+	path := os.Getenv(BinaryEnvVar)
+	if path == "" {
+		cacheDir := os.Getenv("SANDBOX_EXECUTOR_CACHE")
+		if cacheDir == "" {
+			home, err := os.UserHomeDir()
+			if err != nil {
+				return "", fmt.Errorf("locating gitlab-runner: %w", err)
+			}
+			cacheDir = filepath.Join(home, ".cache", "sandbox-executor")
+		}
+		path = filepath.Join(cacheDir, "bin", "gitlab-runner")
+	}
+	info, err := os.Stat(path)
+	if err != nil || info.IsDir() || info.Mode().Perm()&0o111 == 0 {
+		return "", fmt.Errorf("no gitlab-runner binary at %s: run tests/tools/gitlab-runner/build.sh "+
+			"(it prints the path; export it as %s)", path, BinaryEnvVar)
+	}
+	return path, nil
+}
+
+// Options describe one `gitlab-runner run-single` process.
+type Options struct {
+	// Binary is the gitlab-runner to run; empty means BinaryPath().
+	Binary string
+	// URL and Token are the GitLab URL and runner token (--url, --token).
+	URL   string
+	Token string
+	// Name is the runner's description (--name).
+	Name string
+
+	Executor CustomExecutor
+	// BuildsDir and CacheDir are paths inside the job environment; a custom
+	// executor needs them here unless its config_exec returns them.
+	BuildsDir string
+	CacheDir  string
+
+	// MaxBuilds is how many jobs run-single processes before it exits; 0 means 1.
+	MaxBuilds int
+	// WaitTimeout makes run-single exit when no job came for that long;
+	// 0 means 30 s. 12.8 only checks it between polls, which are 3 s apart
+	// when GitLab answers 204 at once.
+	WaitTimeout time.Duration
+	// Timeout bounds the whole process; when it passes, RunSingle stops the
+	// runner and fails. 0 means 3 minutes.
+	Timeout time.Duration
+	// StopGracePeriod is how long Stop waits after SIGTERM before it kills
+	// the runner's whole process group; 0 means 10 s.
+	StopGracePeriod time.Duration
+
+	// Env is added to this process's environment for the runner, which
+	// passes its environment on to every executor stage.
+	Env []string
+	// Debug runs the runner with --debug, logging every API call.
+	Debug bool
+	// LogOutput, if set, also receives the runner's own log as it is written.
+	LogOutput io.Writer
+}
+
+const (
+	defaultWaitTimeout     = 30 * time.Second
+	defaultProcessTimeout  = 3 * time.Minute
+	defaultStopGracePeriod = 10 * time.Second
+	// outputDrainTimeout bounds how long Wait keeps reading the runner's
+	// output after it exited, in case a stray child still holds the pipe.
+	outputDrainTimeout = 2 * time.Second
+)
+
+func (o Options) withDefaults() (Options, error) {
+	if o.Binary == "" {
+		binary, err := BinaryPath()
+		if err != nil {
+			return o, err
+		}
+		o.Binary = binary
+	}
+	if o.URL == "" || o.Token == "" {
+		return o, errors.New("runner: URL and Token are required")
+	}
+	if o.Executor.RunExec == "" {
+		return o, errors.New("runner: Executor.RunExec is required")
+	}
+	if o.Name == "" {
+		o.Name = "sandbox-executor-test"
+	}
+	if o.MaxBuilds <= 0 {
+		o.MaxBuilds = 1
+	}
+	o.WaitTimeout = orDefault(o.WaitTimeout, defaultWaitTimeout)
+	o.StopGracePeriod = orDefault(o.StopGracePeriod, defaultStopGracePeriod)
+	return o, nil
+}
+
+// args renders the 12.8 command line; run-single takes flags, not a config.toml.
+func (o Options) args() []string {
+	var args []string
+	if o.Debug {
+		args = append(args, "--debug")
+	}
+	args = append(args, "run-single",
+		"--url", o.URL,
+		"--token", o.Token,
+		"--name", o.Name,
+		"--max-builds", strconv.Itoa(o.MaxBuilds),
+		"--wait-timeout", strconv.Itoa(max(1, int(o.WaitTimeout/time.Second))),
+	)
+	if o.BuildsDir != "" {
+		args = append(args, "--builds-dir", o.BuildsDir)
+	}
+	if o.CacheDir != "" {
+		args = append(args, "--cache-dir", o.CacheDir)
+	}
+	return append(args, o.Executor.runSingleFlags()...)
+}
+
+// Result is how a runner process ended.
+type Result struct {
+	// ExitCode is the runner's exit status; -1 if a signal ended it.
+	ExitCode int
+	// Log is the runner's own stdout and stderr (not the job log, which
+	// went to GitLab).
+	Log      string
+	Duration time.Duration
+	// Stopped tells that Stop had to end the process.
+	Stopped bool
+}
+
+// Process is a running gitlab-runner.
+type Process struct {
+	cmd         *exec.Cmd
+	log         *lockedBuffer
+	started     time.Time
+	gracePeriod time.Duration
+
+	exited   chan struct{} // closed once cmd.Wait returned
+	exitErr  error
+	duration time.Duration
+
+	stopOnce sync.Once
+	stopped  atomic.Bool
+}
+
+// Start launches `gitlab-runner run-single` as described by options, in a
+// process group of its own so that Stop can also reach the executor stages
+// it spawned.
+func Start(options Options) (*Process, error) {
+	options, err := options.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	log := &lockedBuffer{}
+	var output io.Writer = log
+	if options.LogOutput != nil {
+		output = io.MultiWriter(log, options.LogOutput)
+	}
+
+	cmd := exec.Command(options.Binary, options.args()...)
+	cmd.Env = append(os.Environ(), options.Env...)
+	cmd.Stdout = output
+	cmd.Stderr = output
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.WaitDelay = outputDrainTimeout
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("starting %s: %w", options.Binary, err)
+	}
+
+	process := &Process{
+		cmd:         cmd,
+		log:         log,
+		started:     time.Now(),
+		gracePeriod: options.StopGracePeriod,
+		exited:      make(chan struct{}),
+	}
+	go func() {
+		process.exitErr = cmd.Wait()
+		process.duration = time.Since(process.started)
+		// Executor stages a job left behind (a backgrounded command, or one
+		// 12.8 did not kill on cancel) are still in the group: reap them.
+		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+		close(process.exited)
+	}()
+	return process, nil
+}
+
+// PID is the runner's process ID (and its process group ID).
+func (p *Process) PID() int { return p.cmd.Process.Pid }
+
+// Exited is closed when the runner has exited.
+func (p *Process) Exited() <-chan struct{} { return p.exited }
+
+// Log returns the runner's own log so far.
+func (p *Process) Log() string { return p.log.String() }
+
+// Wait waits for the runner to exit. If ctx ends first, it stops the runner
+// and returns the result together with an error that quotes the log.
+func (p *Process) Wait(ctx context.Context) (Result, error) {
+	select {
+	case <-p.exited:
+		return p.result(), nil
+	case <-ctx.Done():
+		result := p.Stop()
+		return result, fmt.Errorf("gitlab-runner (pid %d) still running after %v, stopped it: %w\n%s",
+			p.PID(), time.Since(p.started).Round(time.Millisecond), ctx.Err(), indent(result.Log))
+	}
+}
+
+// Stop ends the runner if it is still running: SIGTERM to the runner, which
+// then aborts its job and cleans up, and after the grace period SIGKILL to
+// its whole process group. It returns once the runner has exited.
+func (p *Process) Stop() Result {
+	p.stopOnce.Do(func() {
+		select {
+		case <-p.exited:
+			return
+		default:
+		}
+		p.stopped.Store(true)
+		_ = p.cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-p.exited:
+		case <-time.After(p.gracePeriod):
+			_ = syscall.Kill(-p.PID(), syscall.SIGKILL)
+			<-p.exited
+		}
+	})
+	<-p.exited
+	return p.result()
+}
+
+func (p *Process) result() Result {
+	exitCode := 0
+	var exitError *exec.ExitError
+	if errors.As(p.exitErr, &exitError) {
+		exitCode = exitError.ExitCode()
+	} else if p.exitErr != nil {
+		exitCode = -1
+	}
+	return Result{ExitCode: exitCode, Log: p.Log(), Duration: p.duration, Stopped: p.stopped.Load()}
+}
+
+// RunSingle runs `gitlab-runner run-single` to completion (MaxBuilds jobs, or
+// WaitTimeout without a job) within options.Timeout, and stops it otherwise.
+// A runner that exits non-zero is an error; the log is in both cases.
+func RunSingle(ctx context.Context, options Options) (Result, error) {
+	process, err := Start(options)
+	if err != nil {
+		return Result{}, err
+	}
+	ctx, cancel := context.WithTimeout(ctx, orDefault(options.Timeout, defaultProcessTimeout))
+	defer cancel()
+
+	result, err := process.Wait(ctx)
+	if err == nil && result.ExitCode != 0 {
+		err = fmt.Errorf("gitlab-runner exited with status %d:\n%s", result.ExitCode, indent(result.Log))
+	}
+	return result, err
+}
+
+func indent(log string) string {
+	return "    " + strings.ReplaceAll(strings.TrimRight(log, "\n"), "\n", "\n    ")
+}
+
+// lockedBuffer is a bytes.Buffer safe for the concurrent writes of a
+// process's stdout and stderr and reads from the test.
+type lockedBuffer struct {
+	mu     sync.Mutex
+	buffer bytes.Buffer
+}
+
+func (b *lockedBuffer) Write(data []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buffer.Write(data)
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buffer.String()
+}
