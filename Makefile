@@ -11,7 +11,7 @@ LDFLAGS := -s -w -X github.com/sandbox-executor/sandbox-executor/cmd/sandbox-exe
 # Static binaries: the agent is copied into job pods of any image.
 GOBUILD := CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)'
 
-.PHONY: all build test vet unit check cluster-up cluster-down cluster-wipe e2e demo runner bench clean
+.PHONY: all build test vet unit check cluster-up cluster-down cluster-wipe e2e demo runner runner-test bench clean
 
 all: build
 
@@ -29,7 +29,7 @@ unit:
 test: vet unit
 
 # The README's test command: unit tests, then the real local cluster and the end-to-end suite.
-check: vet unit build cluster-up runner e2e
+check: vet unit build runner runner-test cluster-up e2e
 
 cluster-up:
 	tests/cluster/up.sh
@@ -43,6 +43,10 @@ cluster-wipe:
 # The real gitlab-runner (12.8, the newest the module proxy can build).
 runner:
 	tests/tools/gitlab-runner/build.sh
+
+# The real gitlab-runner against the fake GitLab with a host-local executor: the harness itself.
+runner-test: runner
+	$(GO) test -tags runner -race -count=1 ./tests/runner/...
 
 e2e: build
 	SANDBOX_EXECUTOR_BIN=$(BIN) $(GO) test -tags e2e -count=1 -timeout 30m -v ./tests/e2e/...

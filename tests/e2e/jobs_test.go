@@ -1,0 +1,208 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/sandbox-executor/sandbox-executor/tests/fakegitlab"
+	"github.com/sandbox-executor/sandbox-executor/tests/runner"
+	"github.com/sandbox-executor/sandbox-executor/tests/runner/modern"
+)
+
+// arrivals notes when each marker first reached the job log.
+type arrivals struct {
+	mu      sync.Mutex
+	text    strings.Builder
+	markers map[string]time.Time
+}
+
+func (a *arrivals) Write(p []byte) (int, error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.text.Write(p)
+	for m, at := range a.markers {
+		if at.IsZero() && strings.Contains(a.text.String(), m) {
+			a.markers[m] = time.Now()
+		}
+	}
+	return len(p), nil
+}
+
+func (a *arrivals) at(marker string) time.Time {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.markers[marker]
+}
+
+// TestGVisorJobStreamsLive runs a job the way a 17.x runner does and checks that it ran under
+// the gVisor kernel and that its output reached the job log while it ran, not at the end.
+func TestGVisorJobStreamsLive(t *testing.T) {
+	c := newCluster(t)
+	gitlab := fakegitlab.New()
+	defer gitlab.Close()
+	job := gitlab.NewJob(fakegitlab.JobSpec{
+		Image:       ciImage,
+		GitStrategy: "none",
+		Script:      []string{"uname -r", "dmesg | head -n 2", "echo first-marker", "sleep 3", "echo second-marker"},
+	})
+	live := &arrivals{markers: map[string]time.Time{"first-marker": {}, "second-marker": {}}}
+	res, err := modern.Run(context.Background(), modern.Config{Executor: c.customExecutor(), LogOutput: live}, job)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.State != "success" {
+		t.Fatalf("state %s (%s: %v), log:\n%s", res.State, res.FailureReason, res.Err, res.Log)
+	}
+	mustContain(t, "job log", res.Log, "Starting gVisor", "runtime gvisor", "Sandbox ready: pool duo-default")
+	if gap := live.at("second-marker").Sub(live.at("first-marker")); gap < 2*time.Second {
+		t.Errorf("first output arrived %s before the last: not streamed live", gap)
+	}
+	c.assertJobGone(t, job.ID)
+}
+
+// TestFailingScriptIsBuildFailure checks that a script's exit code reaches the runner through
+// BUILD_EXIT_CODE_FILE and the job fails as a script failure, not a system failure.
+func TestFailingScriptIsBuildFailure(t *testing.T) {
+	c := newCluster(t)
+	gitlab := fakegitlab.New()
+	defer gitlab.Close()
+	job := gitlab.NewJob(fakegitlab.JobSpec{Image: ciImage, GitStrategy: "none", Script: []string{"echo about to fail", "exit 3"}})
+	res, err := modern.Run(context.Background(), modern.Config{Executor: c.customExecutor()}, job)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.State != "failed" || res.FailureReason != modern.ReasonScriptFailure || res.ExitCode != 3 {
+		t.Fatalf("state %s reason %s exit %d, want failed script_failure 3; log:\n%s", res.State, res.FailureReason, res.ExitCode, res.Log)
+	}
+	mustContain(t, "job log", res.Log, "about to fail")
+	c.assertJobGone(t, job.ID)
+}
+
+// TestRealRunnerJob runs a job through the real gitlab-runner binary against the fake GitLab API
+// and checks the trace GitLab received.
+func TestRealRunnerJob(t *testing.T) {
+	c := newCluster(t)
+	gitlab := fakegitlab.New(fakegitlab.WithLongPolling(2 * time.Second))
+	defer gitlab.Close()
+	job := gitlab.NewJob(fakegitlab.JobSpec{
+		Image:       ciImage,
+		GitStrategy: "none",
+		Script:      []string{"echo hello from $(uname -s) $(uname -r)", "dmesg | grep -m1 gVisor", "test -e /var/run/secrets/kubernetes.io/serviceaccount/token && echo TOKEN-MOUNTED || echo no-service-account-token"},
+	})
+	gitlab.Enqueue(job)
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	proc, err := runner.Start(runner.Options{URL: gitlab.URL(), Token: gitlab.RunnerToken(), Executor: c.customExecutor(), Timeout: 4 * time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer proc.Stop()
+	res, err := gitlab.Wait(ctx, job.ID)
+	if err != nil {
+		t.Fatalf("%v; runner log:\n%s", err, proc.Log())
+	}
+	if res.State != "success" {
+		t.Fatalf("state %s (%s); trace:\n%s\nrunner log:\n%s", res.State, res.FailureReason, res.Trace, proc.Log())
+	}
+	mustContain(t, "trace", res.Trace, "hello from Linux", "Starting gVisor", "no-service-account-token", "Sandbox ready: pool duo-default")
+	if strings.Contains(res.Trace, "TOKEN-MOUNTED") {
+		t.Error("a service account token is mounted in the job pod")
+	}
+	c.assertJobGone(t, job.ID)
+}
+
+// TestStagesAsModernRunnerInvokesThem drives the binary directly with the environment and
+// arguments of a 17.x runner, and cancels a stage with SIGTERM: the stage's processes must be
+// gone from the pod, checked from outside, before cleanup.
+func TestStagesAsModernRunnerInvokesThem(t *testing.T) {
+	c := newCluster(t)
+	jobID := fakegitlab.NextJobID()
+	env := newStageEnv(t, jobID, ciImage)
+
+	out, err := c.stage(env, "config").Output()
+	if err != nil || !strings.Contains(string(out), `"builds_dir":"/builds"`) {
+		t.Fatalf("config: %v %s", err, out)
+	}
+	prep, err := c.stage(env, "prepare").CombinedOutput()
+	if err != nil {
+		t.Fatalf("prepare: %v\n%s", err, prep)
+	}
+	defer func() {
+		if out, err := c.stage(env, "cleanup").CombinedOutput(); err != nil {
+			t.Errorf("cleanup: %v\n%s", err, out)
+		}
+		c.assertJobGone(t, jobID)
+	}()
+	pod := podFromPrepareLog(t, string(prep))
+
+	// A failing stage: exit code in BUILD_EXIT_CODE_FILE, BUILD_FAILURE exit.
+	fail := c.stage(env, "run", env.script(t, "fail.sh", "echo failing\nexit 7\n"), "build_script")
+	if out, err := fail.CombinedOutput(); exitCode(err) != 1 || !strings.Contains(string(out), "failing") {
+		t.Errorf("failing stage: exit %d, output %q; want 1", exitCode(err), out)
+	}
+	if code, _ := os.ReadFile(filepath.Join(env.dir, "exit-code")); strings.TrimSpace(string(code)) != "7" {
+		t.Errorf("BUILD_EXIT_CODE_FILE = %q, want 7", code)
+	}
+
+	// Cancel: SIGTERM to the stage's process group, as the runner does.
+	run := c.stage(env, "run", env.script(t, "long.sh", "sleep 600 &\nsleep 601 &\necho stage-started\nwait\n"), "build_script")
+	live := &arrivals{markers: map[string]time.Time{"stage-started": {}}}
+	run.Stdout, run.Stderr = live, live
+	run.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := run.Start(); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(60 * time.Second)
+	for live.at("stage-started").IsZero() && time.Now().Before(deadline) {
+		time.Sleep(50 * time.Millisecond)
+	}
+	if ps, _ := c.podExec(t, pod, "sh", "-c", "cat /proc/[0-9]*/cmdline | tr '\\0' ' '"); !strings.Contains(ps, "sleep 600") {
+		t.Fatalf("the stage's sleep is not running in the pod before cancel: %q", ps)
+	}
+	cancelled := time.Now()
+	syscall.Kill(-run.Process.Pid, syscall.SIGTERM)
+	err = run.Wait()
+	t.Logf("run exited %d %s after SIGTERM", exitCode(err), time.Since(cancelled))
+	if ps, _ := c.podExec(t, pod, "sh", "-c", "cat /proc/[0-9]*/cmdline | tr '\\0' ' '"); strings.Contains(ps, "sleep 60") {
+		t.Errorf("processes of the cancelled stage survive in the pod: %q", ps)
+	}
+	// after_script still runs after a cancel.
+	after, err := c.stage(env, "run", env.script(t, "after.sh", "echo after-script-ran\n"), "after_script").CombinedOutput()
+	if err != nil || !strings.Contains(string(after), "after-script-ran") {
+		t.Errorf("after_script after cancel: %v %q", err, after)
+	}
+	for _, secret := range []string{"glcbt-e2e-secret-token", "duo-e2e-secret"} {
+		if strings.Contains(string(prep)+string(after)+live.text.String(), secret) {
+			t.Errorf("secret %q appears in our output", secret)
+		}
+	}
+}
+
+func podFromPrepareLog(t testing.TB, log string) string {
+	t.Helper()
+	i := strings.Index(log, "pod "+namespace+"/")
+	if i < 0 {
+		t.Fatalf("prepare log names no pod:\n%s", log)
+	}
+	rest := log[i+len("pod "+namespace+"/"):]
+	return strings.FieldsFunc(rest, func(r rune) bool { return r == ',' || r == ' ' })[0]
+}
+
+func exitCode(err error) int {
+	if ee, ok := err.(*exec.ExitError); ok {
+		return ee.ExitCode()
+	}
+	if err != nil {
+		return -1
+	}
+	return 0
+}

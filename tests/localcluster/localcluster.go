@@ -1,0 +1,99 @@
+// Package localcluster finds the local test cluster (make cluster-up) and our binaries, and
+// writes the executor configuration and runner definition that point at them. The e2e tests,
+// the benchmarks and the demo share it.
+package localcluster
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/sandbox-executor/sandbox-executor/tests/runner"
+)
+
+// What deploy/local installs.
+const (
+	Namespace = "sandbox-executor"
+	Pool      = "duo-default"
+	CIImage   = "sandbox-executor.local/ci:bookworm"
+)
+
+// Env is the local cluster and the executor binaries.
+type Env struct {
+	// Dir is CLUSTER_DIR: all of the cluster's state.
+	Dir string
+	// BinDir holds sandbox-executor and sandbox-executor-agent.
+	BinDir string
+}
+
+// Find locates the cluster (CLUSTER_DIR, else $SANDBOX_EXECUTOR_CACHE/cluster, else
+// ~/.cache/sandbox-executor/cluster) and the binaries ($SANDBOX_EXECUTOR_BIN), and checks that
+// both are there.
+func Find() (*Env, error) {
+	e := &Env{Dir: os.Getenv("CLUSTER_DIR"), BinDir: os.Getenv("SANDBOX_EXECUTOR_BIN")}
+	if e.Dir == "" {
+		cache := os.Getenv("SANDBOX_EXECUTOR_CACHE")
+		if cache == "" {
+			home, err := os.UserHomeDir()
+			if err != nil {
+				return nil, err
+			}
+			cache = filepath.Join(home, ".cache", "sandbox-executor")
+		}
+		e.Dir = filepath.Join(cache, "cluster")
+	}
+	if e.BinDir == "" {
+		return nil, errors.New("SANDBOX_EXECUTOR_BIN is not set: use the Makefile targets (make e2e, make demo)")
+	}
+	for _, f := range []string{e.ExecutorKubeconfig(), e.AdminKubeconfig(), e.Binary(), e.AgentBinary()} {
+		if _, err := os.Stat(f); err != nil {
+			return nil, fmt.Errorf("%s missing: run `make build cluster-up` first", f)
+		}
+	}
+	return e, nil
+}
+
+// ExecutorKubeconfig authenticates as the executor's ServiceAccount (deploy/base/rbac.yaml).
+func (e *Env) ExecutorKubeconfig() string {
+	return filepath.Join(e.Dir, "kubeconfig", "executor.kubeconfig")
+}
+
+// AdminKubeconfig has full rights, for tests that look at what the executor left behind.
+func (e *Env) AdminKubeconfig() string { return filepath.Join(e.Dir, "kubeconfig", "admin.kubeconfig") }
+
+// Binary is the sandbox-executor binary.
+func (e *Env) Binary() string { return filepath.Join(e.BinDir, "sandbox-executor") }
+
+// AgentBinary is the in-pod stage agent.
+func (e *Env) AgentBinary() string { return filepath.Join(e.BinDir, "sandbox-executor-agent") }
+
+// WriteConfig writes an executor config for the local cluster to path; extra is appended to the
+// top-level keys.
+func (e *Env) WriteConfig(path, runnerName, extra string) error {
+	text := fmt.Sprintf(`kubeconfig = %q
+namespace = %q
+runner_name = %q
+default_pool = %q
+agent_binary = %q
+ready_timeout = "90s"
+%s
+[[pool]]
+name = %q
+images = ["sandbox-executor.local/ci:*"]
+`, e.ExecutorKubeconfig(), Namespace, runnerName, Pool, e.AgentBinary(), extra, Pool)
+	return os.WriteFile(path, []byte(text), 0o600)
+}
+
+// CustomExecutor is the [runners.custom] section running our binary with configPath.
+func (e *Env) CustomExecutor(configPath string) runner.CustomExecutor {
+	args := func(stage string) []string { return []string{"--config", configPath, stage} }
+	return runner.CustomExecutor{
+		ConfigExec: e.Binary(), ConfigArgs: args("config"),
+		PrepareExec: e.Binary(), PrepareArgs: args("prepare"), PrepareExecTimeout: 3 * time.Minute,
+		RunExec: e.Binary(), RunArgs: args("run"),
+		CleanupExec: e.Binary(), CleanupArgs: args("cleanup"), CleanupExecTimeout: time.Minute,
+		GracefulKillTimeout: 30 * time.Second, ForceKillTimeout: 10 * time.Second,
+	}
+}
