@@ -40,11 +40,13 @@ const (
 // Sandbox is a claimed job pod, ready for exec. It is what later stages need, so prepare
 // saves it in the runner's per-job temporary directory.
 type Sandbox struct {
-	Namespace    string `json:"namespace"`
-	Claim        string `json:"claim"`
-	Pool         string `json:"pool"`
-	SandboxName  string `json:"sandbox"`
-	Pod          string `json:"pod"`
+	Namespace   string `json:"namespace"`
+	Claim       string `json:"claim"`
+	Pool        string `json:"pool"`
+	SandboxName string `json:"sandbox"`
+	Pod         string `json:"pod"`
+	// PodUID tells the pod from a replacement of the same name.
+	PodUID       string `json:"podUID"`
 	Container    string `json:"container"`
 	RuntimeClass string `json:"runtimeClass"`
 	Warm         bool   `json:"warm"`
@@ -298,6 +300,7 @@ func (c *Claimer) Resolve(ctx context.Context, claim *extv1beta1.SandboxClaim, r
 		Pool:         claim.Spec.WarmPoolRef.Name,
 		SandboxName:  sbx.Name,
 		Pod:          pod.Name,
+		PodUID:       string(pod.UID),
 		Container:    pod.Spec.Containers[0].Name,
 		RuntimeClass: *pod.Spec.RuntimeClassName,
 		Warm:         sbx.Labels[sandboxv1beta1.SandboxLaunchTypeLabel] == sandboxv1beta1.SandboxLaunchTypeWarm,
@@ -361,6 +364,9 @@ func (c *Claimer) PodGone(ctx context.Context, sbx *Sandbox) (string, error) {
 	}
 	if err != nil {
 		return "", explainAPIError(err, apiCall{"get", resourcePods, sbx.Namespace, sbx.Pod})
+	}
+	if sbx.PodUID != "" && string(pod.UID) != sbx.PodUID {
+		return fmt.Sprintf("pod %s/%s was deleted and replaced by a new pod of the same name", sbx.Namespace, sbx.Pod), nil
 	}
 	if pod.DeletionTimestamp != nil || pod.Status.Phase != corev1.PodRunning {
 		return fmt.Sprintf("pod %s/%s is %s", sbx.Namespace, sbx.Pod, podState(pod)), nil

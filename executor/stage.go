@@ -54,16 +54,18 @@ func (r *StageRunner) Run(ctx context.Context, name string, script []byte, stdou
 	digest := hex.EncodeToString(sum[:])
 	delivered := &countingWriter{w: stdout}
 	var lastErr error
+	started := false
 	for attempt := 0; ; attempt++ {
 		ctrl := newControlReader(stderr)
 		err := r.Exec.Exec(ctx, ExecRequest{
 			Namespace: r.Sandbox.Namespace, Pod: r.Sandbox.Pod, Container: r.Sandbox.Container,
-			Command: agent.StartArgs(stageDir, len(script), digest, delivered.n),
+			Command: agent.StartArgs(stageDir, len(script), digest, delivered.n, started),
 			Stdin:   bytes.NewReader(script),
 			Stdout:  delivered,
 			Stderr:  ctrl,
 		})
 		ctrl.Close()
+		started = started || ctrl.Started()
 		if code, ok := ctrl.Status(); ok {
 			return code, nil
 		}
@@ -157,6 +159,7 @@ type controlReader struct {
 	done chan struct{}
 
 	mu       sync.Mutex
+	started  bool
 	status   *int
 	lastText string
 }
@@ -171,11 +174,14 @@ func newControlReader(passthrough io.Writer) *controlReader {
 		for sc.Scan() {
 			line := sc.Text()
 			if ctl, ok := agent.ParseControl(line); ok {
-				if !ctl.Heartbeat {
-					c.mu.Lock()
+				c.mu.Lock()
+				switch {
+				case ctl.Started:
+					c.started = true
+				case !ctl.Heartbeat:
 					c.status = &ctl.Status
-					c.mu.Unlock()
 				}
+				c.mu.Unlock()
 				continue
 			}
 			c.mu.Lock()
@@ -203,6 +209,13 @@ func (c *controlReader) Status() (int, bool) {
 		return 0, false
 	}
 	return *c.status, true
+}
+
+// Started reports whether the agent acknowledged that the stage runs.
+func (c *controlReader) Started() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.started
 }
 
 func (c *controlReader) LastText() string {

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/sandbox-executor/sandbox-executor/executor"
+	"github.com/sandbox-executor/sandbox-executor/executor/agent"
 	"github.com/sandbox-executor/sandbox-executor/executor/executortest"
 )
 
@@ -252,4 +253,35 @@ func alive(pid int) bool {
 	}
 	i := bytes.LastIndexByte(data, ')')
 	return i < 0 || !bytes.HasPrefix(bytes.TrimSpace(data[i+1:]), []byte("Z"))
+}
+
+func TestStageRunnerNeverRestartsALostStage(t *testing.T) {
+	local := executortest.NewLocal(t)
+	local.CutAfter, local.Cuts = 5, 1
+	var out, log syncBuffer
+	ex := &wipingExec{next: local}
+	_, err := newStageRunner(ex, &log, "").Run(context.Background(), "build_script", []byte("echo 0123456789-first-run; sleep 0.3; echo done\n"), &out, &out)
+	if err == nil || executor.KindOf(err) != executor.KindSystem || !strings.Contains(err.Error(), "stage is gone") {
+		t.Fatalf("err = %v, want a system failure saying the stage is gone", err)
+	}
+	if n := strings.Count(out.String(), "01234"); n != 1 {
+		t.Errorf("the stage ran %d times, want once:\n%s", n, out.String())
+	}
+}
+
+// wipingExec deletes every stage directory before the second start, as a pod restart would.
+type wipingExec struct {
+	next   executor.RemoteExecutor
+	starts int
+}
+
+func (w *wipingExec) Exec(ctx context.Context, req executor.ExecRequest) error {
+	if req.Command[1] == "start" {
+		w.starts++
+		if w.starts == 2 {
+			time.Sleep(400 * time.Millisecond) // let the first run finish
+			os.RemoveAll(agent.StagesDirInUse())
+		}
+	}
+	return w.next.Exec(ctx, req)
 }

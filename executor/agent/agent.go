@@ -86,6 +86,7 @@ type startOptions struct {
 	size   int
 	sha256 string
 	offset int64
+	resume bool
 }
 
 func startCommand(args []string, stdin io.Reader, stdout, stderr io.Writer) error {
@@ -96,6 +97,7 @@ func startCommand(args []string, stdin io.Reader, stdout, stderr io.Writer) erro
 	fs.IntVar(&o.size, "size", -1, "script size in bytes")
 	fs.StringVar(&o.sha256, "sha256", "", "script SHA-256, hex")
 	fs.Int64Var(&o.offset, "offset", 0, "resume output from this byte")
+	fs.BoolVar(&o.resume, "resume", false, "the stage was started before: never start it again")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -106,6 +108,9 @@ func startCommand(args []string, stdin io.Reader, stdout, stderr io.Writer) erro
 		return errors.New("--size, --sha256 and a non-negative --offset are required")
 	}
 	if err := ensureStarted(o, stdin); err != nil {
+		return err
+	}
+	if _, err := io.WriteString(stderr, StartedLine()); err != nil {
 		return err
 	}
 	removeFinishedSiblings(o.dir)
@@ -146,6 +151,9 @@ func ensureStarted(o startOptions, stdin io.Reader) error {
 
 	if _, err := os.Stat(filepath.Join(o.dir, "pgid")); err == nil {
 		return nil // already running or done: just re-attach
+	}
+	if o.resume {
+		return errors.New("the stage is gone from the pod (its container restarted, or its files were deleted): not starting it again")
 	}
 	script, err := readScript(stdin, o.size, o.sha256)
 	if err != nil {

@@ -42,13 +42,18 @@ const ExitAgentFailure = 125
 // StatusLine reports a finished stage's exit code.
 func StatusLine(code int) string { return fmt.Sprintf("%sstatus %d\n", controlPrefix, code) }
 
+// StartedLine acknowledges that the stage runs (or ran): from then on, a re-attach must find it.
+func StartedLine() string { return controlPrefix + "started\n" }
+
 // HeartbeatLine keeps idle streams alive through proxies and load balancers during silent stages.
 func HeartbeatLine() string { return controlPrefix + "heartbeat\n" }
 
 // Control is a parsed control line.
 type Control struct {
 	Heartbeat bool
-	Status    int
+	Started   bool
+	// Status is the stage's exit code, valid when neither Heartbeat nor Started is set.
+	Status int
 }
 
 // ParseControl recognises a control line (without its newline). ok is false for ordinary text.
@@ -57,8 +62,11 @@ func ParseControl(line string) (c Control, ok bool) {
 	if !found {
 		return Control{}, false
 	}
-	if rest == "heartbeat" {
+	switch rest {
+	case "heartbeat":
 		return Control{Heartbeat: true}, true
+	case "started":
+		return Control{Started: true}, true
 	}
 	if v, found := strings.CutPrefix(rest, "status "); found {
 		code, err := strconv.Atoi(v)
@@ -72,8 +80,14 @@ func ParseControl(line string) (c Control, ok bool) {
 // StartArgs is the agent command line for starting (or re-attaching to) a stage. The script
 // itself goes over stdin; its size and digest let the agent refuse a truncated delivery instead
 // of running half a script.
-func StartArgs(stageDir string, size int, sha256Hex string, offset int64) []string {
-	return []string{BinaryPath, "start", "--dir", stageDir, "--size", strconv.Itoa(size), "--sha256", sha256Hex, "--offset", strconv.FormatInt(offset, 10)}
+// With resume, the agent refuses to start the stage afresh: the caller knows it was started, so a
+// missing stage means the pod lost it (restarted, or replaced under the same name).
+func StartArgs(stageDir string, size int, sha256Hex string, offset int64, resume bool) []string {
+	args := []string{BinaryPath, "start", "--dir", stageDir, "--size", strconv.Itoa(size), "--sha256", sha256Hex, "--offset", strconv.FormatInt(offset, 10)}
+	if resume {
+		args = append(args, "--resume")
+	}
+	return args
 }
 
 // KillArgs is the agent command line that stops a stage's whole process tree.
