@@ -11,7 +11,7 @@ LDFLAGS := -s -w -X github.com/sandbox-executor/sandbox-executor/cmd/sandbox-exe
 # Static binaries: the agent is copied into job pods of any image.
 GOBUILD := CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)'
 
-.PHONY: all build test vet unit check cluster-up cluster-down cluster-wipe e2e demo runner runner-test bench clean
+.PHONY: all build test vet unit check cluster-up cluster-down cluster-wipe e2e e2e-long demo runner runner-test bench clean
 
 all: build
 
@@ -50,6 +50,10 @@ runner-test: runner
 
 e2e: build
 	SANDBOX_EXECUTOR_BIN=$(BIN) $(GO) test -tags e2e -count=1 -timeout 30m -v ./tests/e2e/...
+
+# Adds the slow cases (a stage silent for 10 minutes).
+e2e-long: build
+	SANDBOX_EXECUTOR_BIN=$(BIN) $(GO) test -tags 'e2e e2elong' -count=1 -timeout 60m -v -run 'Silent' ./tests/e2e/...
 
 demo: build cluster-up runner
 	SANDBOX_EXECUTOR_BIN=$(BIN) $(GO) run ./tests/demo

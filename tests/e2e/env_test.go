@@ -155,3 +155,17 @@ func mustContain(t testing.TB, what, text string, wants ...string) {
 		}
 	}
 }
+
+func replaceInFile(t testing.TB, path, old, new string) {
+	t.Helper()
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(data), old) {
+		t.Fatalf("%s does not contain %q", path, old)
+	}
+	if err := os.WriteFile(path, []byte(strings.ReplaceAll(string(data), old, new)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+}
