@@ -201,6 +201,7 @@ func (c *Claimer) waitReady(ctx context.Context, claim *extv1beta1.SandboxClaim,
 	defer cancel()
 	claims := c.Clients.Extensions.ExtensionsV1beta1().SandboxClaims(claim.Namespace)
 	last := "no status yet"
+	rewatchDelay := 50 * time.Millisecond
 	for {
 		if ok, why := claimReady(claim); ok {
 			return claim, nil
@@ -230,7 +231,14 @@ func (c *Claimer) waitReady(ctx context.Context, claim *extv1beta1.SandboxClaim,
 		case next != nil:
 			claim = next
 		default:
-			// The watch ended (API server timeout or restart): re-read and watch again.
+			// The watch ended (API server timeout or restart, conversion webhook down): re-read
+			// and watch again, backing off so a watch that keeps failing does not spin.
+			select {
+			case <-time.After(rewatchDelay):
+			case <-ctx.Done():
+				return nil, c.readyTimeout(ctx, claim, timeout, last)
+			}
+			rewatchDelay = min(2*rewatchDelay, 2*time.Second)
 			fresh, err := claims.Get(ctx, claim.Name, metav1.GetOptions{})
 			if err != nil {
 				if ctx.Err() != nil {

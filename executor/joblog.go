@@ -59,7 +59,7 @@ func (l *JobLog) Section(name, header string) func() {
 	}
 	id := sectionName(name)
 	fmt.Fprintf(l.W, "section_start:%d:%s[collapsed=true]\r%s%s%s%s\n", l.now().Unix(), id, ansiClear, ansiBold, header, ansiReset)
-	return func() { fmt.Fprintf(l.W, "section_end:%d:%s\r%s", l.now().Unix(), id, ansiClear) }
+	return func() { fmt.Fprintf(l.W, "section_end:%d:%s\r%s\n", l.now().Unix(), id, ansiClear) }
 }
 
 func sectionName(s string) string {
