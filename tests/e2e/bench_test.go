@@ -1,0 +1,151 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"sort"
+	"testing"
+	"time"
+
+	"github.com/sandbox-executor/sandbox-executor/config"
+	"github.com/sandbox-executor/sandbox-executor/executor"
+	"github.com/sandbox-executor/sandbox-executor/tests/fakegitlab"
+	"github.com/sandbox-executor/sandbox-executor/tests/runner"
+	"github.com/sandbox-executor/sandbox-executor/tests/runner/localexecutor"
+)
+
+// samples collects durations and reports order statistics.
+type samples []time.Duration
+
+func (s samples) sorted() samples {
+	c := append(samples(nil), s...)
+	sort.Slice(c, func(i, j int) bool { return c[i] < c[j] })
+	return c
+}
+
+func (s samples) median() time.Duration { c := s.sorted(); return c[len(c)/2] }
+func (s samples) p95() time.Duration    { c := s.sorted(); return c[(len(c)*95+99)/100-1] }
+
+func (s samples) String() string {
+	c := s.sorted()
+	return fmt.Sprintf("n=%d median=%s p95=%s min=%s max=%s", len(c), ms(s.median()), ms(s.p95()), ms(c[0]), ms(c[len(c)-1]))
+}
+
+func ms(d time.Duration) string { return fmt.Sprintf("%.1fms", float64(d.Microseconds())/1000) }
+
+// executorClients connects as the executor does.
+func executorClients(b testing.TB, c *cluster) *executor.Clients {
+	cfg, err := config.Load(c.configPath)
+	if err != nil {
+		b.Fatal(err)
+	}
+	clients, err := executor.NewClients(cfg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return clients
+}
+
+// BenchmarkStageOverhead compares, on one pod, a plain exec of a script (bash reading it from
+// stdin, as `kubectl exec -i` would) with the same script run as a detached stage through the
+// in-pod agent (the executor's run path), and with the whole `sandbox-executor run` process.
+func BenchmarkStageOverhead(b *testing.B) {
+	c := newCluster(b)
+	env, pod := preparedJobB(b, c)
+	clients := executorClients(b, c)
+	script := []byte("echo stage\n")
+	sbx := &executor.Sandbox{Namespace: namespace, Pod: pod, Container: "job"}
+	stage := &executor.StageRunner{Exec: clients.Exec, Sandbox: sbx, Log: &executor.JobLog{},
+		PodGone: func(context.Context) (string, error) { return "", nil }, Reconnects: 3, Backoff: executor.DefaultBackoff, KillGrace: time.Second}
+	scriptPath := env.script(b, "stage.sh", string(script))
+	const n = 21
+	var raw, detached, cli samples
+	for i := 0; i < n; i++ { // interleaved, so drift on a shared machine hits all three alike
+		var out bytes.Buffer
+		t0 := time.Now()
+		if err := clients.Exec.Exec(context.Background(), executor.ExecRequest{Namespace: namespace, Pod: pod, Container: "job",
+			Command: []string{"/bin/bash", "-s"}, Stdin: bytes.NewReader(script), Stdout: &out, Stderr: &out}); err != nil {
+			b.Fatal(err)
+		}
+		raw = append(raw, time.Since(t0))
+		out.Reset()
+		t0 = time.Now()
+		if code, err := stage.Run(context.Background(), "bench", script, &out, &out); err != nil || code != 0 {
+			b.Fatalf("detached stage: %d %v", code, err)
+		}
+		detached = append(detached, time.Since(t0))
+		t0 = time.Now()
+		if out, err := c.stage(env, "run", scriptPath, "build_script").CombinedOutput(); err != nil {
+			b.Fatalf("run: %v %s", err, out)
+		}
+		cli = append(cli, time.Since(t0))
+	}
+	report(b, "raw exec (bash -s)", raw, 0)
+	report(b, "detached stage (agent)", detached, raw.median())
+	report(b, "sandbox-executor run", cli, raw.median())
+	b.ReportMetric(float64(detached.median())/float64(raw.median()), "detached/raw")
+	b.ReportMetric(float64(cli.median())/float64(raw.median()), "cli/raw")
+}
+
+func report(b testing.TB, name string, s samples, baseline time.Duration) {
+	line := fmt.Sprintf("%-28s %s", name, s)
+	if baseline > 0 {
+		line += fmt.Sprintf(" ratio=%.2fx", float64(s.median())/float64(baseline))
+	}
+	b.Log(line)
+	fmt.Fprintln(os.Stderr, "BENCH", line)
+}
+
+func preparedJobB(b *testing.B, c *cluster) (*stageEnv, string) {
+	b.Helper()
+	env := newStageEnv(b, time.Now().UnixNano()%1e9, ciImage)
+	prep, err := c.stage(env, "prepare").CombinedOutput()
+	if err != nil {
+		b.Fatalf("prepare: %v\n%s", err, prep)
+	}
+	b.Cleanup(func() { _ = c.stage(env, "cleanup").Run() })
+	return env, podFromPrepareLog(b, string(prep))
+}
+
+// BenchmarkHelloJob is the headline: `script: [echo hello]` through the real gitlab-runner and
+// the fake GitLab, from the job being handed out to its final state. The same runner with a
+// host-local executor (no isolation at all) is the floor, measured in the same run.
+func BenchmarkHelloJob(b *testing.B) {
+	c := newCluster(b)
+	const n = 7
+	ours := helloJobs(b, n, c.customExecutor())
+	floor := helloJobs(b, n, localexecutor.New(b).Definition)
+	report(b, "hello job, runner alone", floor, 0)
+	report(b, "hello job, sandbox-executor", ours, floor.median())
+	b.ReportMetric(float64(ours.median().Milliseconds()), "ms/job")
+	b.ReportMetric(float64(floor.median().Milliseconds()), "floor-ms/job")
+}
+
+func helloJobs(b *testing.B, n int, def runner.CustomExecutor) samples {
+	gitlab := fakegitlab.New(fakegitlab.WithLongPolling(5 * time.Second))
+	defer gitlab.Close()
+	var ids []int64
+	for i := 0; i < n; i++ {
+		ids = append(ids, gitlab.Enqueue(gitlab.NewJob(fakegitlab.JobSpec{Image: ciImage, GitStrategy: "none", Script: []string{"echo hello"}})))
+	}
+	proc, err := runner.Start(runner.Options{URL: gitlab.URL(), Token: gitlab.RunnerToken(), Executor: def, MaxBuilds: n, Timeout: 10 * time.Minute, BuildsDir: "/builds", CacheDir: "/cache"})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer proc.Stop()
+	var s samples
+	for _, id := range ids {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+		res, err := gitlab.Wait(ctx, id)
+		cancel()
+		if err != nil || res.State != "success" {
+			b.Fatalf("job %d: %v %s\n%s\nrunner log:\n%s", id, err, res.State, res.Trace, proc.Log())
+		}
+		s = append(s, res.Duration())
+	}
+	return s
+}
