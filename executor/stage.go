@@ -106,14 +106,14 @@ func (r *StageRunner) Run(ctx context.Context, name string, script []byte, stdou
 func (r *StageRunner) stop(stageDir, name string) error {
 	ctx, cancel := context.WithTimeout(context.Background(), r.KillGrace+15*time.Second)
 	defer cancel()
-	var out bytes.Buffer
+	var stdout, stderr bytes.Buffer // separate: the streams are copied concurrently
 	err := r.Exec.Exec(ctx, ExecRequest{
 		Namespace: r.Sandbox.Namespace, Pod: r.Sandbox.Pod, Container: r.Sandbox.Container,
 		Command: agent.KillArgs(stageDir, int(r.KillGrace/time.Second)),
-		Stdout:  &out, Stderr: &out,
+		Stdout:  &stdout, Stderr: &stderr,
 	})
 	if err != nil {
-		return SystemError(nil, "stage %s cancelled, but stopping its processes in pod %s failed: %s", name, r.Sandbox.Pod, oneLine(strings.TrimSpace(out.String()+" "+err.Error())))
+		return SystemError(nil, "stage %s cancelled, but stopping its processes in pod %s failed: %s", name, r.Sandbox.Pod, oneLine(strings.TrimSpace(stderr.String()+" "+err.Error())))
 	}
 	r.Log.Warnf("Stage %s cancelled: its processes in pod %s were stopped", name, r.Sandbox.Pod)
 	return &Error{Kind: KindSystem, Err: ErrCancelled, Msg: "stage " + name}

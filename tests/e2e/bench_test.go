@@ -65,16 +65,16 @@ func BenchmarkStageOverhead(b *testing.B) {
 	const n = 21
 	var raw, detached, cli samples
 	for i := 0; i < n; i++ { // interleaved, so drift on a shared machine hits all three alike
-		var out bytes.Buffer
+		var out, errOut bytes.Buffer
 		t0 := time.Now()
 		if err := clients.Exec.Exec(context.Background(), executor.ExecRequest{Namespace: namespace, Pod: pod, Container: "job",
-			Command: []string{"/bin/bash", "-s"}, Stdin: bytes.NewReader(script), Stdout: &out, Stderr: &out}); err != nil {
+			Command: []string{"/bin/bash", "-s"}, Stdin: bytes.NewReader(script), Stdout: &out, Stderr: &errOut}); err != nil {
 			b.Fatal(err)
 		}
 		raw = append(raw, time.Since(t0))
 		out.Reset()
 		t0 = time.Now()
-		if code, err := stage.Run(context.Background(), "bench", script, &out, &out); err != nil || code != 0 {
+		if code, err := stage.Run(context.Background(), "bench", script, &out, &errOut); err != nil || code != 0 {
 			b.Fatalf("detached stage: %d %v", code, err)
 		}
 		detached = append(detached, time.Since(t0))

@@ -103,11 +103,11 @@ func (c *cluster) assertJobGone(t testing.TB, jobID int64) {
 // podExec runs a command in a pod with admin rights, to look at it from outside.
 func (c *cluster) podExec(t testing.TB, pod string, command ...string) (string, error) {
 	t.Helper()
-	var out bytes.Buffer
+	var stdout, stderr bytes.Buffer // one buffer each: the streams are copied concurrently
 	err := c.admin.Exec.Exec(context.Background(), executor.ExecRequest{
-		Namespace: namespace, Pod: pod, Container: "job", Command: command, Stdout: &out, Stderr: &out,
+		Namespace: namespace, Pod: pod, Container: "job", Command: command, Stdout: &stdout, Stderr: &stderr,
 	})
-	return out.String(), err
+	return stdout.String() + stderr.String(), err
 }
 
 // stageEnv is the environment a modern runner gives every stage.

@@ -165,8 +165,8 @@ func TestStagesAsModernRunnerInvokesThem(t *testing.T) {
 	for live.at("stage-started").IsZero() && time.Now().Before(deadline) {
 		time.Sleep(50 * time.Millisecond)
 	}
-	if ps, _ := c.podExec(t, pod, "sh", "-c", "cat /proc/[0-9]*/cmdline | tr '\\0' ' '"); !strings.Contains(ps, "sleep 600") {
-		t.Fatalf("the stage's sleep is not running in the pod before cancel: %q", ps)
+	if ps, err := c.podExec(t, pod, "sh", "-c", "cat /proc/[0-9]*/cmdline | tr '\\0' ' '"); !strings.Contains(ps, "sleep 600") {
+		t.Fatalf("the stage's sleep is not running in pod %s before cancel: %q %v", pod, ps, err)
 	}
 	cancelled := time.Now()
 	syscall.Kill(-run.Process.Pid, syscall.SIGTERM)
