@@ -75,20 +75,22 @@ func (r *StageRunner) Run(ctx context.Context, name string, script []byte, stdou
 		if delivered.err != nil {
 			return 0, SystemError(delivered.err, "writing stage %s output to the runner", name)
 		}
-		var exit *ExitError
-		if errors.As(err, &exit) {
-			// The agent ran and said why it could not run the stage (already on stderr).
-			return 0, SystemError(nil, "stage %s: the in-pod agent failed (exit %d): %s", name, exit.Code, ctrl.LastText())
-		}
-		if err == nil {
-			err = errors.New("stream ended without the stage's exit status")
-		}
-		lastErr = err
+		// Whatever went wrong, a pod that is gone explains it best.
 		if why, gerr := r.PodGone(ctx); why != "" {
 			return 0, SystemError(nil, "stage %s: %s", name, why)
 		} else if gerr != nil && KindOf(gerr) == KindPermanent {
 			return 0, gerr
 		}
+		var exit *ExitError
+		if errors.As(err, &exit) && exit.Code == agent.ExitAgentFailure {
+			// The agent ran and said why it could not run the stage (already on stderr).
+			return 0, SystemError(nil, "stage %s: the in-pod agent failed: %s", name, ctrl.LastText())
+		}
+		if err == nil {
+			err = errors.New("stream ended without the stage's exit status")
+		}
+		// Any other exit (the agent killed by a signal, say) is a lost stream like any other.
+		lastErr = err
 		if attempt >= r.Reconnects {
 			return 0, SystemError(lastErr, "stage %s: lost the stream to pod %s %d times; its exit status is unknown", name, r.Sandbox.Pod, attempt+1)
 		}

@@ -96,7 +96,7 @@ func TestRealRunnerJob(t *testing.T) {
 	job := gitlab.NewJob(fakegitlab.JobSpec{
 		Image:       ciImage,
 		GitStrategy: "none",
-		Script:      []string{"echo hello from $(uname -s) $(uname -r)", "dmesg | grep -m1 gVisor", "test -e /var/run/secrets/kubernetes.io/serviceaccount/token && echo TOKEN-MOUNTED || echo no-service-account-token"},
+		Script:      []string{"echo hello from $(uname -s) $(uname -r)", "dmesg | grep -m1 gVisor", `echo "sa-token-$(test -e /var/run/secrets/kubernetes.io/serviceaccount/token && echo mounted || echo absent)"`},
 	})
 	gitlab.Enqueue(job)
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
@@ -113,8 +113,8 @@ func TestRealRunnerJob(t *testing.T) {
 	if res.State != "success" {
 		t.Fatalf("state %s (%s); trace:\n%s\nrunner log:\n%s", res.State, res.FailureReason, res.Trace, proc.Log())
 	}
-	mustContain(t, "trace", res.Trace, "hello from Linux", "Starting gVisor", "no-service-account-token", "Sandbox ready: pool duo-default")
-	if strings.Contains(res.Trace, "TOKEN-MOUNTED") {
+	mustContain(t, "trace", res.Trace, "hello from Linux", "Starting gVisor", "sa-token-absent", "Sandbox ready: pool duo-default")
+	if strings.Contains(res.Trace, "sa-token-mounted") {
 		t.Error("a service account token is mounted in the job pod")
 	}
 	c.assertJobGone(t, job.ID)

@@ -1,0 +1,167 @@
+#!/usr/bin/env bash
+# check.sh: is the local cluster fully usable? One line per component; exits non-zero naming
+# every check that failed. Run by up.sh at the end; safe to run any time.
+#
+# The gVisor check starts two short-lived pods in namespace $CHECK_NAMESPACE (one per local
+# image) instead of exec'ing into warm-pool pods, which must stay pristine for CI jobs.
+set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+
+CHECK_NAMESPACE=sandbox-executor-check
+FAILED=()
+
+# check NAME CMD...: CMD prints a short detail on stdout; its exit status decides.
+check() {
+  local name=$1 out rc=0
+  shift
+  out=$("$@" 2>&1) || rc=$?
+  out=$(printf '%s' "$out" | tr '\n' ' ' | cut -c1-110)
+  if ((rc == 0)); then
+    printf 'ok    %-26s %s\n' "$name" "$out"
+  else
+    printf 'FAIL  %-26s %s\n' "$name" "$out"
+    FAILED+=("$name")
+  fi
+}
+
+check_etcd() { http_get "$ETCD_METRICS_URL/health" | grep '"health":"true"'; }
+check_apiserver() { kubectl_admin get --raw /readyz && echo " $APISERVER_URL"; }
+check_controller_manager() { http_get -k https://127.0.0.1:10257/healthz; }
+check_scheduler() { http_get -k https://127.0.0.1:10259/healthz; }
+check_containerd() {
+  daemon_running containerd || { echo "not running"; return 1; }
+  ctr_k8s version | awk '/Server:/ {s = 1} s && /Version:/ {print "server " $2; exit}'
+}
+check_kubelet() {
+  http_get "$KUBELET_HEALTHZ_URL" >/dev/null || { echo "healthz not answering"; return 1; }
+  local ready
+  ready=$(kubectl_admin get node "$NODE_NAME" -o jsonpath='{.status.conditions[?(@.type=="Ready")].status} {.status.nodeInfo.kubeletVersion}')
+  echo "node $NODE_NAME Ready=$ready"
+  [[ $ready == True* ]]
+}
+check_images() {
+  local ref missing=()
+  for ref in "$PAUSE_IMAGE" "$CI_IMAGE" "$POSIX_IMAGE"; do
+    [[ -n $(ctr_k8s images ls -q "name==$ref") ]] || missing+=("$ref")
+  done
+  ((${#missing[@]} == 0)) || { echo "missing: ${missing[*]}"; return 1; }
+  echo "pause, ci, posix imported"
+}
+check_runtimeclass() {
+  local handler
+  handler=$(kubectl_admin get runtimeclass gvisor -o jsonpath='{.handler}')
+  echo "gvisor -> handler $handler"
+  [[ $handler == runsc ]]
+}
+check_agent_sandbox() {
+  daemon_running agent-sandbox || { echo "not running"; return 1; }
+  http_get "http://$AGENT_SANDBOX_PROBE_ADDR/readyz" && echo " (pid $(daemon_pid agent-sandbox))"
+}
+check_crds() {
+  local established
+  established=$(kubectl_admin get crd "${AGENT_SANDBOX_CRDS[@]}" \
+    -o jsonpath='{range .items[*]}{.status.conditions[?(@.type=="Established")].status}{"\n"}{end}' | grep -cx True)
+  echo "$established/${#AGENT_SANDBOX_CRDS[@]} established"
+  ((established == ${#AGENT_SANDBOX_CRDS[@]}))
+}
+check_executor_kubeconfig() {
+  local who
+  who=$("$CLUSTER_BIN/kubectl" --kubeconfig "$EXECUTOR_KUBECONFIG" auth whoami -o jsonpath='{.status.userInfo.username}')
+  echo "$who"
+  [[ $who == "system:serviceaccount:$EXECUTOR_NAMESPACE:$EXECUTOR_SERVICEACCOUNT" ]]
+}
+
+# --- gVisor pods ------------------------------------------------------------------------------
+check_pod_manifest() { # NAME IMAGE
+  cat <<YAML
+apiVersion: v1
+kind: Pod
+metadata:
+  name: $1
+  namespace: $CHECK_NAMESPACE
+  labels: {app.kubernetes.io/name: cluster-check}
+spec:
+  runtimeClassName: gvisor
+  automountServiceAccountToken: false
+  terminationGracePeriodSeconds: 0
+  activeDeadlineSeconds: 300
+  restartPolicy: Never
+  containers:
+  - name: main
+    image: $2
+    imagePullPolicy: Never
+    command: ["sleep", "300"]
+YAML
+}
+
+POSIX_POD=gvisor-posix-$$
+CI_POD=gvisor-ci-$$
+# Created first and awaited last, so the sandboxes boot while the other checks run.
+create_check_pods() {
+  kubectl_admin create namespace "$CHECK_NAMESPACE" --dry-run=client -o yaml | kubectl_admin apply -f - >/dev/null
+  # Leftovers of an interrupted earlier run.
+  kubectl_admin -n "$CHECK_NAMESPACE" delete pod -l app.kubernetes.io/name=cluster-check --wait=false >/dev/null 2>&1 || true
+  # Pods are rejected until the namespace's default ServiceAccount exists.
+  wait_until "ServiceAccount $CHECK_NAMESPACE/default" 30 kubectl_admin -n "$CHECK_NAMESPACE" get serviceaccount default 2>/dev/null
+  { check_pod_manifest "$POSIX_POD" "$POSIX_IMAGE"; echo ---; check_pod_manifest "$CI_POD" "$CI_IMAGE"; } |
+    kubectl_admin apply -f - >/dev/null
+}
+wait_check_pods() {
+  kubectl_admin -n "$CHECK_NAMESPACE" wait --for=condition=Ready --timeout=90s "pod/$POSIX_POD" "pod/$CI_POD" >/dev/null
+}
+stop_check_pods() {
+  kubectl_admin -n "$CHECK_NAMESPACE" delete pod "$POSIX_POD" "$CI_POD" --wait=false --ignore-not-found >/dev/null 2>&1 || true
+}
+
+# The kernel a gVisor sandbox reports is gVisor's own ("4.4.0-gvisor"-like), and its dmesg
+# starts with "Starting gVisor...": proof the pod is not a runc container.
+check_gvisor_posix() {
+  local out
+  out=$(kubectl_admin -n "$CHECK_NAMESPACE" exec "$POSIX_POD" -- /bin/sh -c \
+    'uname -r; dmesg | head -n 1; if command -v bash >/dev/null 2>&1; then echo "bash present"; else echo "no bash"; fi')
+  echo "$out"
+  grep -q gvisor <<<"$out" && grep -q 'Starting gVisor' <<<"$out" && grep -qx 'no bash' <<<"$out"
+}
+check_gvisor_ci() {
+  local out
+  # shellcheck disable=SC2016  # expanded inside the pod
+  out=$(kubectl_admin -n "$CHECK_NAMESPACE" exec "$CI_POD" -- /bin/bash -c \
+    'uname -r && git --version && echo node $(node --version) && command -v npm && curl --version | head -n 1 | cut -d" " -f1,2 && ps --version')
+  echo "$out"
+  grep -q gvisor <<<"$out"
+}
+
+main() {
+  local pods_out pods_rc=0
+  trap stop_check_pods EXIT
+  pods_out=$(create_check_pods 2>&1) || pods_rc=$?
+  check "etcd" check_etcd
+  check "kube-apiserver" check_apiserver
+  check "kube-controller-manager" check_controller_manager
+  check "kube-scheduler" check_scheduler
+  check "containerd" check_containerd
+  check "kubelet / node Ready" check_kubelet
+  check "images" check_images
+  check "runtimeclass gvisor" check_runtimeclass
+  check "agent-sandbox controller" check_agent_sandbox
+  check "agent-sandbox CRDs" check_crds
+  check "warm pool" warm_pool_state
+  check "executor kubeconfig" check_executor_kubeconfig
+  ((pods_rc != 0)) || pods_out=$(wait_check_pods 2>&1) || pods_rc=$?
+  if ((pods_rc == 0)); then
+    check "gVisor pod (posix image)" check_gvisor_posix
+    check "gVisor pod (ci image)" check_gvisor_ci
+  else
+    printf 'FAIL  %-26s %s\n' "gVisor pods" "$(tail -n 2 <<<"$pods_out" | tr '\n' ' ')"
+    FAILED+=("gVisor pods")
+  fi
+  if ((${#FAILED[@]})); then
+    local joined
+    joined=$(printf '%s, ' "${FAILED[@]}")
+    printf 'FAILED: %s\n' "${joined%, }"
+    return 1
+  fi
+  echo "all checks passed"
+}
+
+run_main "$@"

@@ -1,0 +1,238 @@
+#!/usr/bin/env bash
+# images.sh: build the cluster's container images locally and import them into containerd.
+#
+#   images.sh build    build what is missing or outdated (no cluster needed)
+#   images.sh import   import into the running containerd (k8s.io namespace) what it lacks
+#
+# There is no registry here: each image is a root filesystem directory packed as a single-layer
+# OCI image-layout tarball; pods use imagePullPolicy: Never.
+#   sandbox-executor.local/pause:3.10     static C pause binary, containerd's pinned sandbox image
+#   sandbox-executor.local/ci:bookworm    Debian bookworm minbase + bash git ca-certificates procps
+#                                         curl coreutils nodejs npm (what a Duo flow needs)
+#   sandbox-executor.local/posix:bookworm Debian bookworm minbase with bash removed: POSIX sh (dash)
+#                                         and coreutils only, to prove the executor needs no bash
+# Each image carries a stamp: its ref plus a hash of the recipe (the functions that build it),
+# so editing a recipe rebuilds that image and nothing else.
+set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+
+SUITE=bookworm
+ROOTFS=$CLUSTER_IMAGES/rootfs
+CI_PACKAGES=(bash git ca-certificates procps curl coreutils nodejs npm)
+
+# The Debian mirror the host's apt already uses (so no host name is written into this repo).
+debian_mirror() {
+  if [[ -n ${DEBIAN_MIRROR:-} ]]; then echo "$DEBIAN_MIRROR"; return; fi
+  local m=""
+  if [[ -f /etc/apt/sources.list.d/debian.sources ]]; then
+    m=$(awk '/^URIs:/ {print $2; exit}' /etc/apt/sources.list.d/debian.sources)
+  fi
+  if [[ -z $m && -f /etc/apt/sources.list ]]; then
+    m=$(awk '$1 == "deb" && $3 !~ /security/ {print $2; exit}' /etc/apt/sources.list)
+  fi
+  [[ -n $m ]] || die "cannot find the host's Debian mirror; set DEBIAN_MIRROR"
+  echo "$m"
+}
+
+# recipe_stamp REF FUNCTIONS...: what an image is built from; changes when a recipe changes.
+recipe_stamp() {
+  local ref=$1
+  shift
+  echo "$ref $( { declare -f "$@"; echo "${CI_PACKAGES[*]} $SUITE"; } | sha256sum | cut -c1-16)"
+}
+
+# --- root filesystems ---------------------------------------------------------------------
+build_rootfs_base() {
+  local dir=$ROOTFS/base
+  rm -rf "$dir"
+  mkdir -p "$ROOTFS"
+  debootstrap --variant=minbase "$SUITE" "$dir" "$(debian_mirror)" >"$CLUSTER_LOG/debootstrap-base.log" 2>&1 ||
+    { tail -n 20 "$CLUSTER_LOG/debootstrap-base.log" >&2; die "debootstrap failed"; }
+}
+
+# chroot_apt DIR ARGS...: apt-get inside a root filesystem, non-interactive.
+chroot_apt() {
+  local dir=$1
+  shift
+  chroot "$dir" /usr/bin/env DEBIAN_FRONTEND=noninteractive apt-get -qq -o=Dpkg::Use-Pty=0 "$@"
+}
+
+# Strip what an image does not need at run time and what would leak the build host.
+slim_rootfs() {
+  local dir=$1
+  rm -rf "$dir"/var/lib/apt/lists/* "$dir"/var/cache/apt/*.bin "$dir"/var/cache/apt/archives/*.deb \
+    "$dir"/debootstrap "$dir"/var/log/*.log "$dir"/tmp/* "$dir"/root/.cache
+  : >"$dir/etc/resolv.conf"
+  echo sandbox >"$dir/etc/hostname"
+}
+
+# Packages go in with apt inside the chroot rather than debootstrap --include: debootstrap's
+# resolver leaves npm's node-* dependencies unconfigured and exits non-zero.
+build_rootfs_ci() {
+  local dir=$ROOTFS/ci
+  rm -rf "$dir"
+  cp -a "$ROOTFS/base" "$dir"
+  cp /etc/resolv.conf "$dir/etc/resolv.conf"
+  {
+    chroot_apt "$dir" update
+    chroot_apt "$dir" install -y --no-install-recommends "${CI_PACKAGES[@]}"
+    chroot_apt "$dir" clean
+  } >"$CLUSTER_LOG/rootfs-ci.log" 2>&1 || { tail -n 20 "$CLUSTER_LOG/rootfs-ci.log" >&2; die "ci rootfs: apt-get failed"; }
+  chroot "$dir" /bin/bash -c 'git --version && node --version && npm --version && curl --version | head -n1' >/dev/null ||
+    die "ci rootfs: a required tool does not run"
+  slim_rootfs "$dir"
+}
+
+# bash is Essential in Debian, so dpkg needs --force-remove-essential; nothing in minbase
+# depends on it at run time (/bin/sh is dash).
+build_rootfs_posix() {
+  local dir=$ROOTFS/posix
+  rm -rf "$dir"
+  cp -a "$ROOTFS/base" "$dir"
+  chroot "$dir" /usr/bin/dpkg --purge --force-remove-essential bash >"$CLUSTER_LOG/rootfs-posix.log" 2>&1 ||
+    { tail -n 20 "$CLUSTER_LOG/rootfs-posix.log" >&2; die "posix rootfs: removing bash failed"; }
+  [[ ! -e $dir/bin/bash && ! -e $dir/usr/bin/bash ]] || die "posix rootfs: bash still present"
+  chroot "$dir" /bin/sh -c 'ls / >/dev/null && cat /etc/debian_version >/dev/null' || die "posix rootfs: sh/coreutils broken"
+  slim_rootfs "$dir"
+}
+
+# The smallest possible pod sandbox image: sleeps, reaps zombies, exits on SIGINT/SIGTERM.
+build_rootfs_pause() {
+  local dir=$ROOTFS/pause src=$CLUSTER_IMAGES/pause.c
+  rm -rf "$dir"
+  mkdir -p "$dir"
+  cat >"$src" <<'C'
+#include <signal.h>
+#include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
+static void on_term(int sig) { (void)sig; _exit(0); }
+static void on_chld(int sig) { (void)sig; while (waitpid(-1, NULL, WNOHANG) > 0) {} }
+int main(void) {
+  struct sigaction sa = {0};
+  sa.sa_handler = on_term;
+  sigaction(SIGINT, &sa, NULL);
+  sigaction(SIGTERM, &sa, NULL);
+  sa.sa_handler = on_chld;
+  sa.sa_flags = SA_NOCLDSTOP;
+  sigaction(SIGCHLD, &sa, NULL);
+  for (;;) pause();
+}
+C
+  gcc -Os -static -o "$dir/pause" "$src"
+  strip "$dir/pause"
+}
+
+# --- OCI packing ----------------------------------------------------------------------------
+# blob DIR FILE: move FILE into DIR/blobs/sha256 under its digest; print "digest size".
+blob() {
+  local d s
+  d=$(sha256sum "$2" | cut -d' ' -f1)
+  s=$(stat -c %s "$2")
+  mv "$2" "$1/blobs/sha256/$d"
+  echo "$d $s"
+}
+
+# pack_oci ROOTFS_DIR REF OUT_TAR CONFIG_JSON_FRAGMENT: one uncompressed layer (an uncompressed
+# layer imports fastest: containerd does not need to decompress it).
+pack_oci() {
+  local src=$1 ref=$2 out=$3 cfg=$4 w layer_d layer_s conf_d conf_s manifest_d manifest_s
+  w=$(mktemp -d "$CLUSTER_IMAGES/.pack.XXXXXX")
+  mkdir -p "$w/blobs/sha256"
+  tar --numeric-owner --xattrs --xattrs-include='*' -C "$src" -cf "$w/layer.tar" .
+  read -r layer_d layer_s < <(blob "$w" "$w/layer.tar")
+  printf '{"architecture":"amd64","os":"linux","config":{"Env":["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"],%s,"WorkingDir":"/"},"rootfs":{"type":"layers","diff_ids":["sha256:%s"]},"history":[{"created_by":"sandbox-executor tests/cluster/images.sh"}]}' \
+    "$cfg" "$layer_d" >"$w/config.json"
+  read -r conf_d conf_s < <(blob "$w" "$w/config.json")
+  printf '{"schemaVersion":2,"mediaType":"application/vnd.oci.image.manifest.v1+json","config":{"mediaType":"application/vnd.oci.image.config.v1+json","digest":"sha256:%s","size":%s},"layers":[{"mediaType":"application/vnd.oci.image.layer.v1.tar","digest":"sha256:%s","size":%s}]}' \
+    "$conf_d" "$conf_s" "$layer_d" "$layer_s" >"$w/manifest.json"
+  read -r manifest_d manifest_s < <(blob "$w" "$w/manifest.json")
+  [[ -n $layer_d && -n $conf_d && -n $manifest_d ]] || die "packing $ref failed"
+  echo '{"imageLayoutVersion":"1.0.0"}' >"$w/oci-layout"
+  printf '{"schemaVersion":2,"manifests":[{"mediaType":"application/vnd.oci.image.manifest.v1+json","digest":"sha256:%s","size":%s,"annotations":{"io.containerd.image.name":"%s","org.opencontainers.image.ref.name":"%s"}}]}' \
+    "$manifest_d" "$manifest_s" "$ref" "${ref##*:}" >"$w/index.json"
+  tar -C "$w" -cf "$out.tmp" oci-layout index.json blobs
+  mv -f "$out.tmp" "$out"
+  echo "sha256:$manifest_d" >"${out%.tar}.digest"
+  rm -rf "$w"
+  log "packed $ref: $(du -h "$out" | cut -f1), manifest sha256:${manifest_d:0:12}"
+}
+
+# --- the images -----------------------------------------------------------------------------
+# image_* NAME: build the tarball $CLUSTER_IMAGES/NAME.tar unless its stamp is current.
+build_image() {
+  local name=$1 ref=$2 cfg=$3
+  shift 3
+  local stamp want
+  stamp=$CLUSTER_IMAGES/$name.stamp
+  want=$(recipe_stamp "$ref" "$@" pack_oci slim_rootfs)
+  if stamp_matches "$stamp" "$want" && [[ -f $CLUSTER_IMAGES/$name.tar ]]; then
+    log "image $ref: up to date"
+    return 0
+  fi
+  local fn
+  for fn in "$@"; do "$fn"; done
+  pack_oci "$ROOTFS/$name" "$ref" "$CLUSTER_IMAGES/$name.tar" "$cfg"
+  echo "$ref" >"$CLUSTER_IMAGES/$name.ref"
+  stamp_write "$stamp" "$want"
+}
+
+ensure_base_rootfs() {
+  local stamp=$ROOTFS/base.stamp want
+  want=$(recipe_stamp "debootstrap $SUITE minbase" build_rootfs_base)
+  if stamp_matches "$stamp" "$want" && [[ -x $ROOTFS/base/bin/sh ]]; then return 0; fi
+  step "debootstrap $SUITE minbase" build_rootfs_base
+  stamp_write "$stamp" "$want"
+}
+
+build_all() {
+  ensure_dirs
+  mkdir -p "$ROOTFS"
+  step "image pause" build_image pause "$PAUSE_IMAGE" '"Entrypoint":["/pause"]' build_rootfs_pause
+  # The base is only needed when the ci or posix image must be (re)built.
+  if ! stamp_matches "$CLUSTER_IMAGES/ci.stamp" "$(recipe_stamp "$CI_IMAGE" build_rootfs_ci pack_oci slim_rootfs)" ||
+    ! stamp_matches "$CLUSTER_IMAGES/posix.stamp" "$(recipe_stamp "$POSIX_IMAGE" build_rootfs_posix pack_oci slim_rootfs)"; then
+    ensure_base_rootfs
+  fi
+  step "image ci" build_image ci "$CI_IMAGE" '"Cmd":["/bin/bash"]' build_rootfs_ci
+  step "image posix" build_image posix "$POSIX_IMAGE" '"Cmd":["/bin/sh"]' build_rootfs_posix
+}
+
+# --- import ---------------------------------------------------------------------------------
+# imported_digest REF: the manifest digest containerd has for REF (empty if none).
+imported_digest() {
+  ctr_k8s images ls "name==$1" 2>/dev/null | awk 'NR == 2 {print $3}'
+}
+
+import_one() {
+  local name=$1 ref want
+  ref=$(cat "$CLUSTER_IMAGES/$name.ref")
+  want=$(cat "$CLUSTER_IMAGES/$name.digest")
+  if [[ "$(imported_digest "$ref")" == "$want" ]]; then
+    log "image $ref: already in containerd"
+    return 0
+  fi
+  ctr_k8s images import "$CLUSTER_IMAGES/$name.tar" >/dev/null
+  # Pinned: kubelet's image garbage collection must never delete an image it cannot pull back.
+  ctr_k8s images label "$ref" io.cri-containerd.pinned=pinned >/dev/null
+  [[ "$(imported_digest "$ref")" == "$want" ]] || die "import of $ref did not produce $want"
+  log "imported $ref"
+}
+
+import_all() {
+  local name
+  for name in pause ci posix; do
+    [[ -f $CLUSTER_IMAGES/$name.tar ]] || die "image $name not built: run images.sh build"
+    step "import $name" import_one "$name"
+  done
+}
+
+main() {
+  case ${1:-} in
+    build) build_all ;;
+    import) import_all ;;
+    *) die "usage: images.sh build|import" ;;
+  esac
+}
+
+run_main "$@"

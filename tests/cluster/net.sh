@@ -1,0 +1,95 @@
+#!/usr/bin/env bash
+# net.sh: the node's network plumbing (idempotent).
+#
+#   net.sh up     node bridge with the node IP, unreachable service CIDR, iptables guard chains
+#   net.sh down   remove all of it (down.sh --wipe)
+#
+# - The node IP ($NODE_IP) sits on $NODE_BRIDGE, a bridge with no ports: this kernel has no
+#   `dummy` netdev, and the node IP must not be loopback (the agent-sandbox webhook endpoint
+#   and the kubelet's address both use it). It never leaves the machine.
+# - Pods get $POD_CIDR on $POD_BRIDGE (created by the CNI bridge plugin, removed here on down)
+#   with a default route to $POD_GATEWAY; the node forwards nothing but pod<->pod traffic
+#   ($POD_FORWARD_CHAIN), so pods cannot reach any real network. Another script may open a
+#   destination by inserting `-d CIDR -j RETURN` at the top of that chain.
+# - No kube-proxy: the service CIDR is an unreachable route so connects fail fast.
+# - The agent-sandbox webhook binds all interfaces on :$AGENT_SANDBOX_WEBHOOK_PORT (no flag to
+#   change that); $NODE_INPUT_CHAIN accepts it only from this machine itself (interface lo).
+# - Pods talk to the node only in reply to connections the node opened (kubelet probes, exec
+#   streams run node -> pod); the same chain drops anything else from the pod CIDR. Open a node
+#   port for pods with `iptables -I SBX-INPUT 1 -s $POD_CIDR -p tcp --dport PORT -j RETURN`.
+set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+
+# ensure_jump TABLE_CHAIN TARGET: a single jump from a built-in chain into ours, at the top.
+ensure_jump() {
+  iptables -C "$1" -j "$2" 2>/dev/null || iptables -I "$1" 1 -j "$2"
+}
+
+# ensure_chain CHAIN: create it if missing. Never flushed here: networkpolicy.sh inserts its
+# own RETURN rules at the top of $POD_FORWARD_CHAIN and they must survive a second up.sh.
+ensure_chain() {
+  iptables -N "$1" 2>/dev/null || true
+}
+
+# ensure_rule CHAIN RULE...: append RULE unless the chain already has it.
+ensure_rule() {
+  local chain=$1
+  shift
+  iptables -C "$chain" "$@" 2>/dev/null || iptables -A "$chain" "$@"
+}
+
+node_bridge_up() {
+  ip link show "$NODE_BRIDGE" >/dev/null 2>&1 || ip link add "$NODE_BRIDGE" type bridge
+  ip addr replace "$NODE_IP/32" dev "$NODE_BRIDGE"
+  ip link set "$NODE_BRIDGE" up
+  ip route replace unreachable "$SERVICE_CIDR"
+}
+
+guard_chains_up() {
+  ensure_chain "$POD_FORWARD_CHAIN"
+  ensure_rule "$POD_FORWARD_CHAIN" -s "$POD_CIDR" -d "$POD_CIDR" -j RETURN
+  ensure_rule "$POD_FORWARD_CHAIN" -s "$POD_CIDR" -m comment --comment "sandbox-executor: pods reach no real network" -j DROP
+  ensure_rule "$POD_FORWARD_CHAIN" -d "$POD_CIDR" -m comment --comment "sandbox-executor: nothing routed into pods" -j DROP
+  ensure_jump FORWARD "$POD_FORWARD_CHAIN"
+
+  ensure_chain "$NODE_INPUT_CHAIN"
+  ensure_rule "$NODE_INPUT_CHAIN" -s "$POD_CIDR" -m conntrack --ctstate ESTABLISHED,RELATED -j RETURN
+  ensure_rule "$NODE_INPUT_CHAIN" -s "$POD_CIDR" -m comment --comment "sandbox-executor: pods open no connection to the node" -j DROP
+  # The apiserver dials the webhook at the node IP from this machine: such packets arrive on lo.
+  ensure_rule "$NODE_INPUT_CHAIN" -p tcp --dport "$AGENT_SANDBOX_WEBHOOK_PORT" -i lo -j RETURN
+  ensure_rule "$NODE_INPUT_CHAIN" -p tcp --dport "$AGENT_SANDBOX_WEBHOOK_PORT" -m comment --comment "sandbox-executor: webhook is node-local" -j DROP
+  ensure_jump INPUT "$NODE_INPUT_CHAIN"
+}
+
+# remove_chain BUILTIN CHAIN
+remove_chain() {
+  while iptables -D "$1" -j "$2" 2>/dev/null; do :; done
+  iptables -F "$2" 2>/dev/null || true
+  iptables -X "$2" 2>/dev/null || true
+}
+
+net_up() {
+  node_bridge_up
+  guard_chains_up
+  log "node IP $NODE_IP on $NODE_BRIDGE; pods $POD_CIDR via $POD_BRIDGE; services $SERVICE_CIDR unreachable"
+}
+
+net_down() {
+  remove_chain FORWARD "$POD_FORWARD_CHAIN"
+  remove_chain INPUT "$NODE_INPUT_CHAIN"
+  ip route del unreachable "$SERVICE_CIDR" 2>/dev/null || true
+  local br
+  for br in "$POD_BRIDGE" "$NODE_BRIDGE"; do
+    if ip link del "$br" 2>/dev/null; then log "removed bridge $br"; fi
+  done
+}
+
+main() {
+  case ${1:-} in
+    up) net_up ;;
+    down) net_down ;;
+    *) die "usage: net.sh up|down" ;;
+  esac
+}
+
+run_main "$@"

@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# up.sh: bring the local single-node cluster up, from nothing or from any partial state.
+#
+#   tests/cluster/up.sh          (make cluster-up)
+#
+# Idempotent: builds are skipped when the pinned versions are built, images when current,
+# running daemons are left alone. Every step is timed; a summary is printed at the end.
+# State lives in $CLUSTER_DIR (default ~/.cache/sandbox-executor/cluster); see README.md here.
+set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+
+D=$CLUSTER_SCRIPTS_DIR
+NETWORKPOLICY=$D/networkpolicy.sh
+
+apply_deploy() {
+  [[ -f $DEPLOY_DIR/kustomization.yaml || -f $DEPLOY_DIR/kustomization.yml ]] ||
+    die "no kustomization in $DEPLOY_DIR (the project's deploy/local manifests)"
+  kubectl_admin apply -k "$DEPLOY_DIR"
+}
+
+apply_runtimeclass() { kubectl_admin apply -f "$D/manifests/runtimeclass.yaml" >/dev/null; }
+
+finish() {
+  local rc=$?
+  print_step_summary
+  if ((rc == 0)); then
+    log "cluster up in $(fmt_ms $(($(now_ms) - UP_START))): admin kubeconfig $ADMIN_KUBECONFIG, executor kubeconfig $EXECUTOR_KUBECONFIG"
+  else
+    log "up.sh FAILED (exit $rc) after $(fmt_ms $(($(now_ms) - UP_START))); logs in $CLUSTER_LOG"
+  fi
+}
+
+main() {
+  UP_START=$(now_ms)
+  trap finish EXIT
+  ensure_dirs
+  step "host packages" "$D/deps.sh"
+  step "build binaries" "$D/build.sh" all
+  step "build images" "$D/images.sh" build
+  step "node network" "$D/net.sh" up
+  step "certificates" "$D/certs.sh" pki
+  step "configs" "$D/configs.sh"
+  step "etcd" "$D/start.sh" start etcd
+  step "kube-apiserver" "$D/start.sh" start apiserver
+  step "kube-controller-manager" "$D/start.sh" start controller-manager
+  step "kube-scheduler" "$D/start.sh" start scheduler
+  step "containerd" "$D/start.sh" start containerd
+  step "import images" "$D/images.sh" import
+  step "kubelet" "$D/start.sh" start kubelet
+  step "runtimeclass gvisor" apply_runtimeclass
+  if [[ -x $NETWORKPOLICY ]]; then
+    step "networkpolicy" "$NETWORKPOLICY" up
+  fi
+  step "agent-sandbox" "$D/agent-sandbox.sh" up
+  step "apply deploy/local" apply_deploy
+  step "warm pool $WARM_POOL ready" wait_until "warm pool $EXECUTOR_NAMESPACE/$WARM_POOL ready" 300 warm_pool_state
+  step "executor kubeconfig" "$D/certs.sh" executor-kubeconfig
+  step "check" "$D/check.sh"
+}
+
+run_main "$@"
