@@ -143,7 +143,8 @@ np_build() {
     chmod -R u+w kube-router-src
     np_patch_kube_router kube-router-src
     cp kube-router-src/go.sum go.sum
-    nice -n 10 go build -p "${KR_BUILD_JOBS:-1}" -trimpath \
+    # shellcheck disable=SC2086  # KR_BUILD_JOBS=1 limits the build to one compile job on a busy machine
+    nice -n 10 go build ${KR_BUILD_JOBS:+-p $KR_BUILD_JOBS} -trimpath \
       -ldflags "-s -w -X $KR_MODULE/pkg/version.Version=$KR_VERSION+$KR_PATCH_ID -X $KR_MODULE/pkg/version.BuildDate=$(date -u +%FT%TZ)" \
       -o "$KR_BIN.tmp" "$KR_MODULE/cmd/kube-router"
   ) >> "$KR_BUILD_LOG" 2>&1; then
@@ -329,8 +330,11 @@ np_kubeconfig() { # prints the kubeconfig path kube-router should use
 # ---------------------------------------------------------------- kube-router process
 np_kr_pid() { # prints the pid if the kube-router we started is running
   [ -f "$KR_PID" ] && [ -f "$KR_EXE" ] || return 1
-  local pid; pid=$(cat "$KR_PID")
-  [ -n "$pid" ] && [ "$(readlink "/proc/$pid/exe" 2>/dev/null)" = "$(cat "$KR_EXE")" ] || return 1
+  local pid exe; pid=$(cat "$KR_PID")
+  [ -n "$pid" ] || return 1
+  exe=$(readlink "/proc/$pid/exe" 2>/dev/null) || return 1
+  # "... (deleted)": still our process, but `build` replaced the binary since it started
+  [ "$exe" = "$(cat "$KR_EXE")" ] || [ "$exe" = "$(cat "$KR_EXE") (deleted)" ] || return 1
   echo "$pid"
 }
 
@@ -354,7 +358,12 @@ np_kr_start() {
   [ -x "$KR_BIN" ] || die "$KR_BIN missing (run: $0 build)"
   [ -x "$KUBECTL" ] || die "$KUBECTL missing (is the cluster built?)"
   mkdir -p "$CLUSTER_DIR/run" "$CLUSTER_DIR/log"
-  local pid; if pid=$(np_kr_pid); then log "kube-router already running (pid $pid)"; return 0; fi
+  local pid
+  if pid=$(np_kr_pid); then
+    log "kube-router already running (pid $pid)"
+    case $(readlink "/proc/$pid/exe") in *" (deleted)") log "note: its binary was rebuilt since; run down + up to use the new one" ;; esac
+    return 0
+  fi
   np_kr_cleanup   # start from a clean filter table (leftovers of a killed run, older builds)
   local kc; kc=$(np_kubeconfig)
   "$KUBECTL" --kubeconfig "$kc" get node "$NODE_NAME" -o name >/dev/null ||

@@ -6,7 +6,9 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"net/url"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -15,8 +17,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/tools/clientcmd"
 
-	"github.com/sandbox-executor/sandbox-executor/tests/faultproxy"
 	"github.com/sandbox-executor/sandbox-executor/tests/fakegitlab"
+	"github.com/sandbox-executor/sandbox-executor/tests/faultproxy"
 )
 
 // withProxy points the executor at the API server through a fault-injecting proxy.
@@ -175,3 +177,52 @@ func TestSteadyOutputForAMinute(t *testing.T) {
 	t.Logf("60 MiB at ~1 MiB/s in %s", time.Since(start).Round(time.Second))
 }
 
+// TestStageSurvivesAPIServerRestart restarts kube-apiserver in the middle of a stage: the stage
+// goes on in the pod, and run re-attaches once the API server is back.
+func TestStageSurvivesAPIServerRestart(t *testing.T) {
+	c := newCluster(t)
+	if err := c.WriteConfig(c.configPath, c.runnerName, "reconnects = 20"); err != nil {
+		t.Fatal(err)
+	}
+	env, _ := preparedJob(t, c)
+	script, want := numbered(1500, 300, 0)
+	run := c.stage(env, "run", env.script(t, "numbered.sh", script), "build_script")
+	var stdout bytes.Buffer
+	live := &arrivals{markers: map[string]time.Time{"line 00100": {}}}
+	run.Stdout, run.Stderr = io.MultiWriter(&stdout, live), live
+	if err := run.Start(); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(60 * time.Second); live.at("line 00100").IsZero() && time.Now().Before(deadline); {
+		time.Sleep(20 * time.Millisecond)
+	}
+	restart := exec.Command(filepath.Join(repoRoot(t), "tests", "cluster", "start.sh"), "stop", "apiserver")
+	if out, err := restart.CombinedOutput(); err != nil {
+		t.Fatalf("stopping kube-apiserver: %v\n%s", err, out)
+	}
+	time.Sleep(2 * time.Second) // the stage keeps running in the pod meanwhile
+	if out, err := exec.Command(filepath.Join(repoRoot(t), "tests", "cluster", "start.sh"), "start", "apiserver").CombinedOutput(); err != nil {
+		t.Fatalf("starting kube-apiserver: %v\n%s", err, out)
+	}
+	if err := run.Wait(); err != nil {
+		t.Fatalf("run after an API server restart: %v\n%s", err, live.text.String())
+	}
+	if stdout.String() != want {
+		t.Fatalf("output differs after the restart: got %d bytes, want %d\n%s", stdout.Len(), len(want), live.text.String())
+	}
+	if !strings.Contains(live.text.String(), "re-attaching") {
+		t.Errorf("no reconnect noted: the restart did not hit the stage")
+	}
+	if strings.Contains(live.text.String(), "UnhandledError") {
+		t.Errorf("client-go's own log lines reached the job log:\n%s", live.text.String())
+	}
+}
+
+func repoRoot(t testing.TB) string {
+	t.Helper()
+	out, err := exec.Command("git", "rev-parse", "--show-toplevel").Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return strings.TrimSpace(string(out))
+}

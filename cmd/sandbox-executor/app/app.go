@@ -13,6 +13,7 @@ import (
 	"syscall"
 
 	"github.com/urfave/cli/v2"
+	"k8s.io/klog/v2"
 
 	"github.com/sandbox-executor/sandbox-executor/config"
 	"github.com/sandbox-executor/sandbox-executor/executor"
@@ -28,6 +29,7 @@ var Version = "dev"
 
 // Main runs the command line and exits.
 func Main() {
+	silenceClientLogs()
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	code := Run(ctx, os.Args, os.Stdout, os.Stderr, os.Getenv)
 	stop()
@@ -151,4 +153,11 @@ func oneLine(err error) string {
 		msg = msg[:i]
 	}
 	return msg
+}
+
+// silenceClientLogs keeps client-go's own log lines (klog) out of job logs: what matters reaches
+// the job as our errors, one line each.
+func silenceClientLogs() {
+	klog.SetOutput(io.Discard)
+	klog.LogToStderr(false)
 }
