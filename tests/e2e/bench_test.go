@@ -117,22 +117,23 @@ func preparedJobB(b *testing.B, c *cluster) (*stageEnv, string) {
 func BenchmarkHelloJob(b *testing.B) {
 	c := newCluster(b)
 	const n = 7
-	ours := helloJobs(b, n, c.customExecutor())
-	floor := helloJobs(b, n, localexecutor.New(b).Definition)
+	ours := helloJobs(b, n, c.customExecutor(), nil)
+	local := localexecutor.New(b)
+	floor := helloJobs(b, n, local.Definition, local.Env)
 	report(b, "hello job, runner alone", floor, 0)
 	report(b, "hello job, sandbox-executor", ours, floor.median())
 	b.ReportMetric(float64(ours.median().Milliseconds()), "ms/job")
 	b.ReportMetric(float64(floor.median().Milliseconds()), "floor-ms/job")
 }
 
-func helloJobs(b *testing.B, n int, def runner.CustomExecutor) samples {
+func helloJobs(b *testing.B, n int, def runner.CustomExecutor, env []string) samples {
 	gitlab := fakegitlab.New(fakegitlab.WithLongPolling(5 * time.Second))
 	defer gitlab.Close()
 	var ids []int64
 	for i := 0; i < n; i++ {
 		ids = append(ids, gitlab.Enqueue(gitlab.NewJob(fakegitlab.JobSpec{Image: ciImage, GitStrategy: "none", Script: []string{"echo hello"}})))
 	}
-	proc, err := runner.Start(runner.Options{URL: gitlab.URL(), Token: gitlab.RunnerToken(), Executor: def, MaxBuilds: n, Timeout: 10 * time.Minute, BuildsDir: "/builds", CacheDir: "/cache"})
+	proc, err := runner.Start(runner.Options{URL: gitlab.URL(), Token: gitlab.RunnerToken(), Executor: def, Env: env, MaxBuilds: n, Timeout: 10 * time.Minute})
 	if err != nil {
 		b.Fatal(err)
 	}
