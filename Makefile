@@ -11,7 +11,7 @@ LDFLAGS := -s -w -X github.com/sandbox-executor/sandbox-executor/cmd/sandbox-exe
 # Static binaries: the agent is copied into job pods of any image.
 GOBUILD := CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)'
 
-.PHONY: all build test vet unit check cluster-up cluster-down cluster-wipe e2e e2e-long demo runner runner-test bench clean
+.PHONY: all build test vet unit check cluster-up cluster-down cluster-wipe netpol e2e e2e-long demo runner runner-test bench clean
 
 all: build
 
@@ -29,7 +29,7 @@ unit:
 test: vet unit
 
 # The README's test command: unit tests, then the real local cluster and the end-to-end suite.
-check: vet unit build runner runner-test cluster-up e2e
+check: vet unit build runner runner-test cluster-up netpol e2e
 
 cluster-up:
 	tests/cluster/up.sh
@@ -39,6 +39,10 @@ cluster-down:
 
 cluster-wipe:
 	tests/cluster/down.sh --wipe
+
+# NetworkPolicy is enforced on the local cluster (kube-router): a deny really denies.
+netpol:
+	tests/cluster/netpol-check.sh
 
 # The real gitlab-runner (12.8, the newest the module proxy can build).
 runner:
