@@ -50,10 +50,16 @@ cleanup() {
   local rc=$?
   if [ "${NETPOL_CHECK_KEEP:-0}" = 1 ]; then
     echo "keeping namespace $NS"
-  elif k get ns "$NS" >/dev/null 2>&1; then
-    local t; t=$(now_ms)
-    k delete ns "$NS" --wait=true --timeout=120s >/dev/null 2>&1 || echo "warning: namespace $NS not deleted yet"
-    echo "cleanup: namespace $NS deleted in $(secs "$t")"
+  elif [ "${NS_CREATED:-0}" = 1 ]; then
+    # retry: the API server may be restarting (the next run also removes leftovers by label)
+    local t i out; t=$(now_ms)
+    for i in 1 2 3 4 5 6; do
+      if out=$(k delete ns "$NS" --ignore-not-found --wait=true --timeout=120s 2>&1); then
+        echo "cleanup: namespace $NS deleted in $(secs "$t")"; break
+      fi
+      [ $i = 6 ] && echo "warning: could not delete namespace $NS ($out)"
+      sleep 5
+    done
   fi
   echo "total: $(secs "$T0"), $PASSES passed, $FAILS failed"
   [ "$FAILS" = 0 ] && [ "$rc" = 0 ] || exit 1
@@ -81,7 +87,11 @@ k get runtimeclass "$RUNTIME_CLASS" >/dev/null 2>&1 || die_fail "preflight: Runt
 
 # --- pods ----------------------------------------------------------------------------------------
 t=$(now_ms)
+# leftovers of runs that could not clean up (API server gone at the time)
+k delete ns -l app.kubernetes.io/managed-by=netpol-check --wait=false >/dev/null 2>&1 || true
 k create ns "$NS" >/dev/null || die_fail "create namespace $NS"
+NS_CREATED=1
+k label ns "$NS" app.kubernetes.io/managed-by=netpol-check >/dev/null || die_fail "label namespace $NS"
 for _ in $(seq 1 30); do k -n "$NS" get sa default >/dev/null 2>&1 && break; sleep 1; done
 pod() { # name label command...
   local name=$1 app=$2; shift 2

@@ -68,7 +68,7 @@ func (c *cluster) customExecutor() runner.CustomExecutor { return c.CustomExecut
 func (c *cluster) assertJobGone(t testing.TB, jobID int64) {
 	t.Helper()
 	ctx := context.Background()
-	selector := executor.LabelJobID + "=" + strconv.FormatInt(jobID, 10)
+	selector := executor.LabelJobID + "=" + strconv.FormatInt(jobID, 10) + "," + executor.LabelRunner + "=" + executor.RunnerLabel(c.runnerName)
 	var left string
 	deadline := time.Now().Add(60 * time.Second)
 	for time.Now().Before(deadline) {
@@ -141,7 +141,7 @@ func (c *cluster) stage(env *stageEnv, args ...string) *exec.Cmd {
 func (e *stageEnv) script(t testing.TB, name, body string) string {
 	t.Helper()
 	p := filepath.Join(e.dir, name)
-	if err := os.WriteFile(p, []byte("#!/usr/bin/env bash\ntrap exit 1 TERM\n"+body), 0o700); err != nil {
+	if err := os.WriteFile(p, []byte("trap 'exit 1' TERM\n"+body), 0o700); err != nil {
 		t.Fatal(err)
 	}
 	return p

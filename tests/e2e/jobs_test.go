@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/sandbox-executor/sandbox-executor/tests/fakegitlab"
+	"github.com/sandbox-executor/sandbox-executor/tests/localcluster"
 	"github.com/sandbox-executor/sandbox-executor/tests/runner"
 	"github.com/sandbox-executor/sandbox-executor/tests/runner/modern"
 )
@@ -205,4 +206,33 @@ func exitCode(err error) int {
 		return -1
 	}
 	return 0
+}
+
+// TestPOSIXOnlyImage runs stages in an image with nothing but POSIX sh (dash) and coreutils: the
+// agent's install, the detached stage and its exit code need no more. (The runner's own bash
+// scripts use $'...' quoting, which dash lacks: that part needs the runner's sh support.)
+func TestPOSIXOnlyImage(t *testing.T) {
+	c := newCluster(t)
+	jobID := fakegitlab.NextJobID()
+	env := newStageEnv(t, jobID, localcluster.PosixImage)
+	prep, err := c.stage(env, "prepare").CombinedOutput()
+	if err != nil {
+		t.Fatalf("prepare: %v\n%s", err, prep)
+	}
+	defer func() {
+		if out, err := c.stage(env, "cleanup").CombinedOutput(); err != nil {
+			t.Errorf("cleanup: %v\n%s", err, out)
+		}
+		c.assertJobGone(t, jobID)
+	}()
+	mustContain(t, "prepare log", string(prep), "pool "+localcluster.PosixPool, "shell /bin/sh", "gvisor")
+	script := env.script(t, "posix.sh", "set -e\necho \"bash-$(test -e /bin/bash && echo present || echo absent)\"\nuname -r\nexit 4\n")
+	out, err := c.stage(env, "run", script, "build_script").CombinedOutput()
+	if exitCode(err) != 1 {
+		t.Fatalf("run: exit %d, want BUILD_FAILURE (1)\n%s", exitCode(err), out)
+	}
+	mustContain(t, "stage output", string(out), "bash-absent", "gvisor")
+	if code, _ := os.ReadFile(filepath.Join(env.dir, "exit-code")); strings.TrimSpace(string(code)) != "4" {
+		t.Errorf("BUILD_EXIT_CODE_FILE = %q, want 4", code)
+	}
 }

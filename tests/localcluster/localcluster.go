@@ -18,6 +18,9 @@ const (
 	Namespace = "sandbox-executor"
 	Pool      = "duo-default"
 	CIImage   = "sandbox-executor.local/ci:bookworm"
+	// PosixImage has only POSIX sh and coreutils; pool PosixPool serves it.
+	PosixImage = "sandbox-executor.local/posix:bookworm"
+	PosixPool  = "duo-posix"
 )
 
 // Env is the local cluster and the executor binaries.
@@ -82,7 +85,11 @@ ready_timeout = "90s"
 [[pool]]
 name = %q
 images = ["sandbox-executor.local/ci:*"]
-`, e.ExecutorKubeconfig(), Namespace, runnerName, Pool, e.AgentBinary(), extra, Pool)
+
+[[pool]]
+name = %q
+images = ["sandbox-executor.local/posix:*"]
+`, e.ExecutorKubeconfig(), Namespace, runnerName, Pool, e.AgentBinary(), extra, Pool, PosixPool)
 	return os.WriteFile(path, []byte(text), 0o600)
 }
 
