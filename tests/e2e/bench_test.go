@@ -55,7 +55,7 @@ func executorClients(b testing.TB, c *cluster) *executor.Clients {
 // in-pod agent (the executor's run path), and with the whole `sandbox-executor run` process.
 func BenchmarkStageOverhead(b *testing.B) {
 	c := newCluster(b)
-	env, pod := preparedJobB(b, c)
+	env, pod, _ := preparedJob(b, c, ciImage)
 	clients := executorClients(b, c)
 	script := []byte("echo stage\n")
 	sbx := &executor.Sandbox{Namespace: namespace, Pod: pod, Container: "job"}
@@ -98,17 +98,6 @@ func report(b testing.TB, name string, s samples, baseline time.Duration) {
 	}
 	b.Log(line)
 	fmt.Fprintln(os.Stderr, "BENCH", line)
-}
-
-func preparedJobB(b *testing.B, c *cluster) (*stageEnv, string) {
-	b.Helper()
-	env := newStageEnv(b, time.Now().UnixNano()%1e9, ciImage)
-	prep, err := c.stage(env, "prepare").CombinedOutput()
-	if err != nil {
-		b.Fatalf("prepare: %v\n%s", err, prep)
-	}
-	b.Cleanup(func() { _ = c.stage(env, "cleanup").Run() })
-	return env, podFromPrepareLog(b, string(prep))
 }
 
 // BenchmarkHelloJob is the headline: `script: [echo hello]` through the real gitlab-runner and

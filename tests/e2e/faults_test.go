@@ -53,11 +53,12 @@ func withProxy(t *testing.T, c *cluster) *faultproxy.Proxy {
 	return proxy
 }
 
-// preparedJob runs config and prepare for a new job and registers its cleanup.
-func preparedJob(t *testing.T, c *cluster) (*stageEnv, string) {
+// preparedJob runs prepare for a new job on image and registers its cleanup, which must leave
+// nothing behind. It returns the stage environment, the pod and prepare's job log.
+func preparedJob(t testing.TB, c *cluster, image string) (*stageEnv, string, string) {
 	t.Helper()
 	jobID := fakegitlab.NextJobID()
-	env := newStageEnv(t, jobID, ciImage)
+	env := newStageEnv(t, jobID, image)
 	prep, err := c.stage(env, "prepare").CombinedOutput()
 	if err != nil {
 		t.Fatalf("prepare: %v\n%s", err, prep)
@@ -68,7 +69,7 @@ func preparedJob(t *testing.T, c *cluster) (*stageEnv, string) {
 		}
 		c.assertJobGone(t, jobID)
 	})
-	return env, podFromPrepareLog(t, string(prep))
+	return env, podFromPrepareLog(t, string(prep)), string(prep)
 }
 
 // numbered is a stage that prints lines with pauses, so that cuts land mid-output; want is
@@ -94,7 +95,7 @@ func TestStageSurvivesStreamCuts(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			c := newCluster(t)
 			proxy := withProxy(t, c)
-			env, _ := preparedJob(t, c)
+			env, _, _ := preparedJob(t, c, ciImage)
 			script, want := numbered(3000, 500, tc.exit)
 			run := c.stage(env, "run", env.script(t, "numbered.sh", script), "build_script")
 			var stdout, stderr bytes.Buffer
@@ -136,7 +137,7 @@ func TestStageSurvivesStreamCuts(t *testing.T) {
 // TestPodDeletedMidStage: a pod deleted under a running stage is a system failure naming it.
 func TestPodDeletedMidStage(t *testing.T) {
 	c := newCluster(t)
-	env, pod := preparedJob(t, c)
+	env, pod, _ := preparedJob(t, c, ciImage)
 	run := c.stage(env, "run", env.script(t, "long.sh", "echo stage-started\nsleep 120\n"), "build_script")
 	live := &arrivals{markers: map[string]time.Time{"stage-started": {}}}
 	run.Stdout, run.Stderr = live, live
@@ -162,7 +163,7 @@ func TestPodDeletedMidStage(t *testing.T) {
 // TestSteadyOutputForAMinute: 1 MB/s for 60 s arrives complete.
 func TestSteadyOutputForAMinute(t *testing.T) {
 	c := newCluster(t)
-	env, _ := preparedJob(t, c)
+	env, _, _ := preparedJob(t, c, ciImage)
 	script := "i=0\nwhile [ $i -lt 60 ]; do head -c 1048576 /dev/zero | tr '\\0' x; echo; sleep 1; i=$((i+1)); done\n"
 	var stdout bytes.Buffer
 	run := c.stage(env, "run", env.script(t, "steady.sh", script), "build_script")
@@ -184,7 +185,7 @@ func TestStageSurvivesAPIServerRestart(t *testing.T) {
 	if err := c.WriteConfig(c.configPath, c.runnerName, "reconnects = 20"); err != nil {
 		t.Fatal(err)
 	}
-	env, _ := preparedJob(t, c)
+	env, _, _ := preparedJob(t, c, ciImage)
 	script, want := numbered(1500, 300, 0)
 	run := c.stage(env, "run", env.script(t, "numbered.sh", script), "build_script")
 	var stdout bytes.Buffer

@@ -126,24 +126,11 @@ func TestRealRunnerJob(t *testing.T) {
 // gone from the pod, checked from outside, before cleanup.
 func TestStagesAsModernRunnerInvokesThem(t *testing.T) {
 	c := newCluster(t)
-	jobID := fakegitlab.NextJobID()
-	env := newStageEnv(t, jobID, ciImage)
-
+	env, pod, prep := preparedJob(t, c, ciImage)
 	out, err := c.stage(env, "config").Output()
 	if err != nil || !strings.Contains(string(out), `"builds_dir":"/builds"`) {
 		t.Fatalf("config: %v %s", err, out)
 	}
-	prep, err := c.stage(env, "prepare").CombinedOutput()
-	if err != nil {
-		t.Fatalf("prepare: %v\n%s", err, prep)
-	}
-	defer func() {
-		if out, err := c.stage(env, "cleanup").CombinedOutput(); err != nil {
-			t.Errorf("cleanup: %v\n%s", err, out)
-		}
-		c.assertJobGone(t, jobID)
-	}()
-	pod := podFromPrepareLog(t, string(prep))
 
 	// A failing stage: exit code in BUILD_EXIT_CODE_FILE, BUILD_FAILURE exit.
 	fail := c.stage(env, "run", env.script(t, "fail.sh", "echo failing\nexit 7\n"), "build_script")
@@ -182,7 +169,7 @@ func TestStagesAsModernRunnerInvokesThem(t *testing.T) {
 		t.Errorf("after_script after cancel: %v %q", err, after)
 	}
 	for _, secret := range []string{"glcbt-e2e-secret-token", "duo-e2e-secret"} {
-		if strings.Contains(string(prep)+string(after)+live.text.String(), secret) {
+		if strings.Contains(prep+string(after)+live.text.String(), secret) {
 			t.Errorf("secret %q appears in our output", secret)
 		}
 	}
@@ -213,19 +200,8 @@ func exitCode(err error) int {
 // scripts use $'...' quoting, which dash lacks: that part needs the runner's sh support.)
 func TestPOSIXOnlyImage(t *testing.T) {
 	c := newCluster(t)
-	jobID := fakegitlab.NextJobID()
-	env := newStageEnv(t, jobID, localcluster.PosixImage)
-	prep, err := c.stage(env, "prepare").CombinedOutput()
-	if err != nil {
-		t.Fatalf("prepare: %v\n%s", err, prep)
-	}
-	defer func() {
-		if out, err := c.stage(env, "cleanup").CombinedOutput(); err != nil {
-			t.Errorf("cleanup: %v\n%s", err, out)
-		}
-		c.assertJobGone(t, jobID)
-	}()
-	mustContain(t, "prepare log", string(prep), "pool "+localcluster.PosixPool, "shell /bin/sh", "gvisor")
+	env, _, prep := preparedJob(t, c, localcluster.PosixImage)
+	mustContain(t, "prepare log", prep, "pool "+localcluster.PosixPool, "shell /bin/sh", "gvisor")
 	script := env.script(t, "posix.sh", "set -e\necho \"bash-$(test -e /bin/bash && echo present || echo absent)\"\nuname -r\nexit 4\n")
 	out, err := c.stage(env, "run", script, "build_script").CombinedOutput()
 	if exitCode(err) != 1 {

@@ -163,7 +163,7 @@ type Result struct {
 // Process is a running gitlab-runner.
 type Process struct {
 	cmd         *exec.Cmd
-	log         *lockedBuffer
+	log         *LockedBuffer
 	started     time.Time
 	gracePeriod time.Duration
 
@@ -183,7 +183,7 @@ func Start(options Options) (*Process, error) {
 	if err != nil {
 		return nil, err
 	}
-	log := &lockedBuffer{}
+	log := &LockedBuffer{}
 	var output io.Writer = log
 	if options.LogOutput != nil {
 		output = io.MultiWriter(log, options.LogOutput)
@@ -295,20 +295,27 @@ func indent(log string) string {
 	return "    " + strings.ReplaceAll(strings.TrimRight(log, "\n"), "\n", "\n    ")
 }
 
-// lockedBuffer is a bytes.Buffer safe for the concurrent writes of a
-// process's stdout and stderr and reads from the test.
-type lockedBuffer struct {
+// LockedBuffer is a bytes.Buffer safe for the concurrent writes of a process's stdout and
+// stderr and reads from the test.
+type LockedBuffer struct {
 	mu     sync.Mutex
 	buffer bytes.Buffer
 }
 
-func (b *lockedBuffer) Write(data []byte) (int, error) {
+func (b *LockedBuffer) Write(data []byte) (int, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.buffer.Write(data)
 }
 
-func (b *lockedBuffer) String() string {
+// Bytes returns a copy of what was written.
+func (b *LockedBuffer) Bytes() []byte {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return bytes.Clone(b.buffer.Bytes())
+}
+
+func (b *LockedBuffer) String() string {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.buffer.String()

@@ -28,7 +28,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/sandbox-executor/sandbox-executor/tests/fakegitlab"
@@ -195,7 +194,7 @@ func Run(ctx context.Context, config Config, job fakegitlab.Job) (*Result, error
 		config:     config,
 		job:        job,
 		log:        newJobLog(maskedValues(job), config.LogOutput),
-		cleanupLog: &lockedBuffer{},
+		cleanupLog: &runner.LockedBuffer{},
 		result:     &Result{},
 	}
 	started := time.Now()
@@ -240,7 +239,7 @@ type driver struct {
 	config     Config
 	job        fakegitlab.Job
 	log        *jobLog
-	cleanupLog *lockedBuffer
+	cleanupLog *runner.LockedBuffer
 	result     *Result
 
 	// Known once config_exec has answered.
@@ -347,7 +346,7 @@ func (d *driver) runConfigExec(ctx context.Context, instance *executorInstance) 
 	}
 	configCtx, cancel := context.WithTimeout(ctx, executor.EffectiveTimeouts().ConfigExec)
 	defer cancel()
-	var stdout lockedBuffer
+	var stdout runner.LockedBuffer
 	err := d.call(configCtx, instance, Call{Executable: ExecutableConfig, Args: executor.ConfigArgs},
 		executor.ConfigExec, &stdout, d.log)
 	if err != nil {
@@ -655,7 +654,7 @@ func maskedValues(job fakegitlab.Job) []string {
 type jobLog struct {
 	masked []string
 	tee    io.Writer
-	buffer lockedBuffer
+	buffer runner.LockedBuffer
 }
 
 func newJobLog(masked []string, tee io.Writer) *jobLog {
@@ -679,27 +678,3 @@ func (l *jobLog) Write(data []byte) (int, error) {
 func (l *jobLog) printf(format string, args ...any) { fmt.Fprintf(l, format, args...) }
 
 func (l *jobLog) String() string { return l.buffer.String() }
-
-// lockedBuffer is a bytes.Buffer safe for concurrent stdout and stderr writes.
-type lockedBuffer struct {
-	mu     sync.Mutex
-	buffer bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(data []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buffer.Write(data)
-}
-
-func (b *lockedBuffer) Bytes() []byte {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return bytes.Clone(b.buffer.Bytes())
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buffer.String()
-}
