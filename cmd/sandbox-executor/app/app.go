@@ -5,6 +5,7 @@ package app
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -12,6 +13,7 @@ import (
 	"strings"
 	"syscall"
 
+	"github.com/go-logr/logr"
 	"github.com/urfave/cli/v2"
 	"k8s.io/klog/v2"
 
@@ -156,8 +158,13 @@ func oneLine(err error) string {
 }
 
 // silenceClientLogs keeps client-go's own log lines (klog) out of job logs: what matters reaches
-// the job as our errors, one line each.
+// the job as our errors, one line each. klog writes errors to stderr unless told otherwise.
 func silenceClientLogs() {
+	flags := flag.NewFlagSet("klog", flag.ContinueOnError)
+	klog.InitFlags(flags)
+	for name, value := range map[string]string{"logtostderr": "false", "alsologtostderr": "false", "stderrthreshold": "FATAL"} {
+		_ = flags.Set(name, value)
+	}
 	klog.SetOutput(io.Discard)
-	klog.LogToStderr(false)
+	klog.SetLogger(logr.Discard())
 }
