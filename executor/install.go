@@ -12,8 +12,8 @@ import (
 )
 
 // installScript writes the agent into the pod's private directory from stdin, checks that all of
-// it arrived, and runs its probe. It is POSIX sh with coreutils, the least any CI image has.
-const installScript = `umask 077 && mkdir -p "$1/stages" && cat > "$1/agent.new" && n=$(wc -c < "$1/agent.new") && [ $n -eq "$2" ] && chmod 700 "$1/agent.new" && mv "$1/agent.new" "$1/agent" && exec "$1/agent" probe`
+// it arrived, and runs its init: start the job's stage daemon, then report on the pod. It is POSIX sh with coreutils, the least any CI image has.
+const installScript = `umask 077 && mkdir -p "$1/stages" && cat > "$1/agent.new" && n=$(wc -c < "$1/agent.new") && [ $n -eq "$2" ] && chmod 700 "$1/agent.new" && mv "$1/agent.new" "$1/agent" && exec "$1/agent" init`
 
 // InstallAgent copies the stage agent into the pod over exec stdin, in the one exec that prepare
 // pays anyway, and returns what the agent found (shell, kernel).

@@ -58,8 +58,19 @@ func numberedLines(n int) (script, want string) {
 	return fmt.Sprintf("i=1; while [ $i -le %d ]; do printf 'line %%04d of the stage output\\n' $i; i=$((i+1)); done\n", n), w.String()
 }
 
+// inBothModes runs a test with stages started by a supervisor per stage (no daemon) and by the
+// job's stage daemon.
+func inBothModes(t *testing.T, test func(t *testing.T, newLocal func(testing.TB) *executortest.Local)) {
+	t.Run("supervisor", func(t *testing.T) { test(t, executortest.NewLocal) })
+	t.Run("daemon", func(t *testing.T) { test(t, executortest.NewLocalWithDaemon) })
+}
+
 func TestStageRunnerDeliversOutputAndExitCode(t *testing.T) {
-	local := executortest.NewLocal(t)
+	inBothModes(t, testDeliversOutputAndExitCode)
+}
+
+func testDeliversOutputAndExitCode(t *testing.T, newLocal func(testing.TB) *executortest.Local) {
+	local := newLocal(t)
 	var stdout, stderr, log syncBuffer
 	r := newStageRunner(local, &log, "")
 	code, err := r.Run(context.Background(), "build_script", []byte("echo hello; echo to-stderr >&2; exit 3\n"), &stdout, &stderr)
@@ -74,6 +85,16 @@ func TestStageRunnerDeliversOutputAndExitCode(t *testing.T) {
 	}
 	if log.String() != "" {
 		t.Errorf("an undisturbed stage should log nothing, got %q", log.String())
+	}
+	// Who waited for the stage: the daemon leaves no keeper in the stage's session (0), a
+	// supervisor names itself.
+	keepers, _ := filepath.Glob(filepath.Join(agent.StagesDirInUse(), "*", "keeper"))
+	if len(keepers) != 1 {
+		t.Fatalf("keeper files: %v", keepers)
+	}
+	keeper, _ := os.ReadFile(keepers[0])
+	if daemon := strings.HasSuffix(t.Name(), "/daemon"); daemon != (string(keeper) == "0") {
+		t.Errorf("keeper %q in mode %s: the stage did not start the way the mode says", keeper, t.Name())
 	}
 }
 
@@ -95,12 +116,16 @@ func TestStageRunnerScriptTravelsOnStdinOnly(t *testing.T) {
 }
 
 func TestStageRunnerResumesAfterDroppedStreams(t *testing.T) {
+	inBothModes(t, testResumesAfterDroppedStreams)
+}
+
+func testResumesAfterDroppedStreams(t *testing.T, newLocal func(testing.TB) *executortest.Local) {
 	for _, tc := range []struct {
 		name     string
 		exitCode int
 	}{{"passing", 0}, {"failing", 7}} {
 		t.Run(tc.name, func(t *testing.T) {
-			local := executortest.NewLocal(t)
+			local := newLocal(t)
 			local.CutAfter, local.Cuts = 1000, 4 // several drops in one stage
 			script, want := numberedLines(2000)
 			script += "exit " + strconv.Itoa(tc.exitCode) + "\n"
@@ -184,7 +209,11 @@ func (e *truncatingExec) Exec(ctx context.Context, req executor.ExecRequest) err
 }
 
 func TestStageRunnerCancelStopsTheWholeProcessTree(t *testing.T) {
-	local := executortest.NewLocal(t)
+	inBothModes(t, testCancelStopsTheWholeProcessTree)
+}
+
+func testCancelStopsTheWholeProcessTree(t *testing.T, newLocal func(testing.TB) *executortest.Local) {
+	local := newLocal(t)
 	pidFile := filepath.Join(t.TempDir(), "pids")
 	// A child, and a grandchild in its own process group, both ignoring nothing special.
 	script := fmt.Sprintf("sleep 300 & echo $! >> %[1]s; (set -m 2>/dev/null; sleep 301 & echo $! >> %[1]s; wait) & echo started; wait\n", pidFile)

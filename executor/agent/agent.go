@@ -21,7 +21,7 @@ import (
 // Main runs one agent command and returns its exit code.
 func Main(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	if len(args) < 1 {
-		fmt.Fprintln(stderr, "usage: sandbox-executor-agent probe|start|kill|supervise [flags]")
+		fmt.Fprintln(stderr, "usage: sandbox-executor-agent init|probe|start|kill [flags]")
 		return 2
 	}
 	cmd, args := args[0], args[1:]
@@ -35,6 +35,12 @@ func Main(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		err = killCommand(args, stdout)
 	case "supervise":
 		err = superviseCommand(args)
+	case "init":
+		if err = startDaemon(); err == nil {
+			err = probe(stdout)
+		}
+	case "daemon":
+		err = daemonCommand(args)
 	default:
 		err = fmt.Errorf("unknown command %q", cmd)
 	}
@@ -163,7 +169,14 @@ func ensureStarted(o startOptions, stdin io.Reader) error {
 	if err := writeFileAtomic(scriptPath, script, 0o700); err != nil {
 		return err
 	}
-	return spawnSupervisor(o.dir)
+	shell, err := findShell()
+	if err != nil {
+		return err
+	}
+	if err := spawnViaDaemon(o.dir, shell); err != errNoDaemon {
+		return err
+	}
+	return spawnSupervisor(o.dir, shell)
 }
 
 // readScript reads exactly size bytes and checks their digest: a stream cut mid-script must
@@ -180,12 +193,8 @@ func readScript(r io.Reader, size int, sha string) ([]byte, error) {
 	return buf, nil
 }
 
-func spawnSupervisor(dir string) error {
+func spawnSupervisor(dir, shell string) error {
 	self, err := os.Executable()
-	if err != nil {
-		return err
-	}
-	shell, err := findShell()
 	if err != nil {
 		return err
 	}
@@ -229,21 +238,10 @@ func superviseCommand(args []string) error {
 		ready.Close()
 		return err
 	}
-	out, err := os.OpenFile(filepath.Join(*dir, "out"), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+	// The stage in a process group of its own, in this supervisor's session: kill stops the
+	// group and sweeps the session, sparing the supervisor so it records the status.
+	cmd, err := startStage(*dir, *shell, &syscall.SysProcAttr{Setpgid: true}, os.Getpid())
 	if err != nil {
-		return fail(err)
-	}
-	cmd := exec.Command(*shell, filepath.Join(*dir, "script"))
-	cmd.Stdout, cmd.Stderr = out, out
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err := cmd.Start(); err != nil {
-		return fail(err)
-	}
-	out.Close()
-	if err := writeFileAtomic(filepath.Join(*dir, "sid"), []byte(strconv.Itoa(os.Getpid())), 0o600); err != nil {
-		return fail(err)
-	}
-	if err := writeFileAtomic(filepath.Join(*dir, "pgid"), []byte(strconv.Itoa(cmd.Process.Pid)), 0o600); err != nil {
 		return fail(err)
 	}
 	fmt.Fprint(ready, "ok")

@@ -35,7 +35,11 @@ func killCommand(args []string, stdout io.Writer) error {
 	if err != nil {
 		return err
 	}
-	stage := stageProcesses{pgid: pgid, sid: sid}
+	keeper, err := readInt(filepath.Join(*dir, "keeper"))
+	if err != nil {
+		return err
+	}
+	stage := stageProcesses{pgid: pgid, sid: sid, keeper: keeper}
 	if stage.signal(syscall.SIGTERM) > 0 && !stage.waitGone(*grace) {
 		stage.signal(syscall.SIGKILL)
 		if !stage.waitGone(5 * time.Second) {
@@ -54,10 +58,10 @@ func killCommand(args []string, stdout io.Writer) error {
 	return nil
 }
 
-// stageProcesses finds a stage's processes: its process group, and anything else in the
-// supervisor's session (descendants that moved to a process group of their own). The supervisor
-// itself is spared so that it records the exit status.
-type stageProcesses struct{ pgid, sid int }
+// stageProcesses finds a stage's processes: its process group, and anything else in its session
+// (descendants that moved to a process group of their own). The keeper that waits for the stage
+// (a supervisor sharing the session) is spared so that it records the exit status.
+type stageProcesses struct{ pgid, sid, keeper int }
 
 func (s stageProcesses) pids() []int {
 	entries, err := os.ReadDir("/proc")
@@ -67,7 +71,7 @@ func (s stageProcesses) pids() []int {
 	var pids []int
 	for _, e := range entries {
 		pid, err := strconv.Atoi(e.Name())
-		if err != nil || pid == s.sid || pid == os.Getpid() {
+		if err != nil || pid == s.keeper || pid == os.Getpid() {
 			continue
 		}
 		pgrp, session, ok := procGroups(pid)

@@ -8,10 +8,12 @@
 // Layout in the pod (BaseDir is 0700, owned by the container user):
 //
 //	BaseDir/agent                the agent binary
+//	BaseDir/agent.sock           the job's stage daemon (started by "init" at prepare)
 //	BaseDir/stages/<id>/script   the stage script, delivered over exec stdin
 //	BaseDir/stages/<id>/out      stdout and stderr of the stage, merged as a job log is
 //	BaseDir/stages/<id>/pgid     the stage's process group, written once it runs
-//	BaseDir/stages/<id>/sid      the supervisor's session, to find escaped descendants on kill
+//	BaseDir/stages/<id>/sid      the session to sweep for escaped descendants on kill
+//	BaseDir/stages/<id>/keeper   the process waiting for the stage, spared on kill (0: none)
 //	BaseDir/stages/<id>/status   the exit code, written atomically after the stage ends
 package agent
 

@@ -9,8 +9,11 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -49,7 +52,11 @@ type Local struct {
 
 // NewLocal points the agent at a temporary stages directory for the duration of the test.
 func NewLocal(t testing.TB) *Local {
-	restore := agent.SetStagesDir(t.TempDir())
+	stages := filepath.Join(t.TempDir(), "stages")
+	if err := os.MkdirAll(stages, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	restore := agent.SetStagesDir(stages)
 	t.Cleanup(restore)
 	l := &Local{Probe: agent.Probe{Shell: "/bin/sh", KernelRelease: "4.19.0-gvisor"}}
 	// Cleanups run last-in first-out: agent commands left running by a cancelled Exec finish
@@ -61,6 +68,28 @@ func NewLocal(t testing.TB) *Local {
 		case <-done:
 		case <-time.After(10 * time.Second):
 			t.Error("executortest: an agent command was still running 10s after the test")
+		}
+	})
+	return l
+}
+
+// NewLocalWithDaemon is NewLocal with the job's stage daemon running, as prepare leaves a pod.
+func NewLocalWithDaemon(t testing.TB) *Local {
+	l := NewLocal(t)
+	var out, errOut strings.Builder
+	if code := agent.Main([]string{"init"}, strings.NewReader(""), &out, &errOut); code != 0 {
+		t.Fatalf("agent init: %s", errOut.String())
+	}
+	pidFile := filepath.Join(filepath.Dir(agent.StagesDirInUse()), "daemon.pid")
+	t.Cleanup(func() {
+		data, err := os.ReadFile(pidFile)
+		if err != nil {
+			t.Errorf("the stage daemon left no pid file: %v", err)
+			return
+		}
+		pid, _ := strconv.Atoi(strings.TrimSpace(string(data)))
+		if pid > 0 {
+			_ = syscall.Kill(pid, syscall.SIGKILL)
 		}
 	})
 	return l

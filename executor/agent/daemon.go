@@ -1,0 +1,167 @@
+package agent
+
+import (
+	"bufio"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// The stage daemon is started once per job, at prepare, in a session of its own. It starts each
+// stage's shell itself and waits for it, so a stage costs one process start in the pod (the
+// shell) beyond the exec, instead of two (a supervisor, then the shell): process starts are
+// what gVisor charges most for. When the daemon is not there, start falls back to a supervisor
+// per stage, with the same files and guarantees.
+
+// daemonSocket is where the daemon listens; only the container user can reach BaseDir.
+func daemonSocket() string { return filepath.Join(filepath.Dir(stagesDir), "agent.sock") }
+
+// startDaemon starts the daemon unless one answers already, and returns once it listens.
+func startDaemon() error {
+	if conn, err := net.DialTimeout("unix", daemonSocket(), time.Second); err == nil {
+		conn.Close()
+		return nil
+	}
+	self, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	readyR, readyW, err := os.Pipe()
+	if err != nil {
+		return err
+	}
+	defer readyR.Close()
+	cmd := exec.Command(self, "daemon", "--stages", stagesDir)
+	cmd.ExtraFiles = []*os.File{readyW}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := cmd.Start(); err != nil {
+		readyW.Close()
+		return fmt.Errorf("starting the stage daemon: %w", err)
+	}
+	readyW.Close()
+	msg, _ := io.ReadAll(readyR)
+	_ = cmd.Process.Release()
+	if string(msg) != "ok" {
+		return fmt.Errorf("starting the stage daemon: %s", strings.TrimSpace(string(msg)))
+	}
+	return nil
+}
+
+func daemonCommand(args []string) error {
+	fs := flag.NewFlagSet("daemon", flag.ContinueOnError)
+	fs.StringVar(&stagesDir, "stages", StagesDir, "stage directories")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	syscall.CloseOnExec(3)
+	ready := os.NewFile(3, "ready")
+	_ = os.Remove(daemonSocket())
+	ln, err := net.Listen("unix", daemonSocket())
+	if err != nil {
+		fmt.Fprint(ready, err.Error())
+		ready.Close()
+		return err
+	}
+	// The pid lets tests that run the agent on the host stop the daemon they started.
+	_ = writeFileAtomic(filepath.Join(filepath.Dir(stagesDir), "daemon.pid"), []byte(strconv.Itoa(os.Getpid())), 0o600)
+	fmt.Fprint(ready, "ok")
+	ready.Close()
+	for {
+		conn, err := ln.Accept()
+		if err != nil {
+			return err
+		}
+		go serveSpawn(conn)
+	}
+}
+
+// serveSpawn handles one "spawn DIR SHELL" request: it starts the stage and answers "ok" once
+// its pgid is recorded, then waits for it and records its status.
+func serveSpawn(conn net.Conn) {
+	defer conn.Close()
+	line, err := bufio.NewReader(conn).ReadString('\n')
+	if err != nil {
+		return
+	}
+	fields := strings.Split(strings.TrimSuffix(line, "\n"), "\t")
+	if len(fields) != 3 || fields[0] != "spawn" {
+		fmt.Fprint(conn, "bad request")
+		return
+	}
+	dir, shell := fields[1], fields[2]
+	if err := checkStageDir(dir); err != nil {
+		fmt.Fprint(conn, err.Error())
+		return
+	}
+	// Its own session: the stage's whole tree is one session to sweep on kill, and the daemon
+	// (the keeper) is outside it.
+	cmd, err := startStage(dir, shell, &syscall.SysProcAttr{Setsid: true}, 0)
+	if err != nil {
+		fmt.Fprint(conn, err.Error())
+		return
+	}
+	fmt.Fprint(conn, "ok")
+	conn.Close()
+	_ = writeFileAtomic(filepath.Join(dir, "status"), []byte(strconv.Itoa(exitCode(cmd.Wait()))), 0o600)
+}
+
+// spawnViaDaemon asks the job's daemon to start the stage; errNoDaemon when there is none.
+func spawnViaDaemon(dir, shell string) error {
+	conn, err := net.DialTimeout("unix", daemonSocket(), time.Second)
+	if err != nil {
+		return errNoDaemon
+	}
+	defer conn.Close()
+	_ = conn.SetDeadline(time.Now().Add(30 * time.Second))
+	if _, err := fmt.Fprintf(conn, "spawn\t%s\t%s\n", dir, shell); err != nil {
+		return errNoDaemon
+	}
+	answer, _ := io.ReadAll(conn)
+	if string(answer) != "ok" {
+		return fmt.Errorf("starting stage: %s", strings.TrimSpace(string(answer)))
+	}
+	return nil
+}
+
+var errNoDaemon = errors.New("no stage daemon")
+
+// startStage starts the stage's shell with its output appended to out, and records the process
+// group to stop on cancel, the session to sweep, and the keeper to spare (0: the session leader
+// is the stage itself, nothing to spare).
+func startStage(dir, shell string, attr *syscall.SysProcAttr, keeper int) (*exec.Cmd, error) {
+	out, err := os.OpenFile(filepath.Join(dir, "out"), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	defer out.Close()
+	cmd := exec.Command(shell, filepath.Join(dir, "script"))
+	cmd.Stdout, cmd.Stderr = out, out
+	cmd.SysProcAttr = attr
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	pid := cmd.Process.Pid
+	sid := pid
+	if keeper != 0 {
+		sid = keeper
+	}
+	for name, value := range map[string]int{"keeper": keeper, "sid": sid} {
+		if err := writeFileAtomic(filepath.Join(dir, name), []byte(strconv.Itoa(value)), 0o600); err != nil {
+			return nil, err
+		}
+	}
+	// pgid last: its presence means "started", for re-attaches and kill.
+	if err := writeFileAtomic(filepath.Join(dir, "pgid"), []byte(strconv.Itoa(pid)), 0o600); err != nil {
+		return nil, err
+	}
+	return cmd, nil
+}
