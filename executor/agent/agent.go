@@ -194,6 +194,16 @@ func readScript(r io.Reader, size int, sha string) ([]byte, error) {
 }
 
 func spawnSupervisor(dir, shell string) error {
+	if err := spawnDetached("supervise", "--dir", dir, "--shell", shell); err != nil {
+		return fmt.Errorf("starting stage: %w", err)
+	}
+	return nil
+}
+
+// spawnDetached starts this binary with args in a session of its own and returns once it says
+// "ok" on the ready pipe (fd 3), or what it said instead. Its own session: no signal aimed at
+// the exec'd process group reaches it, and it outlives this process when the exec stream drops.
+func spawnDetached(args ...string) error {
 	self, err := os.Executable()
 	if err != nil {
 		return err
@@ -203,21 +213,19 @@ func spawnSupervisor(dir, shell string) error {
 		return err
 	}
 	defer readyR.Close()
-	cmd := exec.Command(self, "supervise", "--dir", dir, "--shell", shell)
+	cmd := exec.Command(self, args...)
 	cmd.ExtraFiles = []*os.File{readyW}
-	// Its own session: no signal aimed at the exec'd process group reaches the stage, and the
-	// stage outlives this process when the exec stream drops.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	if err := cmd.Start(); err != nil {
 		readyW.Close()
-		return fmt.Errorf("starting supervisor: %w", err)
+		return err
 	}
 	readyW.Close()
 	msg, _ := io.ReadAll(readyR)
-	// The supervisor lives on; release it so it is not left a zombie of ours if we exit first.
+	// It lives on; release it so it is not left a zombie of ours if we exit first.
 	_ = cmd.Process.Release()
 	if string(msg) != "ok" {
-		return fmt.Errorf("starting stage: %s", strings.TrimSpace(string(msg)))
+		return errors.New(strings.TrimSpace(string(msg)))
 	}
 	return nil
 }

@@ -31,27 +31,8 @@ func startDaemon() error {
 		conn.Close()
 		return nil
 	}
-	self, err := os.Executable()
-	if err != nil {
-		return err
-	}
-	readyR, readyW, err := os.Pipe()
-	if err != nil {
-		return err
-	}
-	defer readyR.Close()
-	cmd := exec.Command(self, "daemon", "--stages", stagesDir)
-	cmd.ExtraFiles = []*os.File{readyW}
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	if err := cmd.Start(); err != nil {
-		readyW.Close()
+	if err := spawnDetached("daemon", "--stages", stagesDir); err != nil {
 		return fmt.Errorf("starting the stage daemon: %w", err)
-	}
-	readyW.Close()
-	msg, _ := io.ReadAll(readyR)
-	_ = cmd.Process.Release()
-	if string(msg) != "ok" {
-		return fmt.Errorf("starting the stage daemon: %s", strings.TrimSpace(string(msg)))
 	}
 	return nil
 }
