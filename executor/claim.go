@@ -381,3 +381,28 @@ func (c *Claimer) PodGone(ctx context.Context, sbx *Sandbox) (string, error) {
 	}
 	return "", nil
 }
+
+// ClaimInfo is what gc needs to know of a claim.
+type ClaimInfo struct {
+	Namespace, Name, JobID string
+	Created, ShutdownTime  time.Time
+	Deleting               bool
+}
+
+// RunnerClaims lists the claims this executor made for runner.
+func (c *Claimer) RunnerClaims(ctx context.Context, namespace, runner string) ([]ClaimInfo, error) {
+	selector := LabelManagedBy + "=" + ManagedByValue + "," + LabelRunner + "=" + RunnerLabel(runner)
+	list, err := c.Clients.Extensions.ExtensionsV1beta1().SandboxClaims(namespace).List(ctx, metav1.ListOptions{LabelSelector: selector})
+	if err != nil {
+		return nil, explainAPIError(err, apiCall{"list", resourceClaims, namespace, ""})
+	}
+	out := make([]ClaimInfo, 0, len(list.Items))
+	for _, cl := range list.Items {
+		info := ClaimInfo{Namespace: cl.Namespace, Name: cl.Name, JobID: cl.Labels[LabelJobID], Created: cl.CreationTimestamp.Time, Deleting: cl.DeletionTimestamp != nil}
+		if cl.Spec.Lifecycle != nil && cl.Spec.Lifecycle.ShutdownTime != nil {
+			info.ShutdownTime = cl.Spec.Lifecycle.ShutdownTime.Time
+		}
+		out = append(out, info)
+	}
+	return out, nil
+}

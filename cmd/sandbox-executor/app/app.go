@@ -22,6 +22,7 @@ import (
 	"github.com/sandbox-executor/sandbox-executor/stages"
 	"github.com/sandbox-executor/sandbox-executor/stages/cleanup"
 	"github.com/sandbox-executor/sandbox-executor/stages/configure"
+	"github.com/sandbox-executor/sandbox-executor/stages/gc"
 	"github.com/sandbox-executor/sandbox-executor/stages/prepare"
 	"github.com/sandbox-executor/sandbox-executor/stages/run"
 )
@@ -106,6 +107,17 @@ func RunWith(ctx context.Context, args []string, stdout, stderr io.Writer, geten
 						return executor.PermanentError(nil, "run takes 2 arguments, SCRIPT and STAGE; got %d", c.NArg())
 					}
 					return run.Run(c.Context, env, c.Args().Get(0), c.Args().Get(1))
+				}),
+			},
+			{
+				Name:  "gc",
+				Usage: "report (or with --delete, delete) this runner's claims whose jobs must be over",
+				Flags: []cli.Flag{
+					&cli.BoolFlag{Name: "delete", Usage: "delete them; without it gc only reports"},
+					&cli.DurationFlag{Name: "older-than", Usage: "also reap claims older than this, whatever their shutdownTime"},
+				},
+				Action: stage(func(c *cli.Context, env *stages.Env) error {
+					return gc.Run(c.Context, env, gc.Options{Delete: c.Bool("delete"), OlderThan: c.Duration("older-than")})
 				}),
 			},
 			{

@@ -9,8 +9,10 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	extv1beta1 "sigs.k8s.io/agent-sandbox/extensions/api/v1beta1"
 
 	"github.com/sandbox-executor/sandbox-executor/cmd/sandbox-executor/app"
 	"github.com/sandbox-executor/sandbox-executor/config"
@@ -195,5 +197,45 @@ func TestHelpListsStages(t *testing.T) {
 	}
 	if code != 0 {
 		t.Errorf("--help exit %d", code)
+	}
+}
+
+func TestGCReapsOnlyThisRunnersExpiredClaims(t *testing.T) {
+	h := newHarness(t, "ci:1")
+	ctx := context.Background()
+	claims := h.cluster.Extensions.ExtensionsV1beta1().SandboxClaims(executortest.Namespace)
+	mk := func(name, runner string, shutdown time.Time) {
+		t.Helper()
+		ts := metav1.NewTime(shutdown)
+		_, err := claims.Create(ctx, &extv1beta1.SandboxClaim{
+			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: executortest.Namespace, Labels: map[string]string{
+				executor.LabelManagedBy: executor.ManagedByValue, executor.LabelRunner: runner, executor.LabelJobID: name}},
+			Spec: extv1beta1.SandboxClaimSpec{WarmPoolRef: extv1beta1.SandboxWarmPoolRef{Name: executortest.Pool},
+				Lifecycle: &extv1beta1.Lifecycle{ShutdownTime: &ts, ShutdownPolicy: extv1beta1.ShutdownPolicyDelete}},
+		}, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	mk("expired", "test-runner", time.Now().Add(-time.Hour))
+	mk("running", "test-runner", time.Now().Add(time.Hour))
+	mk("other-runner", "someone-else", time.Now().Add(-time.Hour))
+
+	exists := func(name string) bool {
+		_, err := claims.Get(ctx, name, metav1.GetOptions{})
+		return err == nil
+	}
+	code, out, errOut := h.run("gc")
+	if code != 0 || !strings.Contains(out, "would delete sandbox-executor/expired") || strings.Contains(out, "running") || strings.Contains(out, "other-runner") {
+		t.Fatalf("dry run: exit %d\n%s%s", code, out, errOut)
+	}
+	if !exists("expired") {
+		t.Fatal("a dry run deleted a claim")
+	}
+	if code, out, errOut := h.run("gc", "--delete"); code != 0 || !strings.Contains(out, "deleted sandbox-executor/expired") {
+		t.Fatalf("gc --delete: exit %d\n%s%s", code, out, errOut)
+	}
+	if exists("expired") || !exists("running") || !exists("other-runner") {
+		t.Errorf("after gc --delete: expired=%v running=%v other-runner=%v; want only expired gone", exists("expired"), exists("running"), exists("other-runner"))
 	}
 }

@@ -1,0 +1,69 @@
+// Package gc implements the gc command: it finds this runner's claims whose jobs must be over and
+// deletes them. A runner that dies never runs cleanup; the claim's shutdownTime lets
+// agent-sandbox reap it, and gc is the second net (controller down, policy changed, claims from
+// before a config change). Dry-run unless asked to delete.
+package gc
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/sandbox-executor/sandbox-executor/executor"
+	"github.com/sandbox-executor/sandbox-executor/stages"
+)
+
+// Options select what gc reaps.
+type Options struct {
+	// Delete deletes; otherwise gc only reports.
+	Delete bool
+	// OlderThan, when set, also reaps claims older than this whatever their shutdownTime.
+	OlderThan time.Duration
+}
+
+// Run lists this runner's claims and reaps the expired ones, one line each on stdout.
+func Run(ctx context.Context, env *stages.Env, opts Options) error {
+	claimer, err := env.Claimer()
+	if err != nil {
+		return err
+	}
+	claims, err := claimer.RunnerClaims(ctx, env.Config.Namespace, env.Config.RunnerName)
+	if err != nil {
+		return err
+	}
+	now := env.Clock()
+	verb := "would delete"
+	if opts.Delete {
+		verb = "deleted"
+	}
+	reaped := 0
+	for _, c := range claims {
+		why := expired(c, now, opts.OlderThan)
+		if why == "" {
+			continue
+		}
+		if opts.Delete {
+			if err := claimer.Release(ctx, c.Namespace, c.Name); err != nil {
+				return err
+			}
+		}
+		reaped++
+		fmt.Fprintf(env.Stdout, "%s %s/%s (job %s, age %s): %s\n", verb, c.Namespace, c.Name, c.JobID, now.Sub(c.Created).Round(time.Second), why)
+	}
+	fmt.Fprintf(env.Stdout, "%d of %d claims of runner %q %s\n", reaped, len(claims), env.Config.RunnerName, map[bool]string{true: "deleted", false: "to delete (dry run: pass --delete)"}[opts.Delete])
+	return nil
+}
+
+func expired(c executor.ClaimInfo, now time.Time, olderThan time.Duration) string {
+	switch {
+	case c.Deleting:
+		return ""
+	case !c.ShutdownTime.IsZero() && now.After(c.ShutdownTime):
+		return fmt.Sprintf("shutdownTime passed %s ago", now.Sub(c.ShutdownTime).Round(time.Second))
+	case c.ShutdownTime.IsZero():
+		return "no shutdownTime: not made by this version, or edited"
+	case olderThan > 0 && now.Sub(c.Created) > olderThan:
+		return fmt.Sprintf("older than %s", olderThan)
+	}
+	return ""
+}
