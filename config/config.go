@@ -26,6 +26,12 @@ const (
 	UnknownImageCold   = "cold"
 )
 
+// Stage transports.
+const (
+	TransportExec    = "exec"
+	TransportNetwork = "network"
+)
+
 // Config is the executor's configuration. Field tags are the TOML keys users write.
 type Config struct {
 	// Kubeconfig is a kubeconfig path; empty means in-cluster config, falling back to the
@@ -57,6 +63,11 @@ type Config struct {
 	ReadyTimeout   Duration `toml:"ready_timeout"`
 	ClaimGrace     Duration `toml:"claim_grace"`
 	CleanupTimeout Duration `toml:"cleanup_timeout"`
+
+	// StageTransport is how stages reach the pod: "exec" (through the API server, works
+	// anywhere) or "network" (straight to the pod's stage agent over the pod network, falling
+	// back to exec when the pod cannot be reached; needs the runner inside the cluster network).
+	StageTransport string `toml:"stage_transport"`
 
 	// Reconnects bounds how often one stage re-attaches after its stream drops.
 	Reconnects int `toml:"reconnects"`
@@ -198,6 +209,9 @@ func (c *Config) applyDefaults() {
 	if c.CleanupTimeout.Duration == 0 {
 		c.CleanupTimeout.Duration = 30 * time.Second
 	}
+	if c.StageTransport == "" {
+		c.StageTransport = TransportExec
+	}
 	if c.Reconnects == 0 {
 		c.Reconnects = 10
 	}
@@ -269,6 +283,9 @@ func (c *Config) validate() error {
 		if d.value < 0 {
 			return fail(d.key, "must be positive, got %s", d.value)
 		}
+	}
+	if c.StageTransport != TransportExec && c.StageTransport != TransportNetwork {
+		return fail("stage_transport", "%q is not one of exec, network", c.StageTransport)
 	}
 	if c.Reconnects < 0 {
 		return fail("reconnects", "must not be negative")

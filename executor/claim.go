@@ -51,6 +51,9 @@ type Sandbox struct {
 	RuntimeClass string `json:"runtimeClass"`
 	Warm         bool   `json:"warm"`
 	PodIP        string `json:"podIP,omitempty"`
+	// AgentToken authenticates the network path to the pod's stage daemon; empty: exec only.
+	// It lives in the runner's per-job TMPDIR (0600) and in the pod, nowhere else.
+	AgentToken string `json:"agentToken,omitempty"`
 }
 
 // ClaimName is deterministic per runner and job, so that a prepare retried by the runner adopts

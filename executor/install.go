@@ -5,24 +5,33 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"io"
 	"strconv"
 	"strings"
 
 	"github.com/sandbox-executor/sandbox-executor/executor/agent"
 )
 
-// installScript writes the agent into the pod's private directory from stdin, checks that all of
-// it arrived, and runs its init: start the job's stage daemon, then report on the pod. It is POSIX sh with coreutils, the least any CI image has.
-const installScript = `umask 077 && mkdir -p "$1/stages" && cat > "$1/agent.new" && n=$(wc -c < "$1/agent.new") && [ $n -eq "$2" ] && chmod 700 "$1/agent.new" && mv "$1/agent.new" "$1/agent" && exec "$1/agent" init`
+// installScript reads a line (the network path's token, or nothing) and then the agent from
+// stdin into the pod's private directory, checks that all of it arrived, and runs its init:
+// start the job's stage daemon, then report on the pod. POSIX sh and coreutils only; the shell's
+// read takes the line byte by byte, leaving the binary on stdin, and the token never appears in
+// an argument list.
+const installScript = `umask 077 && IFS= read -r t && mkdir -p "$1/stages" && cat > "$1/agent.new" && n=$(wc -c < "$1/agent.new") && [ $n -eq "$2" ] && chmod 700 "$1/agent.new" && mv "$1/agent.new" "$1/agent" && d=$1 && shift 2 && printf %s "$t" | "$d/agent" init "$@"`
 
 // InstallAgent copies the stage agent into the pod over exec stdin, in the one exec that prepare
-// pays anyway, and returns what the agent found (shell, kernel).
-func InstallAgent(ctx context.Context, ex RemoteExecutor, sbx *Sandbox, binary []byte) (*agent.Probe, error) {
+// pays anyway, and returns what the agent found (shell, kernel). With a token, the agent's daemon
+// also serves the network path (AgentNetwork), authenticated by it.
+func InstallAgent(ctx context.Context, ex RemoteExecutor, sbx *Sandbox, binary []byte, token string) (*agent.Probe, error) {
 	var stdout, stderr bytes.Buffer
+	command := []string{"/bin/sh", "-c", installScript, "sh", agent.BaseDir, strconv.Itoa(len(binary))}
+	if token != "" {
+		command = append(command, "--listen", ":"+strconv.Itoa(agent.NetworkPort))
+	}
 	err := ex.Exec(ctx, ExecRequest{
 		Namespace: sbx.Namespace, Pod: sbx.Pod, Container: sbx.Container,
-		Command: []string{"/bin/sh", "-c", installScript, "sh", agent.BaseDir, strconv.Itoa(len(binary))},
-		Stdin:   bytes.NewReader(binary),
+		Command: command,
+		Stdin:   io.MultiReader(strings.NewReader(token+"\n"), bytes.NewReader(binary)),
 		Stdout:  &stdout,
 		Stderr:  &stderr,
 	})

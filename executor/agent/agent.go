@@ -36,9 +36,7 @@ func Main(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	case "supervise":
 		err = superviseCommand(args)
 	case "init":
-		if err = startDaemon(); err == nil {
-			err = probe(stdout)
-		}
+		err = initCommand(args, stdin, stdout)
 	case "daemon":
 		err = daemonCommand(args)
 	default:

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -25,13 +26,33 @@ import (
 // daemonSocket is where the daemon listens; only the container user can reach BaseDir.
 func daemonSocket() string { return filepath.Join(filepath.Dir(stagesDir), "agent.sock") }
 
+// initCommand starts the job's daemon and reports on the pod. With --listen, the daemon also
+// serves the network path, authenticated by the token read from stdin.
+func initCommand(args []string, stdin io.Reader, stdout io.Writer) error {
+	fs := flag.NewFlagSet("init", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	listen := fs.String("listen", "", "also serve agent commands on this TCP address")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if *listen != "" {
+		if err := saveToken(stdin); err != nil {
+			return err
+		}
+	}
+	if err := startDaemon(*listen); err != nil {
+		return err
+	}
+	return probe(stdout)
+}
+
 // startDaemon starts the daemon unless one answers already, and returns once it listens.
-func startDaemon() error {
+func startDaemon(listen string) error {
 	if conn, err := net.DialTimeout("unix", daemonSocket(), time.Second); err == nil {
 		conn.Close()
 		return nil
 	}
-	if err := spawnDetached("daemon", "--stages", stagesDir); err != nil {
+	if err := spawnDetached("daemon", "--stages", stagesDir, "--listen", listen); err != nil {
 		return fmt.Errorf("starting the stage daemon: %w", err)
 	}
 	return nil
@@ -40,8 +61,16 @@ func startDaemon() error {
 func daemonCommand(args []string) error {
 	fs := flag.NewFlagSet("daemon", flag.ContinueOnError)
 	fs.StringVar(&stagesDir, "stages", StagesDir, "stage directories")
+	listen := fs.String("listen", "", "also serve agent commands on this TCP address")
 	if err := fs.Parse(args); err != nil {
 		return err
+	}
+	var token string
+	if *listen != "" {
+		var err error
+		if token, err = takeToken(); err != nil {
+			return err
+		}
 	}
 	syscall.CloseOnExec(3)
 	ready := os.NewFile(3, "ready")
@@ -54,6 +83,17 @@ func daemonCommand(args []string) error {
 	}
 	// The pid lets tests that run the agent on the host stop the daemon they started.
 	_ = writeFileAtomic(filepath.Join(filepath.Dir(stagesDir), "daemon.pid"), []byte(strconv.Itoa(os.Getpid())), 0o600)
+	if *listen != "" {
+		tcp, err := net.Listen("tcp", *listen)
+		if err != nil {
+			fmt.Fprint(ready, err.Error())
+			ready.Close()
+			return err
+		}
+		go func() {
+			_ = (&http.Server{Handler: NetworkHandler(token), ReadHeaderTimeout: 10 * time.Second}).Serve(tcp)
+		}()
+	}
 	fmt.Fprint(ready, "ok")
 	ready.Close()
 	for {

@@ -59,7 +59,10 @@ func Run(ctx context.Context, env *stages.Env) error {
 		return err
 	}
 	claimed := env.Since(start)
-	probe, err := executor.InstallAgent(ctx, claimer.Clients.Exec, sbx, agentBinary)
+	if env.Config.StageTransport == config.TransportNetwork {
+		sbx.AgentToken = executor.NewAgentToken()
+	}
+	probe, err := executor.InstallAgent(ctx, claimer.Clients.Exec, sbx, agentBinary, sbx.AgentToken)
 	if err != nil {
 		endSection()
 		return err

@@ -34,8 +34,12 @@ func Run(ctx context.Context, env *stages.Env, scriptPath, stageName string) err
 	if err != nil {
 		return err
 	}
+	transport := claimer.Clients.Exec
+	if sbx.AgentToken != "" && sbx.PodIP != "" {
+		transport = executor.NewAgentNetwork(sbx.PodIP, sbx.AgentToken, claimer.Clients.Exec)
+	}
 	runner := &executor.StageRunner{
-		Exec:       claimer.Clients.Exec,
+		Exec:       transport,
 		Sandbox:    sbx,
 		PodGone:    func(ctx context.Context) (string, error) { return claimer.PodGone(ctx, sbx) },
 		Log:        env.Log(),

@@ -5,8 +5,10 @@ package e2e
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
+	"path/filepath"
 	"sort"
 	"testing"
 	"time"
@@ -52,19 +54,42 @@ func executorClients(b testing.TB, c *cluster) *executor.Clients {
 
 // BenchmarkStageOverhead compares, on one pod, a plain exec of a script (bash reading it from
 // stdin, as `kubectl exec -i` would) with the same script run as a detached stage through the
-// in-pod agent (the executor's run path), and with the whole `sandbox-executor run` process.
+// in-pod agent over exec (the default path) and over the pod network (stage_transport =
+// "network"), and with the whole `sandbox-executor run` process on the network path.
 func BenchmarkStageOverhead(b *testing.B) {
 	c := newCluster(b)
+	if err := c.WriteConfig(c.configPath, c.runnerName, `stage_transport = "network"`); err != nil {
+		b.Fatal(err)
+	}
 	env, pod, _ := preparedJob(b, c, ciImage)
 	clients := executorClients(b, c)
+	state, err := os.ReadFile(filepath.Join(env.dir, "sandbox-executor-state.json"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	var sbx executor.Sandbox
+	if err := json.Unmarshal(state, &sbx); err != nil || sbx.AgentToken == "" {
+		b.Fatalf("prepare left no network token: %v", err)
+	}
+	network := executor.NewAgentNetwork(sbx.PodIP, sbx.AgentToken, clients.Exec)
+	stageOver := func(ex executor.RemoteExecutor) *executor.StageRunner {
+		return &executor.StageRunner{Exec: ex, Sandbox: &sbx, Log: &executor.JobLog{},
+			PodGone: func(context.Context) (string, error) { return "", nil }, Reconnects: 3, Backoff: executor.DefaultBackoff, KillGrace: time.Second}
+	}
+	viaExec, viaNetwork := stageOver(clients.Exec), stageOver(network)
 	script := []byte("echo stage\n")
-	sbx := &executor.Sandbox{Namespace: namespace, Pod: pod, Container: "job"}
-	stage := &executor.StageRunner{Exec: clients.Exec, Sandbox: sbx, Log: &executor.JobLog{},
-		PodGone: func(context.Context) (string, error) { return "", nil }, Reconnects: 3, Backoff: executor.DefaultBackoff, KillGrace: time.Second}
 	scriptPath := env.script(b, "stage.sh", string(script))
 	const n = 21
-	var raw, detached, cli samples
-	for i := 0; i < n; i++ { // interleaved, so drift on a shared machine hits all three alike
+	var raw, detachedExec, detachedNet, cli samples
+	timeStage := func(into *samples, r *executor.StageRunner) {
+		var out, errOut bytes.Buffer
+		t0 := time.Now()
+		if code, err := r.Run(context.Background(), "bench", script, &out, &errOut); err != nil || code != 0 || out.String() != "stage\n" {
+			b.Fatalf("detached stage: %d %v %q", code, err, out.String())
+		}
+		*into = append(*into, time.Since(t0))
+	}
+	for i := 0; i < n; i++ { // interleaved, so drift on a shared machine hits every path alike
 		var out, errOut bytes.Buffer
 		t0 := time.Now()
 		if err := clients.Exec.Exec(context.Background(), executor.ExecRequest{Namespace: namespace, Pod: pod, Container: "job",
@@ -72,12 +97,8 @@ func BenchmarkStageOverhead(b *testing.B) {
 			b.Fatal(err)
 		}
 		raw = append(raw, time.Since(t0))
-		out.Reset()
-		t0 = time.Now()
-		if code, err := stage.Run(context.Background(), "bench", script, &out, &errOut); err != nil || code != 0 {
-			b.Fatalf("detached stage: %d %v", code, err)
-		}
-		detached = append(detached, time.Since(t0))
+		timeStage(&detachedExec, viaExec)
+		timeStage(&detachedNet, viaNetwork)
 		t0 = time.Now()
 		if out, err := c.stage(env, "run", scriptPath, "build_script").CombinedOutput(); err != nil {
 			b.Fatalf("run: %v %s", err, out)
@@ -85,10 +106,12 @@ func BenchmarkStageOverhead(b *testing.B) {
 		cli = append(cli, time.Since(t0))
 	}
 	report(b, "raw exec (bash -s)", raw, 0)
-	report(b, "detached stage (agent)", detached, raw.median())
-	report(b, "sandbox-executor run", cli, raw.median())
-	b.ReportMetric(float64(detached.median())/float64(raw.median()), "detached/raw")
-	b.ReportMetric(float64(cli.median())/float64(raw.median()), "cli/raw")
+	report(b, "detached stage, exec", detachedExec, raw.median())
+	report(b, "detached stage, network", detachedNet, raw.median())
+	report(b, "sandbox-executor run, network", cli, raw.median())
+	b.ReportMetric(float64(detachedExec.median())/float64(raw.median()), "exec/raw")
+	b.ReportMetric(float64(detachedNet.median())/float64(raw.median()), "network/raw")
+	b.ReportMetric(float64(detachedNet.median().Microseconds())/1000, "network-ms/stage")
 }
 
 func report(b testing.TB, name string, s samples, baseline time.Duration) {
@@ -106,12 +129,19 @@ func report(b testing.TB, name string, s samples, baseline time.Duration) {
 func BenchmarkHelloJob(b *testing.B) {
 	c := newCluster(b)
 	const n = 7
-	ours := helloJobs(b, n, c.customExecutor(), nil)
+	networkConfig := filepath.Join(b.TempDir(), "network.toml")
+	if err := c.WriteConfig(networkConfig, c.runnerName, `stage_transport = "network"`); err != nil {
+		b.Fatal(err)
+	}
+	overExec := helloJobs(b, n, c.customExecutor(), nil)
+	overNetwork := helloJobs(b, n, c.CustomExecutor(networkConfig), nil)
 	local := localexecutor.New(b)
 	floor := helloJobs(b, n, local.Definition, local.Env)
 	report(b, "hello job, runner alone", floor, 0)
-	report(b, "hello job, sandbox-executor", ours, floor.median())
-	b.ReportMetric(float64(ours.median().Milliseconds()), "ms/job")
+	report(b, "hello job, stages over exec", overExec, floor.median())
+	report(b, "hello job, stages over network", overNetwork, floor.median())
+	b.ReportMetric(float64(overExec.median().Milliseconds()), "exec-ms/job")
+	b.ReportMetric(float64(overNetwork.median().Milliseconds()), "network-ms/job")
 	b.ReportMetric(float64(floor.median().Milliseconds()), "floor-ms/job")
 }
 

@@ -3,7 +3,10 @@
 package e2e
 
 import (
+	"bytes"
 	"context"
+	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -12,6 +15,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/sandbox-executor/sandbox-executor/tests/fakegitlab"
 	"github.com/sandbox-executor/sandbox-executor/tests/localcluster"
@@ -211,4 +216,51 @@ func TestPOSIXOnlyImage(t *testing.T) {
 	if code, _ := os.ReadFile(filepath.Join(env.dir, "exit-code")); strings.TrimSpace(string(code)) != "4" {
 		t.Errorf("BUILD_EXIT_CODE_FILE = %q, want 4", code)
 	}
+}
+
+// TestNetworkTransport runs stages over the pod network (stage_transport = "network"): same
+// output, exit codes and cancel as over exec, and the agent refuses requests without the token.
+func TestNetworkTransport(t *testing.T) {
+	c := newCluster(t)
+	if err := c.WriteConfig(c.configPath, c.runnerName, `stage_transport = "network"`); err != nil {
+		t.Fatal(err)
+	}
+	env, pod, prep := preparedJob(t, c, ciImage)
+	script, want := numberedScript(2000, 5)
+	var stdout, stderr bytes.Buffer
+	run := c.stage(env, "run", env.script(t, "numbered.sh", script), "build_script")
+	run.Stdout, run.Stderr = &stdout, &stderr
+	if err := run.Run(); exitCode(err) != 1 {
+		t.Fatalf("exit %d, want BUILD_FAILURE (1): %s", exitCode(err), stderr.String())
+	}
+	if stdout.String() != want {
+		t.Fatalf("output differs: got %d bytes, want %d", stdout.Len(), len(want))
+	}
+	if code, _ := os.ReadFile(filepath.Join(env.dir, "exit-code")); strings.TrimSpace(string(code)) != "5" {
+		t.Errorf("BUILD_EXIT_CODE_FILE = %q, want 5", code)
+	}
+	ip := podIP(t, c, pod)
+	resp, err := http.Post("http://"+net.JoinHostPort(ip, "7543")+"/v1/exec", "application/octet-stream", strings.NewReader(""))
+	if err != nil {
+		t.Fatalf("the agent is not reachable over the pod network: %v (prepare log: %s)", err, prep)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusUnauthorized {
+		t.Errorf("a request without the token got %s, want 401", resp.Status)
+	}
+}
+
+func podIP(t *testing.T, c *cluster, pod string) string {
+	t.Helper()
+	p, err := c.admin.Kube.CoreV1().Pods(namespace).Get(context.Background(), pod, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p.Status.PodIP
+}
+
+// numberedScript prints lines quickly, then exits with code.
+func numberedScript(lines, code int) (string, string) {
+	script, want := numbered(lines, lines+1, code)
+	return script, want
 }
