@@ -62,8 +62,9 @@ e2e-long: build
 demo: build cluster-up runner
 	SANDBOX_EXECUTOR_BIN=$(BIN) $(GO) run ./tests/demo
 
+# Benchmarks against baselines measured in the same run; writes docs/benchmarks.md.
 bench: build cluster-up runner
-	SANDBOX_EXECUTOR_BIN=$(BIN) $(GO) test -tags e2e -run '^$$' -bench . -benchtime 1x -count 1 -timeout 60m ./tests/e2e/...
+	SANDBOX_EXECUTOR_BIN=$(BIN) tests/bench.sh
 
 clean:
 	rm -rf $(BIN)

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# bench.sh: run the benchmarks on the local cluster (make bench) and write docs/benchmarks.md with
+# the table, the machine and the versions. Every figure is measured in the same run as the
+# baseline it is compared with.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+out=$(mktemp)
+trap 'rm -f "$out"' EXIT
+go test -tags e2e -run '^$' -bench "${BENCH:-.}" -benchtime 1x -count 1 -timeout 60m ./tests/e2e/ 2>&1 | tee "$out" >&2
+grep -q '^ok' "$out" || { echo "bench.sh: the benchmarks failed" >&2; exit 1; }
+cluster_bin=${CLUSTER_DIR:-${SANDBOX_EXECUTOR_CACHE:-$HOME/.cache/sandbox-executor}/cluster}/bin
+{
+  echo "# Benchmarks"
+  echo
+  echo "Written by \`make bench\` ($(date -u +%Y-%m-%dT%H:%MZ), commit $(git rev-parse --short HEAD)). Each row: n, median, p95, min, max;"
+  echo "ratios are against the baseline measured in the same run (the first row of its group)."
+  echo
+  echo '```'
+  sed -n 's/^BENCH //p' "$out"
+  echo '```'
+  echo
+  echo "## Machine and versions"
+  echo
+  echo "- $(nproc) CPUs, $(free -g | awk '/^Mem:/ {print $2}') GiB, kernel $(uname -r)"
+  echo "- $(go version)"
+  echo "- Kubernetes $("$cluster_bin/kubectl" version --client -o json 2>/dev/null | sed -n 's/.*"gitVersion": "\(.*\)".*/\1/p' | head -1), containerd $("$cluster_bin/containerd" --version 2>/dev/null | awk '{print $3}'), runsc $("$cluster_bin/runsc" --version 2>/dev/null | head -1 | awk '{print $3}'), agent-sandbox v0.5.6"
+  echo "- gitlab-runner $("${SANDBOX_EXECUTOR_GITLAB_RUNNER:-${SANDBOX_EXECUTOR_CACHE:-$HOME/.cache/sandbox-executor}/bin/gitlab-runner}" --version 2>/dev/null | awk '/^Version/ {print $2}')"
+} > docs/benchmarks.md
+echo "wrote docs/benchmarks.md" >&2
