@@ -1,15 +1,14 @@
 package executor
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"encoding/json"
 	"fmt"
 	"io"
 	"net"
-	"net/http"
 	"strconv"
 	"time"
 
@@ -24,17 +23,16 @@ type AgentNetwork struct {
 	Addr     string
 	Token    string
 	Fallback RemoteExecutor
-	Client   *http.Client
+	dialer   net.Dialer
 }
 
 // NewAgentNetwork reaches the daemon of the pod at podIP.
 func NewAgentNetwork(podIP, token string, fallback RemoteExecutor) *AgentNetwork {
-	dialer := &net.Dialer{Timeout: 2 * time.Second, KeepAlive: 15 * time.Second}
 	return &AgentNetwork{
 		Addr:     net.JoinHostPort(podIP, strconv.Itoa(agent.NetworkPort)),
 		Token:    token,
 		Fallback: fallback,
-		Client:   &http.Client{Transport: &http.Transport{DialContext: dialer.DialContext, DisableCompression: true}},
+		dialer:   net.Dialer{Timeout: 2 * time.Second, KeepAlive: 15 * time.Second},
 	}
 }
 
@@ -50,64 +48,49 @@ func (a *AgentNetwork) Exec(ctx context.Context, req ExecRequest) error {
 	if len(req.Command) < 2 || req.Command[0] != agent.BinaryPath {
 		return a.Fallback.Exec(ctx, req)
 	}
-	args, _ := json.Marshal(req.Command[1:])
-	var body io.Reader = http.NoBody
+	var stdin []byte
 	if req.Stdin != nil {
 		// Buffered, so a fallback to exec can send the same bytes again.
 		data, err := io.ReadAll(req.Stdin)
 		if err != nil {
 			return err
 		}
-		body = bytes.NewReader(data)
+		stdin = data
 		req.Stdin = bytes.NewReader(data)
 	}
-	httpReq, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+a.Addr+"/v1/exec", body)
+	conn, err := a.dialer.DialContext(ctx, "tcp", a.Addr)
 	if err != nil {
-		return err
-	}
-	httpReq.Header.Set("Authorization", "Bearer "+a.Token)
-	httpReq.Header.Set("Sbx-Args", string(args))
-	resp, err := a.Client.Do(httpReq)
-	if err != nil {
-		var opErr *net.OpError
-		if ctx.Err() == nil && asDialError(err, &opErr) {
-			return a.Fallback.Exec(ctx, req) // pod network unreachable (policy, CNI): exec works anywhere
+		if ctx.Err() != nil {
+			return ctx.Err()
 		}
+		return a.Fallback.Exec(ctx, req) // pod network unreachable (policy, CNI): exec works anywhere
+	}
+	defer conn.Close()
+	stop := context.AfterFunc(ctx, func() { conn.Close() })
+	defer stop()
+	if _, err := io.WriteString(conn, agent.RequestHeader(a.Token, req.Command[1:], len(stdin))); err != nil {
 		return err
 	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
-		return fmt.Errorf("stage agent at %s answered %s: %s", a.Addr, resp.Status, bytes.TrimSpace(msg))
+	if _, err := conn.Write(stdin); err != nil {
+		return err
 	}
 	stdout, stderr := req.Stdout, req.Stderr
 	if stdout == nil {
 		stdout = io.Discard
 	}
+	var refusal bytes.Buffer
 	if stderr == nil {
 		stderr = io.Discard
 	}
-	code, err := agent.ReadFrames(resp.Body, stdout, stderr)
+	code, err := agent.ReadFrames(bufio.NewReaderSize(conn, 256<<10), stdout, io.MultiWriter(stderr, &refusal))
 	if err != nil {
 		return err
+	}
+	if code == agent.ExitRefused {
+		return fmt.Errorf("stage agent at %s refused the request: %s", a.Addr, bytes.TrimSpace(refusal.Bytes()))
 	}
 	if code != 0 {
 		return &ExitError{Code: code}
 	}
 	return nil
-}
-
-func asDialError(err error, target **net.OpError) bool {
-	for e := err; e != nil; {
-		if op, ok := e.(*net.OpError); ok && op.Op == "dial" {
-			*target = op
-			return true
-		}
-		u, ok := e.(interface{ Unwrap() error })
-		if !ok {
-			return false
-		}
-		e = u.Unwrap()
-	}
-	return false
 }

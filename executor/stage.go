@@ -34,6 +34,9 @@ type StageRunner struct {
 	Backoff func(attempt int) time.Duration
 	// KillGrace is how long the stage gets between SIGTERM and SIGKILL on cancel.
 	KillGrace time.Duration
+	// StagesDir is where the agent keeps stage directories; empty means agent.StagesDir. Tests
+	// that run the agent on the host point it elsewhere.
+	StagesDir string
 }
 
 // DefaultBackoff doubles from 200 ms to a 5 s ceiling.
@@ -49,7 +52,11 @@ var ErrCancelled = errors.New("stage cancelled")
 // When ctx is cancelled (SIGTERM from the runner), it stops the stage's processes in the pod
 // before it returns.
 func (r *StageRunner) Run(ctx context.Context, name string, script []byte, stdout, stderr io.Writer) (int, error) {
-	stageDir := path.Join(agent.StagesDir, stageID(name))
+	root := r.StagesDir
+	if root == "" {
+		root = agent.StagesDir
+	}
+	stageDir := path.Join(root, stageID(name))
 	sum := sha256.Sum256(script)
 	digest := hex.EncodeToString(sum[:])
 	delivered := &countingWriter{w: stdout}

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -90,9 +89,7 @@ func daemonCommand(args []string) error {
 			ready.Close()
 			return err
 		}
-		go func() {
-			_ = (&http.Server{Handler: NetworkHandler(token), ReadHeaderTimeout: 10 * time.Second}).Serve(tcp)
-		}()
+		go func() { _ = ServeNetwork(tcp, token) }()
 	}
 	fmt.Fprint(ready, "ok")
 	ready.Close()

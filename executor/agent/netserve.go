@@ -1,23 +1,27 @@
 package agent
 
 import (
+	"bufio"
 	"crypto/subtle"
+	"encoding/base64"
 	"encoding/binary"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
-	"net/http"
+	"net"
 	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 )
 
 // The stage daemon can also serve agent commands over the pod network, so that a runner in the
-// cluster runs a stage with one HTTP request instead of an exec through the API server and the
-// kubelet. The request carries the same arguments an exec would, the response the same streams,
+// cluster runs a stage with one TCP connection instead of an exec through the API server and the
+// kubelet. The request carries the same arguments an exec would, the answer the same streams,
 // framed; the token handed over at prepare (stdin, never argv or env) authenticates it.
 
 // NetworkPort is where the daemon listens in the pod when prepare asks for the network path.
@@ -35,48 +39,77 @@ var networkCommands = []string{"start", "kill"}
 
 func tokenPath() string { return filepath.Join(filepath.Dir(stagesDir), "token") }
 
-// NetworkHandler serves the agent commands start and kill to requests bearing token.
-func NetworkHandler(token string) http.Handler {
-	mux := http.NewServeMux()
-	mux.HandleFunc("POST /v1/exec", func(w http.ResponseWriter, r *http.Request) {
-		got := strings.TrimPrefix(r.Header.Get("Authorization"), "Bearer ")
-		if subtle.ConstantTimeCompare([]byte(got), []byte(token)) != 1 {
-			http.Error(w, "unauthorized", http.StatusUnauthorized)
-			return
+// ServeNetwork serves agent commands on ln to connections that present token. A connection
+// carries one command: a header line "SBX1 <token> <base64 JSON args> <stdin length>", then the
+// stdin bytes; the answer is frames (stdout, stderr, exit). Plain TCP rather than HTTP keeps
+// net/http, and megabytes, out of the agent copied into every pod.
+func ServeNetwork(ln net.Listener, token string) error {
+	for {
+		conn, err := ln.Accept()
+		if err != nil {
+			return err
 		}
-		var args []string
-		if err := json.Unmarshal([]byte(r.Header.Get("Sbx-Args")), &args); err != nil || len(args) == 0 || !slices.Contains(networkCommands, args[0]) {
-			http.Error(w, "bad arguments", http.StatusBadRequest)
-			return
-		}
-		w.Header().Set("Content-Type", "application/octet-stream")
-		w.WriteHeader(http.StatusOK)
-		fw := &frameWriter{w: w, rc: http.NewResponseController(w)}
-		code := Main(args, r.Body, fw.stream(FrameStdout), fw.stream(FrameStderr))
-		_ = fw.frame(FrameExit, []byte(strconv.Itoa(code)))
-	})
-	return mux
+		go serveConn(conn, token)
+	}
 }
+
+// RequestHeader is the first line of a network request.
+func RequestHeader(token string, args []string, stdinLen int) string {
+	encoded, _ := json.Marshal(args)
+	return fmt.Sprintf("SBX1 %s %s %d\n", token, base64.StdEncoding.EncodeToString(encoded), stdinLen)
+}
+
+func serveConn(conn net.Conn, token string) {
+	defer conn.Close()
+	_ = conn.SetReadDeadline(time.Now().Add(10 * time.Second))
+	r := bufio.NewReaderSize(conn, 64<<10)
+	line, err := r.ReadString('\n')
+	if err != nil {
+		return
+	}
+	fields := strings.Fields(line)
+	fw := &frameWriter{w: conn}
+	refuse := func(msg string) {
+		_ = fw.frame(FrameStderr, []byte(msg+"\n"))
+		_ = fw.frame(FrameExit, []byte(strconv.Itoa(ExitRefused)))
+	}
+	if len(fields) != 4 || fields[0] != "SBX1" || subtle.ConstantTimeCompare([]byte(fields[1]), []byte(token)) != 1 {
+		refuse("unauthorized")
+		return
+	}
+	var args []string
+	encoded, err := base64.StdEncoding.DecodeString(fields[2])
+	if err != nil || json.Unmarshal(encoded, &args) != nil || len(args) == 0 || !slices.Contains(networkCommands, args[0]) {
+		refuse("bad arguments")
+		return
+	}
+	stdinLen, err := strconv.Atoi(fields[3])
+	if err != nil || stdinLen < 0 {
+		refuse("bad stdin length")
+		return
+	}
+	_ = conn.SetReadDeadline(time.Time{})
+	code := Main(args, io.LimitReader(r, int64(stdinLen)), fw.stream(FrameStdout), fw.stream(FrameStderr))
+	_ = fw.frame(FrameExit, []byte(strconv.Itoa(code)))
+}
+
+// ExitRefused is the exit code of a network request the agent refused (bad token or arguments).
+const ExitRefused = 126
 
 type frameWriter struct {
 	mu sync.Mutex
 	w  io.Writer
-	rc *http.ResponseController
 }
 
 func (f *frameWriter) frame(kind byte, p []byte) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	var hdr [5]byte
-	hdr[0] = kind
-	binary.BigEndian.PutUint32(hdr[1:], uint32(len(p)))
-	if _, err := f.w.Write(hdr[:]); err != nil {
-		return err
-	}
-	if _, err := f.w.Write(p); err != nil {
-		return err
-	}
-	return f.rc.Flush()
+	buf := make([]byte, 5+len(p))
+	buf[0] = kind
+	binary.BigEndian.PutUint32(buf[1:5], uint32(len(p)))
+	copy(buf[5:], p)
+	_, err := f.w.Write(buf)
+	return err
 }
 
 type streamWriter struct {

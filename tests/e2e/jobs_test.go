@@ -5,11 +5,12 @@ package e2e
 import (
 	"bytes"
 	"context"
+	"io"
 	"net"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -18,6 +19,7 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/sandbox-executor/sandbox-executor/executor/agent"
 	"github.com/sandbox-executor/sandbox-executor/tests/fakegitlab"
 	"github.com/sandbox-executor/sandbox-executor/tests/localcluster"
 	"github.com/sandbox-executor/sandbox-executor/tests/runner"
@@ -240,13 +242,16 @@ func TestNetworkTransport(t *testing.T) {
 		t.Errorf("BUILD_EXIT_CODE_FILE = %q, want 5", code)
 	}
 	ip := podIP(t, c, pod)
-	resp, err := http.Post("http://"+net.JoinHostPort(ip, "7543")+"/v1/exec", "application/octet-stream", strings.NewReader(""))
+	conn, err := net.DialTimeout("tcp", net.JoinHostPort(ip, strconv.Itoa(agent.NetworkPort)), 5*time.Second)
 	if err != nil {
 		t.Fatalf("the agent is not reachable over the pod network: %v (prepare log: %s)", err, prep)
 	}
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusUnauthorized {
-		t.Errorf("a request without the token got %s, want 401", resp.Status)
+	defer conn.Close()
+	io.WriteString(conn, agent.RequestHeader("not-the-token-not-the-token-not-the", []string{"kill", "--dir", agent.StagesDir + "/x"}, 0))
+	var refusal bytes.Buffer
+	code, err := agent.ReadFrames(conn, io.Discard, &refusal)
+	if err != nil || code != agent.ExitRefused || !strings.Contains(refusal.String(), "unauthorized") {
+		t.Errorf("a request with a wrong token: exit %d, %q, %v; want it refused", code, refusal.String(), err)
 	}
 }
 
