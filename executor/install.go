@@ -42,8 +42,6 @@ func InstallAgent(ctx context.Context, ex RemoteExecutor, sbx *Sandbox, binary [
 	var exit *ExitError
 	switch {
 	case err == nil:
-	case errors.As(err, &exit) && strings.Contains(reason, "agent"):
-		return nil, SystemError(nil, "installing the stage agent in pod %s failed: %s", sbx.Pod, oneLine(reason))
 	case errors.As(err, &exit):
 		return nil, SystemError(nil, "installing the stage agent in pod %s failed (exit %d): %s", sbx.Pod, exit.Code, oneLine(reason))
 	case strings.Contains(reason, "executable file not found") || strings.Contains(reason, "no such file"):

@@ -60,7 +60,6 @@ func (r *StageRunner) Run(ctx context.Context, name string, script []byte, stdou
 	sum := sha256.Sum256(script)
 	digest := hex.EncodeToString(sum[:])
 	delivered := &countingWriter{w: stdout}
-	var lastErr error
 	started := false
 	for attempt := 0; ; attempt++ {
 		ctrl := newControlReader(stderr)
@@ -99,9 +98,8 @@ func (r *StageRunner) Run(ctx context.Context, name string, script []byte, stdou
 			err = errors.New("stream ended without the stage's exit status")
 		}
 		// Any other exit (the agent killed by a signal, say) is a lost stream like any other.
-		lastErr = err
 		if attempt >= r.Reconnects {
-			return 0, SystemError(lastErr, "stage %s: lost the stream to pod %s %d times; its exit status is unknown", name, r.Sandbox.Pod, attempt+1)
+			return 0, SystemError(err, "stage %s: lost the stream to pod %s %d times; its exit status is unknown", name, r.Sandbox.Pod, attempt+1)
 		}
 		r.Log.Warnf("Stream to pod %s dropped (%s); re-attaching at byte %d (attempt %d/%d)", r.Sandbox.Pod, oneLine(err.Error()), delivered.n, attempt+1, r.Reconnects)
 		select {

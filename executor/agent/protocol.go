@@ -97,9 +97,6 @@ func KillArgs(stageDir string, graceSeconds int) []string {
 	return []string{BinaryPath, "kill", "--dir", stageDir, "--grace", strconv.Itoa(graceSeconds) + "s"}
 }
 
-// ProbeArgs asks the agent what the pod offers (shell, kernel).
-func ProbeArgs() []string { return []string{BinaryPath, "probe"} }
-
 // Probe is the agent's report on the pod, printed as JSON by "probe".
 type Probe struct {
 	Shell         string `json:"shell"`

@@ -228,7 +228,7 @@ func TestNetworkTransport(t *testing.T) {
 		t.Fatal(err)
 	}
 	env, pod, prep := preparedJob(t, c, ciImage)
-	script, want := numberedScript(2000, 5)
+	script, want := numbered(2000, 2001, 5) // no pauses
 	var stdout, stderr bytes.Buffer
 	run := c.stage(env, "run", env.script(t, "numbered.sh", script), "build_script")
 	run.Stdout, run.Stderr = &stdout, &stderr
@@ -262,10 +262,4 @@ func podIP(t *testing.T, c *cluster, pod string) string {
 		t.Fatal(err)
 	}
 	return p.Status.PodIP
-}
-
-// numberedScript prints lines quickly, then exits with code.
-func numberedScript(lines, code int) (string, string) {
-	script, want := numbered(lines, lines+1, code)
-	return script, want
 }

@@ -48,27 +48,31 @@ type runnerRequest struct {
 	Info  RunnerVersion `json:"info"`
 }
 
-func (s *Server) verifyRunner(w http.ResponseWriter, r *http.Request) {
+// authenticateRunner decodes a runner's request and checks its token, answering the runner
+// itself when either fails.
+func (s *Server) authenticateRunner(w http.ResponseWriter, r *http.Request) (runnerRequest, bool) {
 	var request runnerRequest
 	if err := json.NewDecoder(r.Body).Decode(&request); err != nil {
 		writeMessage(w, http.StatusBadRequest, "400 Bad request: "+err.Error())
-		return
+		return request, false
 	}
 	if request.Token != s.runnerToken {
 		writeMessage(w, http.StatusForbidden, "403 Forbidden")
+		return request, false
+	}
+	return request, true
+}
+
+func (s *Server) verifyRunner(w http.ResponseWriter, r *http.Request) {
+	if _, ok := s.authenticateRunner(w, r); !ok {
 		return
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"id": 1, "token": s.runnerToken})
 }
 
 func (s *Server) requestJob(w http.ResponseWriter, r *http.Request) {
-	var request runnerRequest
-	if err := json.NewDecoder(r.Body).Decode(&request); err != nil {
-		writeMessage(w, http.StatusBadRequest, "400 Bad request: "+err.Error())
-		return
-	}
-	if request.Token != s.runnerToken {
-		writeMessage(w, http.StatusForbidden, "403 Forbidden")
+	request, ok := s.authenticateRunner(w, r)
+	if !ok {
 		return
 	}
 
