@@ -314,3 +314,19 @@ func (w *wipingExec) Exec(ctx context.Context, req executor.ExecRequest) error {
 	}
 	return w.next.Exec(ctx, req)
 }
+
+// Tools the executor ships into the pod (BinDir) come before the image's own on every stage's PATH.
+func TestStageRunnerPutsBinDirFirstOnPath(t *testing.T) {
+	inBothModes(t, func(t *testing.T, newLocal func(testing.TB) *executortest.Local) {
+		local := newLocal(t)
+		var stdout, stderr, log syncBuffer
+		code, err := newStageRunner(local, &log, "").Run(context.Background(), "build_script", []byte("echo \"$PATH\"\n"), &stdout, &stderr)
+		if err != nil || code != 0 {
+			t.Fatalf("Run: code %d, %v", code, err)
+		}
+		bin := filepath.Join(filepath.Dir(agent.StagesDirInUse()), "bin")
+		if got := stdout.String(); !strings.HasPrefix(got, bin+":") || !strings.Contains(got, "/bin") {
+			t.Errorf("PATH = %q, want %s first, then the image's", got, bin)
+		}
+	})
+}

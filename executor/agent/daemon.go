@@ -162,6 +162,7 @@ func startStage(dir, shell string, attr *syscall.SysProcAttr, keeper int) (*exec
 	}
 	defer out.Close()
 	cmd := exec.Command(shell, filepath.Join(dir, "script"))
+	cmd.Env = stageEnv(os.Environ(), filepath.Join(filepath.Dir(filepath.Dir(dir)), "bin"))
 	cmd.Stdout, cmd.Stderr = out, out
 	cmd.SysProcAttr = attr
 	if err := cmd.Start(); err != nil {
@@ -182,4 +183,18 @@ func startStage(dir, shell string, attr *syscall.SysProcAttr, keeper int) (*exec
 		return nil, err
 	}
 	return cmd, nil
+}
+
+// stageEnv puts bin (BinDir: next to the stages directory) first on PATH.
+func stageEnv(env []string, bin string) []string {
+	out := make([]string, 0, len(env)+1)
+	path := "PATH=" + bin + ":/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+	for _, kv := range env {
+		if v, ok := strings.CutPrefix(kv, "PATH="); ok {
+			path = "PATH=" + bin + ":" + v
+			continue
+		}
+		out = append(out, kv)
+	}
+	return append(out, path)
 }

@@ -8,6 +8,7 @@
 // Layout in the pod (BaseDir is 0700, owned by the container user):
 //
 //	BaseDir/agent                the agent binary
+//	BaseDir/bin/                 tools put first on every stage's PATH
 //	BaseDir/agent.sock           the job's stage daemon (started by "init" at prepare)
 //	BaseDir/stages/<id>/script   the stage script, delivered over exec stdin
 //	BaseDir/stages/<id>/out      stdout and stderr of the stage, merged as a job log is
@@ -30,6 +31,9 @@ const (
 	BinaryPath = BaseDir + "/agent"
 	// StagesDir holds one directory per stage invocation.
 	StagesDir = BaseDir + "/stages"
+	// BinDir comes first on every stage's PATH: tools the executor ships into the pod (the
+	// runner's helper binary for cache and artifacts) work without rebuilding the job's image.
+	BinDir = BaseDir + "/bin"
 )
 
 // Control lines travel on the exec stream's stderr, so the job's own output (stdout) is passed
