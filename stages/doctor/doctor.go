@@ -14,6 +14,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/go-logr/logr"
 	authorizationv1 "k8s.io/api/authorization/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -77,6 +78,10 @@ type Checker struct {
 	// KubeletConfigz returns a node's /configz through the API server's node proxy; tests
 	// replace it.
 	KubeletConfigz func(ctx context.Context, node string) ([]byte, error)
+
+	// tolerations of the job pods (templates and RuntimeClasses seen so far): the kubelet check
+	// skips nodes whose taints keep job pods off.
+	tolerations []corev1.Toleration
 }
 
 // Run prints every check's line and fails when any check FAILs.
@@ -102,6 +107,7 @@ func Run(ctx context.Context, env *stages.Env, opts Options) error {
 
 // Run runs the checks in order. Nothing else is worth asking an API server that does not answer.
 func (c *Checker) Run(ctx context.Context) []Result {
+	c.tolerations = nil
 	api := c.checkAPI()
 	if api.Status == Fail {
 		return []Result{api}
@@ -213,6 +219,9 @@ func (c *Checker) checkRuntimeClasses(ctx context.Context) []Result {
 		case err != nil:
 			out = append(out, Result{Fail, check, oneLine(err), "check the API server"})
 		default:
+			if rc.Scheduling != nil {
+				c.tolerations = append(c.tolerations, rc.Scheduling.Tolerations...)
+			}
 			out = append(out, Result{OK, check, "handler " + rc.Handler, ""})
 		}
 	}
@@ -280,6 +289,7 @@ func (c *Checker) checkTemplate(ctx context.Context, name string, pools []string
 	case err != nil:
 		return Result{Fail, check, oneLine(err), "check the API server"}
 	}
+	c.tolerations = append(c.tolerations, t.Spec.PodTemplate.Spec.Tolerations...)
 	fails, warns := TemplateProblems(t, c.Config.RuntimeClasses)
 	switch {
 	case len(fails) > 0:
@@ -357,7 +367,12 @@ func (c *Checker) checkKubelets(ctx context.Context) []Result {
 		configz = c.nodeProxyConfigz
 	}
 	var out []Result
+	skipped := 0
 	for _, n := range nodes.Items {
+		if !c.runsJobs(&n) {
+			skipped++
+			continue
+		}
 		check := "pids limit node " + n.Name
 		data, err := configz(ctx, n.Name)
 		if err != nil {
@@ -380,7 +395,24 @@ func (c *Checker) checkKubelets(ctx context.Context) []Result {
 		}
 		out = append(out, Result{OK, check, fmt.Sprintf("podPidsLimit %d", *limit), ""})
 	}
+	if skipped > 0 {
+		out = append(out, Result{OK, "pids limit", fmt.Sprintf("%d nodes not checked: job pods do not tolerate their taints", skipped), ""})
+	}
 	return out
+}
+
+// runsJobs reports whether job pods may be scheduled on the node as far as taints go.
+func (c *Checker) runsJobs(n *corev1.Node) bool {
+	for i := range n.Spec.Taints {
+		taint := &n.Spec.Taints[i]
+		if taint.Effect == corev1.TaintEffectPreferNoSchedule {
+			continue
+		}
+		if !slices.ContainsFunc(c.tolerations, func(t corev1.Toleration) bool { return t.ToleratesTaint(logr.Discard(), taint, false) }) {
+			return false
+		}
+	}
+	return true
 }
 
 func (c *Checker) nodeProxyConfigz(ctx context.Context, node string) ([]byte, error) {

@@ -101,6 +101,8 @@ func (f *fixture) checker(t *testing.T, kubelet map[string]string) *doctor.Check
 	f.kube = kubefake.NewSimpleClientset(
 		&nodev1.RuntimeClass{ObjectMeta: metav1.ObjectMeta{Name: "gvisor"}, Handler: "runsc"},
 		&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-a"}},
+		// Job pods cannot run here: the kubelet check skips it.
+		&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "control-plane"}, Spec: corev1.NodeSpec{Taints: []corev1.Taint{{Key: "node-role.kubernetes.io/control-plane", Effect: corev1.TaintEffectNoSchedule}}}},
 	)
 	disc := f.kube.Discovery().(*fakediscovery.FakeDiscovery)
 	disc.FakedServerVersion = &version.Info{GitVersion: "v1.36.3"}
@@ -340,6 +342,13 @@ func TestKubeletPidsLimit(t *testing.T) {
 	f := newFixture(t)
 	results := f.checker(t, map[string]string{"node-a": `{"kubeletconfig":{"podPidsLimit":4096}}`}).Run(context.Background())
 	expect(t, results, "pids limit node node-a", doctor.OK, "podPidsLimit 4096")
+	expect(t, results, "pids limit", doctor.OK, "1 nodes not checked")
+
+	// A template that tolerates the taint brings the node back into the check.
+	f.tmpl.Spec.PodTemplate.Spec.Tolerations = []corev1.Toleration{{Key: "node-role.kubernetes.io/control-plane", Operator: corev1.TolerationOpExists}}
+	results = f.checker(t, map[string]string{"node-a": `{"kubeletconfig":{"podPidsLimit":4096}}`, "control-plane": `{"kubeletconfig":{}}`}).Run(context.Background())
+	expect(t, results, "pids limit node control-plane", doctor.Warn, "podPidsLimit unset")
+	f.tmpl.Spec.PodTemplate.Spec.Tolerations = nil
 
 	results = f.checker(t, map[string]string{"node-a": `{"kubeletconfig":{"podPidsLimit":-1}}`}).Run(context.Background())
 	expect(t, results, "pids limit node node-a", doctor.Warn, "podPidsLimit unset", "kubelet configuration")
