@@ -43,6 +43,9 @@ var RequiredPermissions = []Permission{
 	// older API servers, create where AuthorizePodWebsocketUpgradeCreatePermission is on).
 	{"", "pods/exec", "create", "prepare, run: the in-pod agent over exec"},
 	{"", "pods/exec", "get", "prepare, run: the in-pod agent over exec (WebSocket)"},
+	// Attach follows the same POST/WebSocket rules as exec.
+	{"", "pods/attach", "create", "prepare: hand the job's token to a baked-in agent (ConnectAgent)"},
+	{"", "pods/attach", "get", "prepare: hand the job's token to a baked-in agent (WebSocket)"},
 }
 
 // ClusterPermissions is what doctor reads outside the namespace. Jobs never need it; without it
