@@ -50,6 +50,7 @@ func TestEgressThroughProxy(t *testing.T) {
 		if err != nil {
 			t.Fatalf("stage %s: %v\n%s", name, err, out)
 		}
+		t.Logf("stage %s:\n%s", name, out)
 		return string(out)
 	}
 
