@@ -48,7 +48,7 @@ netns_up() {
 
 start() {
   local want pid
-  want=$(cat "$BIN" "$CONFIG" | sha256sum | cut -c1-16)
+  want=$({ echo "$CONFIG"; cat "$BIN" "$CONFIG"; } | sha256sum | cut -c1-16)
   if daemon_running "$NAME" && stamp_matches "$STAMP" "$want"; then
     log "$NAME already running (pid $(daemon_pid "$NAME"))"
     return 0
