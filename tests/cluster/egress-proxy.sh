@@ -35,17 +35,6 @@ build() {
   if cmp -s "$tmp" "$BIN"; then rm -f "$tmp"; else mv -f "$tmp" "$BIN"; fi
 }
 
-netns_up() {
-  ip netns list | awk '{print $1}' | grep -qx "$NS" || ip netns add "$NS"
-  ip link show "$HOSTIF" >/dev/null 2>&1 || ip link add "$HOSTIF" type veth peer name eth0 netns "$NS"
-  ip addr replace "$HOST_IP/24" dev "$HOSTIF"
-  ip link set "$HOSTIF" up
-  ip -n "$NS" link set lo up
-  ip -n "$NS" addr replace "$PROXY_IP/24" dev eth0
-  ip -n "$NS" link set eth0 up
-  ip -n "$NS" route replace default via "$HOST_IP"
-}
-
 start() {
   local want pid
   want=$({ echo "$CONFIG"; cat "$BIN" "$CONFIG"; } | sha256sum | cut -c1-16)
@@ -76,7 +65,7 @@ down() {
 
 main() {
   case ${1:-} in
-    up) ensure_dirs; build; netns_up; start ;;
+    up) ensure_dirs; build; netns_veth "$NS" "$HOSTIF" "$HOST_IP" "$PROXY_IP"; start ;;
     down) down ;;
     status)
       if daemon_running "$NAME"; then echo "$NAME: running pid $(daemon_pid "$NAME"), health $(http_get "$ADMIN_URL/healthz" || echo down)"; else echo "$NAME: not running"; fi
