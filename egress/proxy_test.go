@@ -111,6 +111,9 @@ func (s *stand) connect(t testing.TB, authority string, early string) (net.Conn,
 
 func body(t *testing.T, r *http.Response) string {
 	t.Helper()
+	if r.Request != nil && r.Request.Method == http.MethodConnect && r.StatusCode == http.StatusOK {
+		return "<an open tunnel>" // its "body" never ends
+	}
 	defer r.Body.Close()
 	b, err := io.ReadAll(r.Body)
 	if err != nil {
@@ -170,7 +173,21 @@ func TestPlainHTTPForwarding(t *testing.T) {
 	}
 	want := "upstream got GET /some/path host=web.test:" + strconv.Itoa(s.webPort) + ` proxy-auth=""`
 	if b := body(t, resp); resp.StatusCode != 200 || b != want {
-		t.Errorf("%s %q, want %q (proxy credentials must not travel on)", resp.Status, b, want)
+		t.Errorf("%s %q, want %q (no proxy credentials)", resp.Status, b, want)
+	}
+	// The URL decides, not a Host header naming another site: the upstream gets the checked host.
+	c, err := net.Dial("tcp", s.srv.Listener.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	fmt.Fprintf(c, "GET http://web.test:%d/fronted HTTP/1.1\r\nHost: evil.example\r\nConnection: close\r\n\r\n", s.webPort)
+	resp, err = http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b := body(t, resp); !strings.Contains(b, "GET /fronted host=web.test:"+strconv.Itoa(s.webPort)) {
+		t.Errorf("Host header evil.example: upstream got %q", b)
 	}
 }
 
