@@ -43,7 +43,8 @@ type Recorder struct {
 	clients map[netip.Addr]*ring
 }
 
-// Defaults for a zero Recorder's bounds: at most ~25 MiB of blocked decisions.
+// Defaults for a zero Recorder's bounds: 65536 blocked decisions, about 10 MiB of heap when
+// full (measured with 200-character destinations).
 const (
 	DefaultPerClient  = 64
 	DefaultMaxClients = 1024
