@@ -248,6 +248,13 @@ func TestResolvedLoopbackAndUnreachable(t *testing.T) {
 	if b := body(t, resp); resp.StatusCode != 403 || !strings.Contains(b, "resolves to a loopback") {
 		t.Errorf("CONNECT localhost: %s %q", resp.Status, b)
 	}
+	resp, err := s.client().Get("http://localhost:" + strconv.Itoa(s.webPort) + "/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b := body(t, resp); resp.StatusCode != 403 || !strings.Contains(b, "GET localhost:"+strconv.Itoa(s.webPort)+" blocked: its name resolves to a loopback") {
+		t.Errorf("GET http://localhost: %s %q", resp.Status, b)
+	}
 	ln, _ := net.Listen("tcp", "127.0.0.1:0")
 	closed := ln.Addr().String()
 	ln.Close()
@@ -255,7 +262,7 @@ func TestResolvedLoopbackAndUnreachable(t *testing.T) {
 	if b := body(t, resp); resp.StatusCode != 502 || !strings.Contains(b, "is allowed (rule 127.0.0.1:*) but unreachable") {
 		t.Errorf("CONNECT %s (closed): %s %q", closed, resp.Status, b)
 	}
-	resp, err := s.client().Get("http://" + closed + "/")
+	resp, err = s.client().Get("http://" + closed + "/")
 	if err != nil {
 		t.Fatal(err)
 	}
