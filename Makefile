@@ -18,6 +18,7 @@ all: build
 build:
 	$(GOBUILD) -o $(BIN)/sandbox-executor ./cmd/sandbox-executor
 	$(GOBUILD) -o $(BIN)/sandbox-executor-agent ./cmd/sandbox-executor-agent
+	$(GOBUILD) -o $(BIN)/sandbox-egress-proxy ./cmd/sandbox-egress-proxy
 
 vet:
 	$(GO) vet ./...

@@ -4,6 +4,7 @@ package config
 import (
 	"errors"
 	"fmt"
+	"net/url"
 	"os"
 	"path"
 	"reflect"
@@ -94,6 +95,9 @@ type Config struct {
 type Pool struct {
 	Name   string   `toml:"name"`
 	Images []string `toml:"images"`
+	// EgressProxy is the admin address of the egress proxy this pool's pods are forced through
+	// (e.g. "http://10.0.0.5:3129"): after each stage, run lists the attempts it blocked.
+	EgressProxy string `toml:"egress_proxy"`
 }
 
 // Duration is a time.Duration written as a Go duration string ("90s", "5m").
@@ -270,6 +274,11 @@ func (c *Config) validate() error {
 				return fail(key+".images", "bad image pattern %q", pattern)
 			}
 		}
+		if p.EgressProxy != "" {
+			if u, err := url.Parse(p.EgressProxy); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.User != nil || u.RawQuery != "" || u.Fragment != "" {
+				return fail(key+".egress_proxy", "%q is not an http(s)://host:port URL of the egress proxy's admin address", p.EgressProxy)
+			}
+		}
 	}
 	if c.DefaultPool != "" && !seen[c.DefaultPool] {
 		return fail("default_pool", "%q is not one of the [[pool]] names (%s)", c.DefaultPool, strings.Join(c.PoolNames(), ", "))
@@ -317,6 +326,16 @@ func (c *Config) PoolNames() []string {
 		names = append(names, p.Name)
 	}
 	return names
+}
+
+// Pool returns the named pool, or nil.
+func (c *Config) Pool(name string) *Pool {
+	for i := range c.Pools {
+		if c.Pools[i].Name == name {
+			return &c.Pools[i]
+		}
+	}
+	return nil
 }
 
 // AllowedImages lists every image pattern some pool serves, sorted, for messages.

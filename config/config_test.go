@@ -50,6 +50,9 @@ func TestErrorsNameKeyAndFile(t *testing.T) {
 		{"wrong type", base + "reconnects = \"many\"\n" + pool, "reconnects"},
 		{"bad pattern", base + "[[pool]]\nname = \"p\"\nimages = [\"[\"]\n", "pool[0].images"},
 		{"duplicate pool", base + pool + pool, "listed twice"},
+		{"egress proxy not a URL", base + pool + "egress_proxy = \"10.0.0.5:3129\"\n", "pool[0].egress_proxy: \"10.0.0.5:3129\" is not an http(s)://host:port URL"},
+		{"egress proxy without host", base + pool + "egress_proxy = \"http:///v1\"\n", "pool[0].egress_proxy:"},
+		{"egress proxy with credentials", base + pool + "egress_proxy = \"http://u:secret@10.0.0.5:3129\"\n", "pool[0].egress_proxy:"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := config.Parse("/etc/se.toml", []byte(tc.text))
@@ -64,6 +67,22 @@ func TestErrorsNameKeyAndFile(t *testing.T) {
 				t.Errorf("multi-line error: %q", err)
 			}
 		})
+	}
+}
+
+func TestEgressProxyPerPool(t *testing.T) {
+	cfg, err := config.Parse("c.toml", []byte("namespace = \"ns\"\n[[pool]]\nname = \"plain\"\n[[pool]]\nname = \"proxied\"\negress_proxy = \"http://10.99.2.2:3129\"\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p := cfg.Pool("proxied"); p == nil || p.EgressProxy != "http://10.99.2.2:3129" {
+		t.Errorf("proxied pool: %+v", p)
+	}
+	if p := cfg.Pool("plain"); p == nil || p.EgressProxy != "" {
+		t.Errorf("plain pool: %+v", p)
+	}
+	if p := cfg.Pool("nope"); p != nil {
+		t.Errorf("unknown pool: %+v", p)
 	}
 }
 

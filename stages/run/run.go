@@ -47,7 +47,9 @@ func Run(ctx context.Context, env *stages.Env, scriptPath, stageName string) err
 		Backoff:    executor.DefaultBackoff,
 		KillGrace:  killGrace,
 	}
+	started := env.Clock()
 	code, err := runner.Run(ctx, stageName, script, env.Stdout, env.Stderr)
+	reportBlocked(ctx, env.Log(), env.Config.Pool(sbx.Pool), sbx.PodIP, started)
 	if err != nil {
 		return err
 	}

@@ -66,6 +66,7 @@ main() {
   if [[ -x $NETWORKPOLICY ]]; then
     "$NETWORKPOLICY" down || warn "networkpolicy.sh down failed"
   fi
+  "$D/egress-proxy.sh" down || warn "egress-proxy.sh down failed"
   "$D/start.sh" stop kubelet
   "$D/start.sh" stop containerd
   "$D/start.sh" stop scheduler controller-manager apiserver

@@ -145,6 +145,23 @@ wait_until() {
   log "$desc: ok after $(fmt_ms $(($(now_ms) - start)))"
 }
 
+# netns_veth NS HOSTIF HOST_IP NS_IP: a network namespace linked to this machine by a veth pair
+# (/24 on both ends), routed through it: how "the internet", "the GitLab instance" and the
+# egress proxy live next to the cluster. Idempotent.
+netns_veth() {
+  local ns=$1 hif=$2 hip=$3 nip=$4
+  ip netns list | awk '{print $1}' | grep -qx "$ns" || ip netns add "$ns"
+  if ! ip link show "$hif" >/dev/null 2>&1; then
+    ip link add "$hif" type veth peer name eth0 netns "$ns"
+  fi
+  ip addr replace "$hip/24" dev "$hif"
+  ip link set "$hif" up
+  ip -n "$ns" link set lo up
+  ip -n "$ns" addr replace "$nip/24" dev eth0
+  ip -n "$ns" link set eth0 up
+  ip -n "$ns" route replace default via "$hip"
+}
+
 ensure_dirs() {
   mkdir -p "$CLUSTER_BIN" "$CLUSTER_BUILD" "$CLUSTER_IMAGES" "$CLUSTER_LOG" "$CLUSTER_RUN" \
     "$CLUSTER_ETC" "$CLUSTER_PKI" "$CLUSTER_KUBECONFIGS"

@@ -164,19 +164,7 @@ np_python() {
   echo "$p"
 }
 
-np_mkns() { # ns hostif host_ip ns_ip
-  local ns=$1 hif=$2 hip=$3 nip=$4
-  ip netns list | awk '{print $1}' | grep -qx "$ns" || ip netns add "$ns"
-  if ! ip link show "$hif" >/dev/null 2>&1; then
-    ip link add "$hif" type veth peer name eth0 netns "$ns"
-  fi
-  ip addr replace "$hip/24" dev "$hif"
-  ip link set "$hif" up
-  ip -n "$ns" link set lo up
-  ip -n "$ns" addr replace "$nip/24" dev eth0
-  ip -n "$ns" link set eth0 up
-  ip -n "$ns" route replace default via "$hip"
-}
+np_mkns() { netns_veth "$@"; } # ns hostif host_ip ns_ip (lib.sh)
 
 np_http_start() { # name ns ip port
   local name=$1 ns=$2 ip=$3 port=$4 pidf=$CLUSTER_DIR/run/netpol-http-$1.pid

@@ -55,6 +55,7 @@ main() {
   if [[ -x $NETWORKPOLICY ]]; then
     step "networkpolicy" "$NETWORKPOLICY" up
   fi
+  step "egress proxy" "$D/egress-proxy.sh" up
   step "agent-sandbox" "$D/agent-sandbox.sh" up
   step "apply deploy/local" apply_deploy
   step "warm pool $WARM_POOL ready" wait_until "warm pool $EXECUTOR_NAMESPACE/$WARM_POOL ready" 300 warm_pool_state

@@ -312,7 +312,10 @@ func BenchmarkLogThroughput(b *testing.B) {
 
 type countingWriter int64
 
-func (w *countingWriter) Write(p []byte) (int, error) { *w += countingWriter(len(p)); return len(p), nil }
+func (w *countingWriter) Write(p []byte) (int, error) {
+	*w += countingWriter(len(p))
+	return len(p), nil
+}
 
 func medianOf(v []float64) float64 {
 	c := append([]float64(nil), v...)

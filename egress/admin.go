@@ -1,0 +1,113 @@
+package egress
+
+import (
+	"bufio"
+	"context"
+	"crypto/subtle"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/netip"
+	"net/url"
+	"strings"
+	"time"
+)
+
+// BlockedPath is the read endpoint: GET /v1/blocked?client=<IP>&since=<RFC3339Nano>.
+const BlockedPath = "/v1/blocked"
+
+// Admin serves the blocked attempts per client to runners (trusted by source address) and to
+// anyone holding the token.
+type Admin struct {
+	Recorder *Recorder
+	// Allow lists the source networks trusted without a token (e.g. loopback, the runners').
+	Allow []netip.Prefix
+	// Token, if set, is accepted as "Authorization: Bearer <token>" from any source.
+	Token string
+}
+
+// DefaultAdminAllow trusts this machine only.
+var DefaultAdminAllow = []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8"), netip.MustParsePrefix("::1/128")}
+
+// ServeHTTP implements http.Handler.
+func (a *Admin) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	switch r.URL.Path {
+	case "/healthz":
+		io.WriteString(w, "ok\n")
+		return
+	case BlockedPath:
+	default:
+		http.NotFound(w, r)
+		return
+	}
+	if r.Method != http.MethodGet {
+		http.Error(w, "egress proxy admin: use GET", http.StatusMethodNotAllowed)
+		return
+	}
+	if !a.authorized(r) {
+		http.Error(w, "egress proxy admin: forbidden: source "+clientIP(r.RemoteAddr)+" is not in admin_allow and no valid bearer token was sent", http.StatusForbidden)
+		return
+	}
+	q := r.URL.Query()
+	client, err := netip.ParseAddr(q.Get("client"))
+	if err != nil {
+		http.Error(w, fmt.Sprintf("egress proxy admin: client=%q is not an IP address", truncate(q.Get("client"), 64)), http.StatusBadRequest)
+		return
+	}
+	var since time.Time
+	if s := q.Get("since"); s != "" {
+		if since, err = time.Parse(time.RFC3339Nano, s); err != nil {
+			http.Error(w, fmt.Sprintf("egress proxy admin: since=%q is not an RFC 3339 time", truncate(s, 64)), http.StatusBadRequest)
+			return
+		}
+	}
+	w.Header().Set("Content-Type", "application/json")
+	json.NewEncoder(w).Encode(a.Recorder.Blocked(client, since))
+}
+
+func (a *Admin) authorized(r *http.Request) bool {
+	if a.Token != "" {
+		got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+		if ok && subtle.ConstantTimeCompare([]byte(got), []byte(a.Token)) == 1 {
+			return true
+		}
+	}
+	src, err := netip.ParseAddr(clientIP(r.RemoteAddr))
+	if err != nil {
+		return false
+	}
+	for _, p := range a.Allow {
+		if p.Contains(src.Unmap()) {
+			return true
+		}
+	}
+	return false
+}
+
+// QueryBlocked asks the admin endpoint at base (e.g. "http://10.0.0.5:3129") for the client's
+// blocked attempts since a time.
+func QueryBlocked(ctx context.Context, hc *http.Client, base, client string, since time.Time) (*Blocked, error) {
+	u := strings.TrimSuffix(base, "/") + BlockedPath + "?" + url.Values{
+		"client": {client}, "since": {since.UTC().Format(time.RFC3339Nano)},
+	}.Encode()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := hc.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	body := io.LimitReader(resp.Body, 4<<20)
+	if resp.StatusCode != http.StatusOK {
+		line, _ := bufio.NewReader(body).ReadString('\n')
+		return nil, fmt.Errorf("%s: %s", resp.Status, truncate(strings.TrimSpace(line), 200))
+	}
+	var b Blocked
+	if err := json.NewDecoder(body).Decode(&b); err != nil {
+		return nil, fmt.Errorf("reading the answer: %v", err)
+	}
+	return &b, nil
+}

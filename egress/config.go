@@ -1,0 +1,121 @@
+package egress
+
+import (
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"strings"
+
+	"github.com/BurntSushi/toml"
+)
+
+// Config is the proxy's TOML configuration (cmd/sandbox-egress-proxy).
+type Config struct {
+	// Listen is the proxy's address (HTTP_PROXY/HTTPS_PROXY of the job pods).
+	Listen string `toml:"listen"`
+	// AdminListen serves GET /v1/blocked and /healthz.
+	AdminListen string `toml:"admin_listen"`
+	// AdminAllow lists networks that may read blocked attempts without a token.
+	AdminAllow []string `toml:"admin_allow"`
+	// AdminTokenFile holds a bearer token accepted from any source (optional).
+	AdminTokenFile string `toml:"admin_token_file"`
+	// Allow is the allowlist (see Rule).
+	Allow []string `toml:"allow"`
+	// Hosts resolves names without DNS: name = "IP".
+	Hosts map[string]string `toml:"hosts"`
+	// PerClient and MaxClients bound the blocked attempts kept in memory.
+	PerClient  int `toml:"per_client"`
+	MaxClients int `toml:"max_clients"`
+}
+
+// Built is a validated configuration, ready to serve.
+type Built struct {
+	Config    Config
+	Allowlist *Allowlist
+	Hosts     map[string]netip.Addr
+	Allow     []netip.Prefix
+	Token     string
+}
+
+// LoadConfig reads and validates a config file.
+func LoadConfig(path string) (*Built, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("config: %v", err)
+	}
+	var c Config
+	md, err := toml.Decode(string(data), &c)
+	if err != nil {
+		return nil, fmt.Errorf("config %s: %v", path, err)
+	}
+	if u := md.Undecoded(); len(u) > 0 {
+		return nil, fmt.Errorf("config %s: %s: unknown key", path, u[0])
+	}
+	b, err := c.Build()
+	if err != nil {
+		return nil, fmt.Errorf("config %s: %v", path, err)
+	}
+	return b, nil
+}
+
+// Build applies defaults and validates.
+func (c Config) Build() (*Built, error) {
+	if c.Listen == "" {
+		c.Listen = ":3128"
+	}
+	if c.AdminListen == "" {
+		c.AdminListen = "127.0.0.1:3129"
+	}
+	for key, addr := range map[string]string{"listen": c.Listen, "admin_listen": c.AdminListen} {
+		if _, _, err := net.SplitHostPort(addr); err != nil {
+			return nil, fmt.Errorf("%s: %q is not host:port", key, addr)
+		}
+	}
+	if c.PerClient < 0 || c.MaxClients < 0 {
+		return nil, fmt.Errorf("per_client and max_clients must not be negative")
+	}
+	if len(c.Allow) == 0 {
+		return nil, fmt.Errorf("allow: the allowlist is empty: every destination would be blocked")
+	}
+	b := &Built{Config: c, Hosts: map[string]netip.Addr{}}
+	var err error
+	if b.Allowlist, err = ParseAllowlist(c.Allow); err != nil {
+		return nil, fmt.Errorf("allow: %v", err)
+	}
+	for name, ip := range c.Hosts {
+		n, err := NormalizeName(name)
+		if err != nil {
+			return nil, fmt.Errorf("hosts: %v", err)
+		}
+		a, err := netip.ParseAddr(ip)
+		if err != nil {
+			return nil, fmt.Errorf("hosts: %s = %q is not an IP address", name, ip)
+		}
+		b.Hosts[n] = a.Unmap()
+	}
+	if c.AdminAllow == nil {
+		b.Allow = DefaultAdminAllow
+	}
+	for _, s := range c.AdminAllow {
+		p, err := netip.ParsePrefix(s)
+		if err != nil {
+			a, aerr := netip.ParseAddr(s)
+			if aerr != nil {
+				return nil, fmt.Errorf("admin_allow: %q is neither a CIDR nor an IP address", s)
+			}
+			p = netip.PrefixFrom(a.Unmap(), a.Unmap().BitLen())
+		}
+		b.Allow = append(b.Allow, p.Masked())
+	}
+	if c.AdminTokenFile != "" {
+		t, err := os.ReadFile(c.AdminTokenFile)
+		if err != nil {
+			return nil, fmt.Errorf("admin_token_file: %v", err)
+		}
+		if b.Token = strings.TrimSpace(string(t)); len(b.Token) < 16 {
+			return nil, fmt.Errorf("admin_token_file %s: the token must have at least 16 characters", c.AdminTokenFile)
+		}
+	}
+	return b, nil
+}

@@ -1,0 +1,53 @@
+package egress
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// The shipped configurations load: production's and the local cluster's.
+func TestShippedConfigsLoad(t *testing.T) {
+	for _, path := range []string{"../deploy/egress-proxy/config.toml", "../deploy/local/egress-proxy.toml"} {
+		b, err := LoadConfig(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(b.Allowlist.Rules()) == 0 || len(b.Allow) == 0 {
+			t.Errorf("%s: %+v", path, b)
+		}
+	}
+	b, _ := LoadConfig("../deploy/local/egress-proxy.toml")
+	if b.Hosts["gitlab.sandbox.test"].String() != "10.99.1.2" || b.Config.Listen != "10.99.2.2:3128" {
+		t.Errorf("local config: %+v", b)
+	}
+}
+
+func TestConfigErrors(t *testing.T) {
+	dir := t.TempDir()
+	short := filepath.Join(dir, "short-token")
+	os.WriteFile(short, []byte("tooshort\n"), 0o600)
+	for _, c := range []struct{ text, want string }{
+		{`allow = []`, "allow: the allowlist is empty"},
+		{`allow = ["*"]`, `allow: allowlist entry "*"`},
+		{`alow = ["x.example"]`, "alow: unknown key"},
+		{"allow = [\"x.example\"]\n[hosts]\n\"x.example\" = \"not-an-ip\"", "hosts: x.example = \"not-an-ip\" is not an IP address"},
+		{"allow = [\"x.example\"]\nadmin_allow = [\"10.0.0.0/33\"]", "admin_allow: \"10.0.0.0/33\""},
+		{"allow = [\"x.example\"]\nlisten = \"3128\"", `listen: "3128" is not host:port`},
+		{"allow = [\"x.example\"]\nadmin_token_file = \"" + short + "\"", "at least 16 characters"},
+		{"allow = [\"x.example\"]\nadmin_token_file = \"" + filepath.Join(dir, "missing") + "\"", "admin_token_file:"},
+	} {
+		p := filepath.Join(dir, "c.toml")
+		os.WriteFile(p, []byte(c.text), 0o600)
+		if _, err := LoadConfig(p); err == nil || !strings.Contains(err.Error(), c.want) || !strings.Contains(err.Error(), p) {
+			t.Errorf("%q: %v, want an error naming the file and %q", c.text, err, c.want)
+		}
+	}
+	p := filepath.Join(dir, "ok.toml")
+	os.WriteFile(p, []byte("allow = [\"x.example\"]\nadmin_allow = [\"10.99.2.1\"]\n"), 0o600)
+	b, err := LoadConfig(p)
+	if err != nil || len(b.Allow) != 1 || b.Allow[0].String() != "10.99.2.1/32" || b.Config.Listen != ":3128" || b.Config.AdminListen != "127.0.0.1:3129" {
+		t.Errorf("defaults: %+v %v", b, err)
+	}
+}

@@ -1,0 +1,66 @@
+package run
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"time"
+
+	"github.com/sandbox-executor/sandbox-executor/config"
+	"github.com/sandbox-executor/sandbox-executor/egress"
+	"github.com/sandbox-executor/sandbox-executor/executor"
+)
+
+const (
+	// egressQueryTimeout bounds the look-up after each stage: a proxy that does not answer
+	// costs the stage at most this.
+	egressQueryTimeout = 2 * time.Second
+	// maxBlockedLines bounds the warnings per stage.
+	maxBlockedLines = 20
+)
+
+// egressClient talks to the proxy's admin address directly: never through a proxy from the
+// runner's environment.
+var egressClient = &http.Client{Transport: &http.Transport{Proxy: nil}, Timeout: egressQueryTimeout}
+
+// reportBlocked warns in the job log about every destination the pool's egress proxy refused
+// to the pod since the stage started, once per destination. It never fails the job.
+func reportBlocked(ctx context.Context, log *executor.JobLog, pool *config.Pool, podIP string, since time.Time) {
+	if pool == nil || pool.EgressProxy == "" || podIP == "" {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), egressQueryTimeout)
+	defer cancel()
+	b, err := egress.QueryBlocked(ctx, egressClient, pool.EgressProxy, podIP, since)
+	if err != nil {
+		log.Warnf("egress proxy %s: cannot list blocked attempts: %v", pool.EgressProxy, err)
+		return
+	}
+	type attempt struct{ method, dest, reason string }
+	var order []attempt
+	count := map[attempt]int{}
+	for _, d := range b.Blocked {
+		a := attempt{d.Method, d.Dest, d.Reason}
+		if count[a] == 0 {
+			order = append(order, a)
+		}
+		count[a]++
+	}
+	for i, a := range order {
+		if i == maxBlockedLines {
+			log.Warnf("egress blocked: %d more destinations; the egress proxy's log has them all", len(order)-i)
+			break
+		}
+		detail := a.reason + "; pool " + pool.Name
+		if a.reason == egress.ReasonNotAllowed {
+			detail = a.reason + " of pool " + pool.Name
+		}
+		if n := count[a]; n > 1 {
+			detail += fmt.Sprintf("; %d attempts", n)
+		}
+		log.Warnf("egress blocked: %s %s (%s)", a.method, a.dest, detail)
+	}
+	if b.Truncated {
+		log.Warnf("egress blocked: more attempts than the egress proxy keeps per pod; its log has them all")
+	}
+}
