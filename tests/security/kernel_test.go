@@ -63,7 +63,9 @@ func TestPoolWithoutGVisorIsRefused(t *testing.T) {
 	if _, err := c.Admin.Kube.NodeV1().RuntimeClasses().Create(ctx, runc, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { c.Admin.Kube.NodeV1().RuntimeClasses().Delete(context.Background(), runc.Name, metav1.DeleteOptions{}) })
+	t.Cleanup(func() {
+		c.Admin.Kube.NodeV1().RuntimeClasses().Delete(context.Background(), runc.Name, metav1.DeleteOptions{})
+	})
 
 	for _, tc := range []struct {
 		name, runtimeClass, shown string
@@ -126,8 +128,8 @@ func createPool(t *testing.T, c *clustertest.Cluster, name, runtimeClass string)
 		t.Fatal(err)
 	}
 	spec := map[string]any{
-		"automountServiceAccountToken": false,
-		"enableServiceLinks":           false,
+		"automountServiceAccountToken":  false,
+		"enableServiceLinks":            false,
 		"terminationGracePeriodSeconds": int64(1),
 		"containers": []any{map[string]any{
 			"name": "job", "image": localcluster.CIImage, "imagePullPolicy": "Never", "command": []any{"sleep", "infinity"},

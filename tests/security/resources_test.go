@@ -4,6 +4,7 @@ package security
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"strings"
 	"testing"
@@ -21,22 +22,25 @@ const kubeletHealthz = "http://127.0.0.1:10248/healthz"
 // Bombs bounded to twice or more what the limits allow, so that a missing limit fails the test
 // ("bomb-complete") instead of taking the shared machine down.
 var bombs = []struct {
-	name, limit, script string
+	name, limit string
+	// cause is what the kubelet records on the pod when the limit ends the job; a fork bomb
+	// leaves only a container that exited with an error (gVisor cannot start its host tasks).
+	cause, script string
 }{
 	// Each guest process costs ~2 host tasks under gVisor: 3000 processes are ~6000 tasks,
 	// beyond the kubelet's podPidsLimit (1024; tests/cluster/configs.sh).
-	{"fork", "podPidsLimit", `n=0
+	{"fork", "podPidsLimit", "Error", `n=0
 while [ $n -lt 3000 ]; do sleep 120 & n=$((n+1)); done
 echo "bomb-complete: $n processes"
 `},
 	// 3000 MB held by one process against the template's 2Gi memory limit.
-	{"memory", "limits.memory", `head -c 3000m /dev/zero | tail
+	{"memory", "limits.memory", "OOMKilled", `head -c 3000m /dev/zero | tail
 echo "bomb-complete: 3000 MB held"
 `},
 	// 6 GiB on the root filesystem (gVisor's overlay keeps it in a file on the node's disk)
 	// against the template's 4Gi ephemeral-storage limit. fallocate takes real blocks of the
 	// node's disk, as writing would, without the I/O; the kubelet's eviction checks every 10 s.
-	{"disk", "limits.ephemeral-storage", `i=0
+	{"disk", "limits.ephemeral-storage", "Evicted", `i=0
 while [ $i -lt 6 ]; do i=$((i+1)); fallocate -l 1G /fill$i || break; done
 df -h /
 sleep 120
@@ -68,9 +72,12 @@ func TestResourceBombsEndOnlyTheirJob(t *testing.T) {
 				if res.ExitCode != clustertest.BuildFailure && res.ExitCode != clustertest.SystemFailure {
 					t.Errorf("run exited %d after the %s bomb, want a failure exit code\n%s", res.ExitCode, b.name, res.Output())
 				}
-				// What ended the job: the kubelet killed or evicted its pod.
-				pod := j.PodObject(t)
-				t.Logf("%s bomb: pod %s is %s; %s", b.name, pod.Name, pod.Status.Phase, containerEnd(pod))
+				// What ended the job: the kubelet killed or evicted its pod for that limit.
+				end := podEnd(t, c, j)
+				if !strings.Contains(end, b.cause) {
+					t.Errorf("the %s bomb's pod does not show %s: %s", b.name, b.cause, end)
+				}
+				t.Logf("%s bomb: %s", b.name, end)
 			})
 		}
 	})
@@ -109,16 +116,34 @@ func nodeReady(t *testing.T, c *clustertest.Cluster) {
 	}
 }
 
-func containerEnd(pod *corev1.Pod) string {
+// podEnd says how the job's pod ended: its phase, its container's last termination and the
+// Warning events about it.
+func podEnd(t *testing.T, c *clustertest.Cluster, j *clustertest.Job) string {
+	t.Helper()
+	pod := j.PodObject(t)
+	end := fmt.Sprintf("pod %s %s", pod.Name, pod.Status.Phase)
 	if pod.Status.Reason != "" {
-		return "reason " + pod.Status.Reason + ": " + pod.Status.Message
+		end += " (" + pod.Status.Reason + ")"
 	}
 	for _, cs := range pod.Status.ContainerStatuses {
-		if t := cs.LastTerminationState.Terminated; t != nil {
-			return "the job container was restarted after " + t.Reason
+		if term := cs.LastTerminationState.Terminated; term != nil {
+			end += "; container restarted after " + term.Reason
+		}
+		if term := cs.State.Terminated; term != nil {
+			end += "; container terminated: " + term.Reason
 		}
 	}
-	return "no termination recorded"
+	events, err := c.Admin.Kube.CoreV1().Events(clustertest.Namespace).List(context.Background(), metav1.ListOptions{
+		FieldSelector: "involvedObject.name=" + pod.Name + ",type=Warning"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range events.Items {
+		if string(e.InvolvedObject.UID) == j.PodUID && e.Reason != "MissingClusterDNS" {
+			end += "; event " + e.Reason + ": " + e.Message
+		}
+	}
+	return end
 }
 
 func lastLine(s string) string {
