@@ -20,6 +20,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
 	sandboxv1beta1 "sigs.k8s.io/agent-sandbox/api/v1beta1"
 	extv1beta1 "sigs.k8s.io/agent-sandbox/extensions/api/v1beta1"
 
@@ -67,6 +69,17 @@ func Connect(t testing.TB) *Cluster {
 		t.Fatal(err)
 	}
 	return &Cluster{Env: env, Admin: admin}
+}
+
+// RESTConfig is the client configuration of a kubeconfig file, for clients beyond Admin's (or
+// with the executor's own rights: ExecutorKubeconfig).
+func RESTConfig(t testing.TB, kubeconfig string) *rest.Config {
+	t.Helper()
+	rc, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rc
 }
 
 // Exec runs a command in a pod's job container with admin rights, to look at the pod from outside

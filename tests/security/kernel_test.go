@@ -16,7 +16,6 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/dynamic"
-	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/sandbox-executor/sandbox-executor/executor/agent"
 	"github.com/sandbox-executor/sandbox-executor/tests/clustertest"
@@ -119,11 +118,7 @@ var (
 // the CI image under runtimeClass ("": the node's default runtime), and deletes both at the end.
 func createPool(t *testing.T, c *clustertest.Cluster, name, runtimeClass string) {
 	t.Helper()
-	rc, err := clientcmd.BuildConfigFromFlags("", c.AdminKubeconfig())
-	if err != nil {
-		t.Fatal(err)
-	}
-	dyn, err := dynamic.NewForConfig(rc)
+	dyn, err := dynamic.NewForConfig(clustertest.RESTConfig(t, c.AdminKubeconfig()))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -11,7 +11,6 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/sandbox-executor/sandbox-executor/tests/clustertest"
 )
@@ -49,11 +48,7 @@ const (
 func TestExecutorCanDoOnlyItsJob(t *testing.T) {
 	t.Parallel()
 	c := clustertest.Connect(t)
-	rc, err := clientcmd.BuildConfigFromFlags("", c.ExecutorKubeconfig())
-	if err != nil {
-		t.Fatal(err)
-	}
-	kube, err := kubernetes.NewForConfig(rc)
+	kube, err := kubernetes.NewForConfig(clustertest.RESTConfig(t, c.ExecutorKubeconfig()))
 	if err != nil {
 		t.Fatal(err)
 	}
