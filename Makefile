@@ -58,7 +58,7 @@ e2e: build
 # Jobs that try to break out of their sandbox (kernel, API, network, resources, privileges,
 # secrets, leftovers, RBAC) and must fail; independent jobs run concurrently.
 security: build
-	SANDBOX_EXECUTOR_BIN=$(BIN) $(GO) test -tags security -count=1 -parallel 8 -timeout 15m -v ./tests/security/...
+	SANDBOX_EXECUTOR_BIN=$(BIN) $(GO) test -tags security -count=1 -parallel 4 -timeout 20m -v ./tests/security/...
 
 # Adds the slow cases (a stage silent for 10 minutes).
 e2e-long: build

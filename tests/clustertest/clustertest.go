@@ -105,33 +105,37 @@ type Pool struct {
 	Images []string
 }
 
-// NewRunner writes an executor configuration for the local cluster under a runner name unique to
-// this process (prefix-PID). With no pools it serves deploy/local's pools; extra is added to the
-// top-level keys.
-func (c *Cluster) NewRunner(t testing.TB, prefix, extra string, pools ...Pool) *Runner {
-	t.Helper()
-	r := &Runner{Cluster: c, Name: prefix + "-" + strconv.Itoa(os.Getpid()), ConfigPath: filepath.Join(t.TempDir(), "config.toml")}
-	var err error
-	if len(pools) == 0 {
-		err = c.WriteConfig(r.ConfigPath, r.Name, extra)
-	} else {
-		err = os.WriteFile(r.ConfigPath, []byte(r.configText(extra, pools)), 0o600)
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	return r
+// readyTimeout is the suites' ready_timeout. Every job pod requests CPU and the node has two
+// cores: concurrent jobs wait in Pending for each other, as on a busy cluster, and prepare must
+// wait with them.
+const readyTimeout = "5m"
+
+// defaultPools are deploy/local's pools.
+var defaultPools = []Pool{
+	{Name: localcluster.Pool, Images: []string{"sandbox-executor.local/ci:*"}},
+	{Name: localcluster.PosixPool, Images: []string{"sandbox-executor.local/posix:*"}},
 }
 
-func (r *Runner) configText(extra string, pools []Pool) string {
+// NewRunner writes an executor configuration for the local cluster under a runner name unique to
+// this process (prefix-PID). With no pools it serves deploy/local's pools, the first one the
+// default; extra is added to the top-level keys.
+func (c *Cluster) NewRunner(t testing.TB, prefix, extra string, pools ...Pool) *Runner {
+	t.Helper()
+	if len(pools) == 0 {
+		pools = defaultPools
+	}
+	r := &Runner{Cluster: c, Name: prefix + "-" + strconv.Itoa(os.Getpid()), ConfigPath: filepath.Join(t.TempDir(), "config.toml")}
 	var b strings.Builder
-	fmt.Fprintf(&b, "kubeconfig = %q\nnamespace = %q\nrunner_name = %q\ndefault_pool = %q\nagent_binary = %q\nready_timeout = \"90s\"\n%s\n",
-		r.ExecutorKubeconfig(), Namespace, r.Name, pools[0].Name, r.AgentBinary(), extra)
+	fmt.Fprintf(&b, "kubeconfig = %q\nnamespace = %q\nrunner_name = %q\ndefault_pool = %q\nagent_binary = %q\nready_timeout = %q\n%s\n",
+		c.ExecutorKubeconfig(), Namespace, r.Name, pools[0].Name, c.AgentBinary(), readyTimeout, extra)
 	for _, p := range pools {
 		images, _ := json.Marshal(p.Images) // a TOML array of strings is also valid JSON
 		fmt.Fprintf(&b, "[[pool]]\nname = %q\nimages = %s\n", p.Name, images)
 	}
-	return b.String()
+	if err := os.WriteFile(r.ConfigPath, []byte(b.String()), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return r
 }
 
 // JobSpec describes a job as GitLab hands it to the runner.
