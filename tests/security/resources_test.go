@@ -139,7 +139,7 @@ func podEnd(t *testing.T, c *clustertest.Cluster, j *clustertest.Job) string {
 		t.Fatal(err)
 	}
 	for _, e := range events.Items {
-		if string(e.InvolvedObject.UID) == j.PodUID && e.Reason != "MissingClusterDNS" {
+		if string(e.InvolvedObject.UID) == j.PodUID && e.Reason != "MissingClusterDNS" && e.Reason != "FailedScheduling" {
 			end += "; event " + e.Reason + ": " + e.Message
 		}
 	}
