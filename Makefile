@@ -11,7 +11,7 @@ LDFLAGS := -s -w -X github.com/sandbox-executor/sandbox-executor/cmd/sandbox-exe
 # Static binaries: the agent is copied into job pods of any image.
 GOBUILD := CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)'
 
-.PHONY: all build test vet unit check cluster-up cluster-down cluster-wipe netpol e2e e2e-long demo runner runner-test bench clean
+.PHONY: all build test vet unit check cluster-up cluster-down cluster-wipe netpol e2e e2e-long security demo runner runner-test bench clean
 
 all: build
 
@@ -30,7 +30,7 @@ unit:
 test: vet unit
 
 # The README's test command: unit tests, then the real local cluster and the end-to-end suite.
-check: vet unit build runner runner-test cluster-up netpol e2e
+check: vet unit build runner runner-test cluster-up netpol e2e security
 
 cluster-up:
 	tests/cluster/up.sh
@@ -55,6 +55,11 @@ runner-test: runner
 
 e2e: build
 	SANDBOX_EXECUTOR_BIN=$(BIN) $(GO) test -tags e2e -count=1 -timeout 30m -v ./tests/e2e/...
+
+# Jobs that try to break out of their sandbox (kernel, API, network, resources, privileges,
+# secrets, leftovers, RBAC) and must fail; independent jobs run concurrently.
+security: build
+	SANDBOX_EXECUTOR_BIN=$(BIN) $(GO) test -tags security -count=1 -parallel 4 -timeout 20m -v ./tests/security/...
 
 # Adds the slow cases (a stage silent for 10 minutes).
 e2e-long: build

@@ -158,6 +158,10 @@ resolvConf: $CLUSTER_ETC/resolv.conf
 podLogsDir: $CLUSTER_LOG/pods
 volumePluginDir: $CLUSTER_DIR/kubelet/volume-plugins
 failSwapOn: false
+# A fork bomb in a job must end that job, not the node (pid_max is 32768 here). Under gVisor
+# (systrap) each guest process costs ~2 host tasks and an idle sandbox ~40: about 490 processes
+# per job, enough for CI (tests/security proves a bomb ends only its own job).
+podPidsLimit: 1024
 cgroupsPerQOS: true
 enforceNodeAllocatable: ["pods"]
 evictionHard:

@@ -17,6 +17,10 @@
 # - Pods talk to the node only in reply to connections the node opened (kubelet probes, exec
 #   streams run node -> pod); the same chain drops anything else from the pod CIDR. Open a node
 #   port for pods with `iptables -I SBX-INPUT 1 -s $POD_CIDR -p tcp --dport PORT -j RETURN`.
+# - The pod network is IPv4-only, but every veth still gets an IPv6 link-local address, and
+#   NetworkPolicy (kube-router) and the chains above are IPv4 only: without $POD_V6_CHAIN a job
+#   reached other job pods and the node's [::] listeners over fe80:: addresses. It drops all IPv6
+#   that enters from or leaves through $POD_BRIDGE.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
@@ -61,22 +65,39 @@ guard_chains_up() {
   ensure_jump INPUT "$NODE_INPUT_CHAIN"
 }
 
-# remove_chain BUILTIN CHAIN
+guard_v6_up() {
+  ip6tables -N "$POD_V6_CHAIN" 2>/dev/null || true
+  local dir
+  for dir in -i -o; do
+    ip6tables -C "$POD_V6_CHAIN" "$dir" "$POD_BRIDGE" -j DROP 2>/dev/null ||
+      ip6tables -A "$POD_V6_CHAIN" "$dir" "$POD_BRIDGE" -m comment --comment "sandbox-executor: no IPv6 on the pod network" -j DROP
+  done
+  local builtin
+  for builtin in INPUT FORWARD; do
+    ip6tables -C "$builtin" -j "$POD_V6_CHAIN" 2>/dev/null || ip6tables -I "$builtin" 1 -j "$POD_V6_CHAIN"
+  done
+}
+
+# remove_chain BUILTIN CHAIN [iptables|ip6tables]
 remove_chain() {
-  while iptables -D "$1" -j "$2" 2>/dev/null; do :; done
-  iptables -F "$2" 2>/dev/null || true
-  iptables -X "$2" 2>/dev/null || true
+  local ipt=${3:-iptables}
+  while $ipt -D "$1" -j "$2" 2>/dev/null; do :; done
+  $ipt -F "$2" 2>/dev/null || true
+  $ipt -X "$2" 2>/dev/null || true
 }
 
 net_up() {
   node_bridge_up
   guard_chains_up
+  guard_v6_up
   log "node IP $NODE_IP on $NODE_BRIDGE; pods $POD_CIDR via $POD_BRIDGE; services $SERVICE_CIDR unreachable"
 }
 
 net_down() {
   remove_chain FORWARD "$POD_FORWARD_CHAIN"
   remove_chain INPUT "$NODE_INPUT_CHAIN"
+  local builtin
+  for builtin in INPUT FORWARD; do remove_chain "$builtin" "$POD_V6_CHAIN" ip6tables; done
   ip route del unreachable "$SERVICE_CIDR" 2>/dev/null || true
   local br
   for br in "$POD_BRIDGE" "$NODE_BRIDGE"; do

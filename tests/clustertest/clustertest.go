@@ -1,0 +1,447 @@
+// Package clustertest drives real jobs through the sandbox-executor binary on the local cluster
+// (make cluster-up), stage by stage and with the environment a runner gives each stage, and looks
+// at what they leave in the cluster with admin rights. The security suite uses it; it is meant
+// for every suite that runs jobs on the real cluster.
+package clustertest
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	sandboxv1beta1 "sigs.k8s.io/agent-sandbox/api/v1beta1"
+	extv1beta1 "sigs.k8s.io/agent-sandbox/extensions/api/v1beta1"
+
+	"github.com/sandbox-executor/sandbox-executor/config"
+	"github.com/sandbox-executor/sandbox-executor/executor"
+	"github.com/sandbox-executor/sandbox-executor/tests/fakegitlab"
+	"github.com/sandbox-executor/sandbox-executor/tests/localcluster"
+)
+
+// The exit codes every stage is told to use, as a runner announces them.
+const (
+	BuildFailure  = 1
+	SystemFailure = 2
+)
+
+// Namespace is where deploy/local puts the pools and the executor claims.
+const Namespace = localcluster.Namespace
+
+// goneTimeout bounds how long a job's objects may take to disappear after cleanup: the pod's
+// deletion waits for the kubelet, which takes long on a busy node.
+const goneTimeout = 2 * time.Minute
+
+// Cluster is the local cluster, our binaries, and admin clients to inspect what jobs leave behind.
+type Cluster struct {
+	*localcluster.Env
+	// Admin has full rights.
+	Admin *executor.Clients
+}
+
+// Connect finds the local cluster and the binaries ($SANDBOX_EXECUTOR_BIN); it fails the test if
+// either is missing.
+func Connect(t testing.TB) *Cluster {
+	t.Helper()
+	env, err := localcluster.Find()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := config.Parse("admin", []byte(fmt.Sprintf("kubeconfig = %q\nnamespace = %q\n[[pool]]\nname = %q\n",
+		env.AdminKubeconfig(), Namespace, localcluster.Pool)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	admin, err := executor.NewClients(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &Cluster{Env: env, Admin: admin}
+}
+
+// RESTConfig is the client configuration of a kubeconfig file, for clients beyond Admin's (or
+// with the executor's own rights: ExecutorKubeconfig).
+func RESTConfig(t testing.TB, kubeconfig string) *rest.Config {
+	t.Helper()
+	rc, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rc
+}
+
+// Exec runs a command in a pod's job container with admin rights, to look at the pod from outside
+// the job. The output is stdout followed by stderr.
+func (c *Cluster) Exec(ctx context.Context, pod string, command ...string) (string, error) {
+	var stdout, stderr bytes.Buffer // one buffer each: the streams are copied concurrently
+	err := c.Admin.Exec.Exec(ctx, executor.ExecRequest{
+		Namespace: Namespace, Pod: pod, Container: "job", Command: command, Stdout: &stdout, Stderr: &stderr,
+	})
+	return stdout.String() + stderr.String(), err
+}
+
+// Runner is one executor configuration, as one runner host would have it.
+type Runner struct {
+	*Cluster
+	Name       string
+	ConfigPath string
+}
+
+// Pool is a [[pool]] entry of the executor configuration.
+type Pool struct {
+	Name   string
+	Images []string
+}
+
+// readyTimeout is the suites' ready_timeout. Every job pod requests CPU and the node has two
+// cores: concurrent jobs wait in Pending for each other, as on a busy cluster, and prepare must
+// wait with them.
+const readyTimeout = "5m"
+
+// defaultPools are deploy/local's pools.
+var defaultPools = []Pool{
+	{Name: localcluster.Pool, Images: []string{"sandbox-executor.local/ci:*"}},
+	{Name: localcluster.PosixPool, Images: []string{"sandbox-executor.local/posix:*"}},
+}
+
+// NewRunner writes an executor configuration for the local cluster under a runner name unique to
+// this process (prefix-PID). With no pools it serves deploy/local's pools, the first one the
+// default; extra is added to the top-level keys.
+func (c *Cluster) NewRunner(t testing.TB, prefix, extra string, pools ...Pool) *Runner {
+	t.Helper()
+	if len(pools) == 0 {
+		pools = defaultPools
+	}
+	r := &Runner{Cluster: c, Name: prefix + "-" + strconv.Itoa(os.Getpid()), ConfigPath: filepath.Join(t.TempDir(), "config.toml")}
+	var b strings.Builder
+	fmt.Fprintf(&b, "kubeconfig = %q\nnamespace = %q\nrunner_name = %q\ndefault_pool = %q\nagent_binary = %q\nready_timeout = %q\n%s\n",
+		c.ExecutorKubeconfig(), Namespace, r.Name, pools[0].Name, c.AgentBinary(), readyTimeout, extra)
+	for _, p := range pools {
+		images, _ := json.Marshal(p.Images) // a TOML array of strings is also valid JSON
+		fmt.Fprintf(&b, "[[pool]]\nname = %q\nimages = %s\n", p.Name, images)
+	}
+	if err := os.WriteFile(r.ConfigPath, []byte(b.String()), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+// JobSpec describes a job as GitLab hands it to the runner.
+type JobSpec struct {
+	// Image is the job's image:; empty means the local CI image.
+	Image string
+	// Variables become CUSTOM_ENV_<KEY> in every stage's environment and the job JSON's variables.
+	Variables map[string]string
+	// Token is the job token (CI_JOB_TOKEN); empty means a fixed test value.
+	Token string
+	// RunnerEnv is added to the runner process's own environment, which every stage inherits.
+	RunnerEnv []string
+}
+
+// Job is one job, run stage by stage through our binary.
+type Job struct {
+	*Runner
+	ID  int64
+	Dir string // the runner's per-job temporary directory (TMPDIR)
+	env []string
+	// Pod is the job's pod, known after a successful Prepare.
+	Pod, PodUID string
+	// Results are the job's stages so far, in order.
+	Results   []Result
+	cleanedUp bool
+}
+
+// NewJob gives a job the files and environment a 17.x runner gives its stages: JOB_RESPONSE_FILE,
+// TMPDIR, BUILD_EXIT_CODE_FILE, the failure exit codes, and CUSTOM_ENV_ variables.
+func (r *Runner) NewJob(t testing.TB, spec JobSpec) *Job {
+	t.Helper()
+	if spec.Image == "" {
+		spec.Image = localcluster.CIImage
+	}
+	if spec.Token == "" {
+		spec.Token = "glcbt-clustertest-token"
+	}
+	j := &Job{Runner: r, ID: fakegitlab.NextJobID(), Dir: t.TempDir()}
+	type variable struct {
+		Key    string `json:"key"`
+		Value  string `json:"value"`
+		Masked bool   `json:"masked"`
+	}
+	vars := []variable{{"CI_JOB_TOKEN", spec.Token, true}, {"CI_PIPELINE_ID", "4242", false}}
+	for k, v := range spec.Variables {
+		vars = append(vars, variable{k, v, true})
+	}
+	response, err := json.Marshal(map[string]any{
+		"id": j.ID, "token": spec.Token, "job_info": map[string]any{"project_id": 42},
+		"runner_info": map[string]any{"timeout": 600}, "image": map[string]any{"name": spec.Image}, "variables": vars,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	responseFile := filepath.Join(j.Dir, "response.json")
+	if err := os.WriteFile(responseFile, response, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	j.env = append(append(os.Environ(), spec.RunnerEnv...),
+		"TMPDIR="+j.Dir, "JOB_RESPONSE_FILE="+responseFile, "BUILD_EXIT_CODE_FILE="+j.exitCodeFile(),
+		"BUILD_FAILURE_EXIT_CODE="+strconv.Itoa(BuildFailure), "SYSTEM_FAILURE_EXIT_CODE="+strconv.Itoa(SystemFailure))
+	for _, v := range vars {
+		j.env = append(j.env, "CUSTOM_ENV_"+v.Key+"="+v.Value)
+	}
+	return j
+}
+
+func (j *Job) exitCodeFile() string { return filepath.Join(j.Dir, "build-exit-code") }
+
+// Command is one stage of our binary with the job's environment, not started.
+func (j *Job) Command(args ...string) *exec.Cmd {
+	cmd := exec.Command(j.Binary(), append([]string{"--config", j.ConfigPath}, args...)...)
+	cmd.Env = j.env
+	return cmd
+}
+
+// Result is how one stage ended.
+type Result struct {
+	Stage          string
+	Stdout, Stderr string
+	// ExitCode is -1 if the process did not exit on its own.
+	ExitCode int
+	// ScriptExitCode is what run left in BUILD_EXIT_CODE_FILE, -1 if nothing.
+	ScriptExitCode int
+}
+
+// Output is stdout and stderr, for messages.
+func (r Result) Output() string { return r.Stdout + r.Stderr }
+
+// Stage runs one stage of our binary to its end.
+func (j *Job) Stage(t testing.TB, args ...string) Result {
+	t.Helper()
+	os.Remove(j.exitCodeFile())
+	var stdout, stderr bytes.Buffer
+	cmd := j.Command(args...)
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	err := cmd.Run()
+	res := Result{Stage: stageName(args), Stdout: stdout.String(), Stderr: stderr.String(), ExitCode: exitCode(err), ScriptExitCode: -1}
+	if err != nil && res.ExitCode == -1 {
+		t.Fatalf("%s: %v", res.Stage, err)
+	}
+	if data, err := os.ReadFile(j.exitCodeFile()); err == nil {
+		if code, err := strconv.Atoi(strings.TrimSpace(string(data))); err == nil {
+			res.ScriptExitCode = code
+		}
+	}
+	j.Results = append(j.Results, res)
+	return res
+}
+
+// stageName is how a stage is named in messages: run by its runner stage, not its script path.
+func stageName(args []string) string {
+	if len(args) == 3 && args[0] == "run" {
+		return "run " + args[2]
+	}
+	return strings.Join(args, " ")
+}
+
+// MustStage runs a stage and fails the test unless it exits with want.
+func (j *Job) MustStage(t testing.TB, want int, args ...string) Result {
+	t.Helper()
+	res := j.Stage(t, args...)
+	if res.ExitCode != want {
+		t.Fatalf("job %d: %s exited %d, want %d\n%s", j.ID, res.Stage, res.ExitCode, want, res.Output())
+	}
+	return res
+}
+
+// Prepare runs config and prepare, which must both succeed, and registers the job's cleanup:
+// cleanup must succeed and leave nothing of the job behind.
+func (j *Job) Prepare(t testing.TB) Result {
+	t.Helper()
+	j.MustStage(t, 0, "config")
+	j.cleanupAtEnd(t)
+	res := j.MustStage(t, 0, "prepare")
+	j.findPod(t)
+	return res
+}
+
+// cleanupAtEnd cleans the job up at the end of the test unless the test did.
+func (j *Job) cleanupAtEnd(t testing.TB) {
+	t.Cleanup(func() {
+		if !j.cleanedUp {
+			j.Cleanup(t)
+		}
+	})
+}
+
+// Cleanup runs cleanup, which must exit 0, then waits until the job's claim, sandbox and pod
+// are gone.
+func (j *Job) Cleanup(t testing.TB) Result {
+	t.Helper()
+	j.cleanedUp = true
+	res := j.Stage(t, "cleanup")
+	if res.ExitCode != 0 {
+		t.Errorf("job %d: cleanup exited %d\n%s", j.ID, res.ExitCode, res.Output())
+	}
+	j.WaitGone(t)
+	return res
+}
+
+// Script writes a stage script the way the runner does (0700, `trap exit 1 TERM` first).
+func (j *Job) Script(t testing.TB, body string) string {
+	t.Helper()
+	f, err := os.CreateTemp(j.Dir, "script-*.sh")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if _, err := f.WriteString("trap 'exit 1' TERM\n" + body); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Chmod(0o700); err != nil {
+		t.Fatal(err)
+	}
+	return f.Name()
+}
+
+// Run runs body as the build_script stage and returns how it ended; it does not judge the exit.
+func (j *Job) Run(t testing.TB, body string) Result {
+	t.Helper()
+	return j.Stage(t, "run", j.Script(t, body), "build_script")
+}
+
+// MustRun runs body as the build_script stage, which must succeed.
+func (j *Job) MustRun(t testing.TB, body string) Result {
+	t.Helper()
+	return j.MustStage(t, 0, "run", j.Script(t, body), "build_script")
+}
+
+// ClaimName is the job's SandboxClaim.
+func (j *Job) ClaimName() string { return executor.ClaimName(j.Runner.Name, j.ID) }
+
+// findPod follows the job's claim to its sandbox and pod, with admin rights and without the
+// executor's checks, so that it also finds pods the executor refused.
+func (j *Job) findPod(t testing.TB) {
+	t.Helper()
+	ctx := context.Background()
+	claim, err := j.Admin.Extensions.ExtensionsV1beta1().SandboxClaims(Namespace).Get(ctx, j.ClaimName(), metav1.GetOptions{})
+	if err != nil {
+		t.Fatalf("job %d: its claim: %v", j.ID, err)
+	}
+	sbx, err := j.Admin.Sandboxes.AgentsV1beta1().Sandboxes(Namespace).Get(ctx, claim.Status.SandboxStatus.Name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatalf("job %d: sandbox of claim %s: %v", j.ID, claim.Name, err)
+	}
+	name := sbx.Annotations[sandboxv1beta1.SandboxPodNameAnnotation]
+	if name == "" {
+		name = sbx.Name
+	}
+	pod, err := j.Admin.Kube.CoreV1().Pods(Namespace).Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatalf("job %d: pod of sandbox %s: %v", j.ID, sbx.Name, err)
+	}
+	j.Pod, j.PodUID = pod.Name, string(pod.UID)
+}
+
+// PrepareRefused runs config and prepare when prepare is expected to fail, registers the
+// cleanup, and finds the pod if the claim got one.
+func (j *Job) PrepareRefused(t testing.TB) Result {
+	t.Helper()
+	j.MustStage(t, 0, "config")
+	j.cleanupAtEnd(t)
+	res := j.Stage(t, "prepare")
+	if claim, err := j.Admin.Extensions.ExtensionsV1beta1().SandboxClaims(Namespace).Get(context.Background(), j.ClaimName(), metav1.GetOptions{}); err == nil && claim.Status.SandboxStatus.Name != "" {
+		j.findPod(t)
+	}
+	return res
+}
+
+// PodObject is the job's pod as the API server has it.
+func (j *Job) PodObject(t testing.TB) *corev1.Pod {
+	t.Helper()
+	pod, err := j.Admin.Kube.CoreV1().Pods(Namespace).Get(context.Background(), j.Pod, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pod
+}
+
+// Claim is the job's SandboxClaim as the API server has it.
+func (j *Job) Claim(t testing.TB) *extv1beta1.SandboxClaim {
+	t.Helper()
+	claim, err := j.Admin.Extensions.ExtensionsV1beta1().SandboxClaims(Namespace).Get(context.Background(), j.ClaimName(), metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return claim
+}
+
+// WaitGone waits until the job's claim, the sandboxes it owned and its pod are gone, and fails
+// the test with what is left otherwise.
+func (j *Job) WaitGone(t testing.TB) {
+	t.Helper()
+	ctx := context.Background()
+	var left []string
+	for deadline := time.Now().Add(goneTimeout); ; {
+		left = j.leftovers(t, ctx)
+		if len(left) == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+	t.Errorf("job %d left behind after cleanup: %s", j.ID, strings.Join(left, " "))
+}
+
+func (j *Job) leftovers(t testing.TB, ctx context.Context) []string {
+	t.Helper()
+	var left []string
+	if _, err := j.Admin.Extensions.ExtensionsV1beta1().SandboxClaims(Namespace).Get(ctx, j.ClaimName(), metav1.GetOptions{}); err == nil {
+		left = append(left, "claim/"+j.ClaimName())
+	} else if !apierrors.IsNotFound(err) {
+		t.Fatal(err)
+	}
+	sandboxes, err := j.Admin.Sandboxes.AgentsV1beta1().Sandboxes(Namespace).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range sandboxes.Items {
+		for _, o := range s.OwnerReferences {
+			if o.Kind == "SandboxClaim" && o.Name == j.ClaimName() {
+				left = append(left, "sandbox/"+s.Name)
+			}
+		}
+	}
+	if j.Pod != "" {
+		pod, err := j.Admin.Kube.CoreV1().Pods(Namespace).Get(ctx, j.Pod, metav1.GetOptions{})
+		switch {
+		case err == nil && string(pod.UID) == j.PodUID:
+			left = append(left, "pod/"+j.Pod)
+		case err != nil && !apierrors.IsNotFound(err):
+			t.Fatal(err)
+		}
+	}
+	return left
+}
+
+func exitCode(err error) int {
+	if err == nil {
+		return 0
+	}
+	if ee, ok := err.(*exec.ExitError); ok {
+		return ee.ExitCode()
+	}
+	return -1
+}
