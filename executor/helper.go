@@ -21,9 +21,14 @@ const helperScript = receiveFile + `umask 077 && mkdir -p "$1" && receive "$1/` 
 
 // InstallHelper copies the runner's helper binary (path, on this host; empty: nothing to do)
 // into the pod as BinDir/gitlab-runner, streamed over exec stdin, and says in the job log how
-// long that took: cache and artifacts then work in any image without rebuilding it.
-func InstallHelper(ctx context.Context, ex RemoteExecutor, sbx *Sandbox, path string, log *JobLog) error {
+// long that took: cache and artifacts then work in any image without rebuilding it. Jobs known
+// to have no cache and no artifacts skip the copy (tens of MB, about a second or more).
+func InstallHelper(ctx context.Context, ex RemoteExecutor, sbx *Sandbox, path string, job *Job, log *JobLog) error {
 	if path == "" {
+		return nil
+	}
+	if !job.NeedsHelper {
+		log.Debugf("The job has no cache and no artifacts: the runner helper is not copied")
 		return nil
 	}
 	start := log.now()

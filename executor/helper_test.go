@@ -46,6 +46,8 @@ func (s *shellExec) Exec(ctx context.Context, req executor.ExecRequest) error {
 	return err
 }
 
+var needsHelper = &executor.Job{ID: 1, NeedsHelper: true}
+
 func writeHelper(t *testing.T, size int) (string, []byte) {
 	t.Helper()
 	data := bytes.Repeat([]byte("gitlab-runner\x00\x01"), size/15+1)[:size]
@@ -61,7 +63,7 @@ func TestInstallHelperPutsTheBinaryOnThePodsPath(t *testing.T) {
 	ex := &shellExec{binDir: filepath.Join(t.TempDir(), "bin")}
 	var log bytes.Buffer
 	sbx := &executor.Sandbox{Namespace: "ns", Pod: "pod-1", Container: "job"}
-	if err := executor.InstallHelper(context.Background(), ex, sbx, path, &executor.JobLog{W: &log}); err != nil {
+	if err := executor.InstallHelper(context.Background(), ex, sbx, path, needsHelper, &executor.JobLog{W: &log}); err != nil {
 		t.Fatal(err)
 	}
 	installed := filepath.Join(ex.binDir, executor.HelperName)
@@ -81,7 +83,7 @@ func TestInstallHelperRefusesATruncatedCopy(t *testing.T) {
 	path, _ := writeHelper(t, 100000)
 	ex := &shellExec{binDir: filepath.Join(t.TempDir(), "bin"), limit: 65536}
 	sbx := &executor.Sandbox{Namespace: "ns", Pod: "pod-1", Container: "job"}
-	err := executor.InstallHelper(context.Background(), ex, sbx, path, &executor.JobLog{})
+	err := executor.InstallHelper(context.Background(), ex, sbx, path, needsHelper, &executor.JobLog{})
 	if executor.KindOf(err) != executor.KindSystem || !strings.Contains(fmt.Sprint(err), "received 65536 of 100000 bytes") {
 		t.Fatalf("err = %v, want a system failure (retried) saying what arrived", err)
 	}
@@ -93,12 +95,47 @@ func TestInstallHelperRefusesATruncatedCopy(t *testing.T) {
 func TestInstallHelperOffOrMissing(t *testing.T) {
 	ex := &shellExec{binDir: t.TempDir()}
 	sbx := &executor.Sandbox{Namespace: "ns", Pod: "pod-1", Container: "job"}
-	if err := executor.InstallHelper(context.Background(), ex, sbx, "", &executor.JobLog{}); err != nil || ex.calls != 0 {
+	if err := executor.InstallHelper(context.Background(), ex, sbx, "", needsHelper, &executor.JobLog{}); err != nil || ex.calls != 0 {
 		t.Errorf("helper_binary unset: %v, %d execs; want nothing done", err, ex.calls)
 	}
 	missing := filepath.Join(t.TempDir(), "gone")
-	err := executor.InstallHelper(context.Background(), ex, sbx, missing, &executor.JobLog{})
+	err := executor.InstallHelper(context.Background(), ex, sbx, missing, needsHelper, &executor.JobLog{})
 	if executor.KindOf(err) != executor.KindPermanent || !strings.Contains(fmt.Sprint(err), missing) || ex.calls != 0 {
 		t.Errorf("helper removed after config validation: %v, %d execs; want a permanent error naming it", err, ex.calls)
+	}
+}
+
+// The helper is copied only into pods of jobs whose stages will call it, as far as the job JSON
+// tells; runners that write none (12.x) always get it.
+func TestJobsWithoutCacheOrArtifactsSkipTheHelper(t *testing.T) {
+	for _, tc := range []struct {
+		json string
+		want bool
+	}{
+		{`"image":{"name":"ci"}`, false},
+		{`"cache":[{"key":"k","paths":[]}],"artifacts":[{"name":"a"}],"dependencies":[{"id":7,"artifacts_file":{}}]`, false},
+		{`"cache":[{"key":"deps","paths":["node_modules/"]}]`, true},
+		{`"artifacts":[{"untracked":true}]`, true},
+		{`"dependencies":[{"id":7,"artifacts_file":{"filename":"artifacts.zip","size":10}}]`, true},
+	} {
+		path := filepath.Join(t.TempDir(), "response.json")
+		if err := os.WriteFile(path, []byte(`{"id":5,`+tc.json+`}`), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		job, err := executor.ReadJob(path)
+		if err != nil || job.NeedsHelper != tc.want {
+			t.Errorf("%s: NeedsHelper %v, %v; want %v", tc.json, job != nil && job.NeedsHelper, err, tc.want)
+		}
+	}
+	job, err := executor.JobFromEnv(func(k string) string { return map[string]string{"CUSTOM_ENV_CI_JOB_ID": "5"}[k] })
+	if err != nil || !job.NeedsHelper {
+		t.Errorf("a job known only from CUSTOM_ENV_*: NeedsHelper %v, %v; want true", job != nil && job.NeedsHelper, err)
+	}
+
+	ex := &shellExec{binDir: t.TempDir()}
+	path, _ := writeHelper(t, 10)
+	sbx := &executor.Sandbox{Namespace: "ns", Pod: "pod-1", Container: "job"}
+	if err := executor.InstallHelper(context.Background(), ex, sbx, path, &executor.Job{ID: 5}, &executor.JobLog{}); err != nil || ex.calls != 0 {
+		t.Errorf("a job without cache and artifacts: %v, %d execs; want no copy", err, ex.calls)
 	}
 }

@@ -67,7 +67,7 @@ func Run(ctx context.Context, env *stages.Env) error {
 		endSection()
 		return err
 	}
-	if err := executor.InstallHelper(ctx, claimer.Clients.Exec, sbx, env.Config.HelperBinary, log); err != nil {
+	if err := executor.InstallHelper(ctx, claimer.Clients.Exec, sbx, env.Config.HelperBinary, job, log); err != nil {
 		endSection()
 		return err
 	}
