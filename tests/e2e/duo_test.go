@@ -190,7 +190,10 @@ func (inst *instance) runJob(t *testing.T, c *cluster, job fakegitlab.Job) fakeg
 	return res
 }
 
-var helperCopied = regexp.MustCompile(`Copied the runner helper \([^)]*\) into the pod as \S+ in (\d+ ms)`)
+var (
+	helperCopied = regexp.MustCompile(`Copied the runner helper \(([^)]*)\) into the pod as \S+ in (\d+ ms)`)
+	sandboxReady = regexp.MustCompile(`Sandbox ready: [^\x1b\n]*`)
+)
 
 // TestDuoFlowJob runs a Duo-shaped flow job twice through the real gitlab-runner 12.8 and
 // sandbox-executor, against an instance on the network job pods may reach: the job clones the
@@ -266,8 +269,8 @@ func TestDuoFlowJob(t *testing.T) {
 			t.Errorf("job %d: no helper copy line in the trace", tc.job.ID)
 			continue
 		}
-		t.Logf("job %d: %s in %s (handed out -> final state); helper copied in %s",
-			tc.job.ID, tc.res.State, tc.res.Duration().Round(time.Millisecond), copied[1])
+		t.Logf("job %d: %s in %s (handed out -> final state); helper (%s) copied in %s; %s",
+			tc.job.ID, tc.res.State, tc.res.Duration().Round(time.Millisecond), copied[1], copied[2], sandboxReady.FindString(tc.res.Trace))
 	}
 }
 
