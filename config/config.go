@@ -70,9 +70,11 @@ type Config struct {
 	ClaimGrace     Duration `toml:"claim_grace"`
 	CleanupTimeout Duration `toml:"cleanup_timeout"`
 
-	// StageTransport is how stages reach the pod: "exec" (through the API server, works
-	// anywhere) or "network" (straight to the pod's stage agent over the pod network, falling
-	// back to exec when the pod cannot be reached; needs the runner inside the cluster network).
+	// StageTransport is how stages reach the pod: "network" (the default: straight to the pod's
+	// stage agent over the pod network, authenticated by a per-job token; prepare falls back to
+	// exec for the whole job when the runner cannot reach the pod) or "exec" (through the API
+	// server only: set it for runners outside the cluster network, to skip the reachability
+	// probe at prepare).
 	StageTransport string `toml:"stage_transport"`
 
 	// Reconnects bounds how often one stage re-attaches after its stream drops.
@@ -216,7 +218,7 @@ func (c *Config) applyDefaults() {
 		c.CleanupTimeout.Duration = 30 * time.Second
 	}
 	if c.StageTransport == "" {
-		c.StageTransport = TransportExec
+		c.StageTransport = TransportNetwork
 	}
 	if c.Reconnects == 0 {
 		c.Reconnects = 10

@@ -6,6 +6,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -48,22 +49,42 @@ func (a *AgentNetwork) Exec(ctx context.Context, req ExecRequest) error {
 	if len(req.Command) < 2 || req.Command[0] != agent.BinaryPath {
 		return a.Fallback.Exec(ctx, req)
 	}
-	var stdin []byte
 	if req.Stdin != nil {
 		// Buffered, so a fallback to exec can send the same bytes again.
 		data, err := io.ReadAll(req.Stdin)
 		if err != nil {
 			return err
 		}
-		stdin = data
 		req.Stdin = bytes.NewReader(data)
+	}
+	err := a.exec(ctx, req)
+	if errors.Is(err, ErrAgentUnreachable) && a.Fallback != nil {
+		if req.Stdin != nil {
+			_, _ = req.Stdin.(*bytes.Reader).Seek(0, io.SeekStart)
+		}
+		return a.Fallback.Exec(ctx, req) // pod network unreachable (policy, CNI): exec works anywhere
+	}
+	return err
+}
+
+// ErrAgentUnreachable: no connection to the agent could be made; nothing was sent.
+var ErrAgentUnreachable = errors.New("stage agent unreachable over the pod network")
+
+func (a *AgentNetwork) exec(ctx context.Context, req ExecRequest) error {
+	var stdin []byte
+	if req.Stdin != nil {
+		data, err := io.ReadAll(req.Stdin)
+		if err != nil {
+			return err
+		}
+		stdin = data
 	}
 	conn, err := a.dialer.DialContext(ctx, "tcp", a.Addr)
 	if err != nil {
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
-		return a.Fallback.Exec(ctx, req) // pod network unreachable (policy, CNI): exec works anywhere
+		return fmt.Errorf("%w: %v", ErrAgentUnreachable, err)
 	}
 	defer conn.Close()
 	stop := context.AfterFunc(ctx, func() { conn.Close() })
@@ -87,10 +108,17 @@ func (a *AgentNetwork) Exec(ctx context.Context, req ExecRequest) error {
 		return err
 	}
 	if code == agent.ExitRefused {
-		return fmt.Errorf("stage agent at %s refused the request: %s", a.Addr, bytes.TrimSpace(refusal.Bytes()))
+		return &RefusedError{Addr: a.Addr, Reason: string(bytes.TrimSpace(refusal.Bytes()))}
 	}
 	if code != 0 {
 		return &ExitError{Code: code}
 	}
 	return nil
+}
+
+// RefusedError is the agent refusing a network request (a wrong or not yet known token).
+type RefusedError struct{ Addr, Reason string }
+
+func (e *RefusedError) Error() string {
+	return fmt.Sprintf("stage agent at %s refused the request: %s", e.Addr, e.Reason)
 }

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/sandbox-executor/sandbox-executor/executor/agent"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -54,6 +55,9 @@ type Sandbox struct {
 	// AgentToken authenticates the network path to the pod's stage daemon; empty: exec only.
 	// It lives in the runner's per-job TMPDIR (0600) and in the pod, nowhere else.
 	AgentToken string `json:"agentToken,omitempty"`
+	// AgentBaked: the pod's template bakes the agent in (agent.PodAgentPath runs as the job
+	// container's command, with stdin open), so its stage daemon runs from the pod's start.
+	AgentBaked bool `json:"agentBaked,omitempty"`
 }
 
 // ClaimName is deterministic per runner and job, so that a prepare retried by the runner adopts
@@ -316,8 +320,13 @@ func (c *Claimer) Resolve(ctx context.Context, claim *extv1beta1.SandboxClaim, r
 		RuntimeClass: *pod.Spec.RuntimeClassName,
 		Warm:         sbx.Labels[sandboxv1beta1.SandboxLaunchTypeLabel] == sandboxv1beta1.SandboxLaunchTypeWarm,
 		PodIP:        pod.Status.PodIP,
+		AgentBaked:   agentBaked(&pod.Spec.Containers[0]),
 	}
 	return out, nil
+}
+
+func agentBaked(c *corev1.Container) bool {
+	return len(c.Command) > 0 && c.Command[0] == agent.PodAgentPath && c.Stdin
 }
 
 // verifyPod is the fail-closed gate: no script runs in a pod that is not isolated as configured.

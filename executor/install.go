@@ -5,9 +5,12 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
+	"net"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/sandbox-executor/sandbox-executor/executor/agent"
 )
@@ -42,9 +45,13 @@ func InstallAgent(ctx context.Context, ex RemoteExecutor, sbx *Sandbox, binary [
 	if err := installError(err, &stderr, sbx, "the stage agent"); err != nil {
 		return nil, err
 	}
+	return parseProbe(sbx, stdout.Bytes())
+}
+
+func parseProbe(sbx *Sandbox, out []byte) (*agent.Probe, error) {
 	var probe agent.Probe
-	if err := json.Unmarshal(stdout.Bytes(), &probe); err != nil {
-		return nil, SystemError(nil, "the stage agent in pod %s answered its probe with %q", sbx.Pod, oneLine(stdout.String()))
+	if err := json.Unmarshal(out, &probe); err != nil {
+		return nil, SystemError(nil, "the stage agent in pod %s answered its probe with %q", sbx.Pod, oneLine(string(out)))
 	}
 	return &probe, nil
 }
@@ -67,5 +74,69 @@ func installError(err error, stderr *bytes.Buffer, sbx *Sandbox, what string) er
 		return PermanentError(nil, "the job image has no /bin/sh: sandbox-executor needs a POSIX shell in the image")
 	default:
 		return SystemError(nil, "exec into pod %s/%s failed: %s", sbx.Namespace, sbx.Pod, oneLine(reason))
+	}
+}
+
+// agentPort is agent.NetworkPort; tests that run the agent on the host move it.
+var agentPort = agent.NetworkPort
+
+// tokenTakeover bounds how long the baked-in agent may take to read a token from its stdin.
+const tokenTakeover = 5 * time.Second
+
+// ConnectAgent readies a pod whose template bakes the agent in (sbx.AgentBaked): its stage
+// daemon runs already, so nothing is copied and no process is started. With a token, the token
+// is written to the job container's stdin (attach, not exec: no process start in the pod) and
+// the agent is probed over the pod network. Without one, the probe goes over exec.
+func ConnectAgent(ctx context.Context, clients *Clients, sbx *Sandbox, token string) (*agent.Probe, error) {
+	if token != "" {
+		err := clients.Attach.Attach(ctx, ExecRequest{Namespace: sbx.Namespace, Pod: sbx.Pod, Container: sbx.Container, Stdin: strings.NewReader(token + "\n")})
+		if err != nil {
+			return nil, SystemError(err, "handing the job's agent token to pod %s/%s (pods/attach): %s", sbx.Namespace, sbx.Pod, oneLine(err.Error()))
+		}
+		probe, err := ProbeOverNetwork(ctx, sbx, token)
+		if err == nil || !errors.Is(err, ErrAgentUnreachable) {
+			return probe, err
+		}
+	}
+	var stdout, stderr bytes.Buffer
+	err := clients.Exec.Exec(ctx, ExecRequest{Namespace: sbx.Namespace, Pod: sbx.Pod, Container: sbx.Container, Command: []string{agent.BinaryPath, "probe"}, Stdout: &stdout, Stderr: &stderr})
+	if err != nil {
+		return nil, SystemError(err, "probing the stage agent in pod %s/%s: %s", sbx.Namespace, sbx.Pod, oneLine(strings.TrimSpace(stderr.String()+" "+err.Error())))
+	}
+	return parseProbe(sbx, stdout.Bytes())
+}
+
+// ProbeOverNetwork asks the pod's stage daemon for its probe with token, waiting while the
+// daemon has not taken the token yet. It sets sbx.AgentToken when the daemon answered, so the
+// stages go over the network; an error wrapping ErrAgentUnreachable means they must go over exec.
+func ProbeOverNetwork(ctx context.Context, sbx *Sandbox, token string) (*agent.Probe, error) {
+	if sbx.PodIP == "" {
+		sbx.AgentToken = ""
+		return nil, fmt.Errorf("%w: pod %s has no IP", ErrAgentUnreachable, sbx.Pod)
+	}
+	daemon := NewAgentNetwork(sbx.PodIP, token, nil)
+	daemon.Addr = net.JoinHostPort(sbx.PodIP, strconv.Itoa(agentPort))
+	daemon.dialer.Timeout = time.Second
+	deadline := time.Now().Add(tokenTakeover)
+	for wait := 2 * time.Millisecond; ; wait = min(2*wait, 100*time.Millisecond) {
+		var stdout bytes.Buffer
+		err := daemon.exec(ctx, ExecRequest{Command: []string{agent.BinaryPath, "probe"}, Stdout: &stdout, Stderr: io.Discard})
+		var refused *RefusedError
+		switch {
+		case err == nil:
+			sbx.AgentToken = token
+			return parseProbe(sbx, stdout.Bytes())
+		case errors.Is(err, ErrAgentUnreachable):
+			sbx.AgentToken = ""
+			return nil, err
+		case !errors.As(err, &refused) || time.Now().After(deadline):
+			return nil, SystemError(err, "the stage agent in pod %s: %s", sbx.Pod, oneLine(err.Error()))
+		}
+		// Refused: the daemon has not read the token yet.
+		select {
+		case <-time.After(wait):
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"net/http"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/httpstream"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/scheme"
@@ -27,6 +28,7 @@ type Clients struct {
 	Sandboxes  sandboxclient.Interface
 	Extensions extclient.Interface
 	Exec       RemoteExecutor
+	Attach     Attacher
 }
 
 // RESTConfig builds the client config: kubeconfig and context from the config file, else the
@@ -79,7 +81,8 @@ func NewClients(cfg *config.Config) (*Clients, error) {
 	if err != nil {
 		return nil, PermanentError(err, "agent-sandbox extensions client")
 	}
-	return &Clients{Kube: kube, Sandboxes: sbx, Extensions: ext, Exec: &podExec{config: rc, kube: kube}}, nil
+	pe := &podExec{config: rc, kube: kube}
+	return &Clients{Kube: kube, Sandboxes: sbx, Extensions: ext, Exec: pe, Attach: pe}, nil
 }
 
 // ExecRequest is one command run in a container of a pod.
@@ -88,6 +91,11 @@ type ExecRequest struct {
 	Command                   []string
 	Stdin                     io.Reader
 	Stdout, Stderr            io.Writer
+}
+
+// Attacher writes to the stdin of a container's main process (pods/attach).
+type Attacher interface {
+	Attach(ctx context.Context, req ExecRequest) error
 }
 
 // RemoteExecutor runs a command in a pod. Exec returns nil when the command exits 0, an
@@ -109,15 +117,26 @@ type podExec struct {
 }
 
 func (p *podExec) Exec(ctx context.Context, req ExecRequest) error {
+	return p.stream(ctx, "exec", &corev1.PodExecOptions{
+		Container: req.Container,
+		Command:   req.Command,
+		Stdin:     req.Stdin != nil,
+		Stdout:    req.Stdout != nil,
+		Stderr:    req.Stderr != nil,
+	}, req)
+}
+
+// Attach writes req.Stdin to the stdin of the container's main process (pods/attach). Unlike
+// an exec, it starts no process in the pod: under gVisor, about a third of the time.
+func (p *podExec) Attach(ctx context.Context, req ExecRequest) error {
+	req.Stdout, req.Stderr = nil, nil
+	return p.stream(ctx, "attach", &corev1.PodAttachOptions{Container: req.Container, Stdin: true}, req)
+}
+
+func (p *podExec) stream(ctx context.Context, subresource string, options runtime.Object, req ExecRequest) error {
 	execURL := p.kube.CoreV1().RESTClient().Post().
-		Resource("pods").Namespace(req.Namespace).Name(req.Pod).SubResource("exec").
-		VersionedParams(&corev1.PodExecOptions{
-			Container: req.Container,
-			Command:   req.Command,
-			Stdin:     req.Stdin != nil,
-			Stdout:    req.Stdout != nil,
-			Stderr:    req.Stderr != nil,
-		}, scheme.ParameterCodec).URL()
+		Resource("pods").Namespace(req.Namespace).Name(req.Pod).SubResource(subresource).
+		VersionedParams(options, scheme.ParameterCodec).URL()
 	websocket, err := remotecommand.NewWebSocketExecutor(p.config, http.MethodGet, execURL.String())
 	if err != nil {
 		return err

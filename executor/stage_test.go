@@ -170,6 +170,24 @@ func TestStageRunnerNeverReportsSuccessWithoutStatus(t *testing.T) {
 	if executor.KindOf(err) != executor.KindSystem || !strings.Contains(err.Error(), "exit status is unknown") {
 		t.Errorf("err = %v, want a system failure saying the status is unknown", err)
 	}
+	waitStagesEnded(t)
+}
+
+// waitStagesEnded waits for the stages a test left running (detached, as in a pod) to record
+// their status, so that they are not writing while the test's directory is removed.
+func waitStagesEnded(t *testing.T) {
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		dirs, _ := filepath.Glob(filepath.Join(agent.StagesDirInUse(), "*"))
+		statuses, _ := filepath.Glob(filepath.Join(agent.StagesDirInUse(), "*", "status"))
+		if len(statuses) == len(dirs) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("stages still running 10s after the test: %v", dirs)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 }
 
 func TestStageRunnerLostPodIsSystemFailureNamingThePod(t *testing.T) {

@@ -21,7 +21,7 @@ import (
 // Main runs one agent command and returns its exit code.
 func Main(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	if len(args) < 1 {
-		fmt.Fprintln(stderr, "usage: sandbox-executor-agent init|probe|start|kill [flags]")
+		fmt.Fprintln(stderr, "usage: sandbox-executor-agent init|probe|start|kill|serve|install [flags]")
 		return 2
 	}
 	cmd, args := args[0], args[1:]
@@ -39,6 +39,10 @@ func Main(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		err = initCommand(args, stdin, stdout)
 	case "daemon":
 		err = daemonCommand(args)
+	case "serve":
+		err = serveCommand(args, stdout)
+	case "install":
+		err = installCommand(args)
 	default:
 		err = fmt.Errorf("unknown command %q", cmd)
 	}

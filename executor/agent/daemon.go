@@ -61,35 +61,47 @@ func daemonCommand(args []string) error {
 	fs := flag.NewFlagSet("daemon", flag.ContinueOnError)
 	fs.StringVar(&stagesDir, "stages", StagesDir, "stage directories")
 	listen := fs.String("listen", "", "also serve agent commands on this TCP address")
+	tokenStdin := fs.Bool("token-stdin", false, "take the network path's token from lines on stdin")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	var token string
-	if *listen != "" {
-		var err error
-		if token, err = takeToken(); err != nil {
+	tokens := &tokenBox{}
+	switch {
+	case *tokenStdin:
+		go tokens.readFrom(os.Stdin)
+	case *listen != "":
+		token, err := takeToken()
+		if err != nil {
 			return err
 		}
+		tokens.set(token)
 	}
 	syscall.CloseOnExec(3)
 	ready := os.NewFile(3, "ready")
-	_ = os.Remove(daemonSocket())
-	ln, err := net.Listen("unix", daemonSocket())
-	if err != nil {
+	fail := func(err error) error {
 		fmt.Fprint(ready, err.Error())
 		ready.Close()
 		return err
 	}
+	base := filepath.Dir(stagesDir)
+	_ = os.Remove(daemonSocket())
+	ln, err := net.Listen("unix", daemonSocket())
+	if err != nil {
+		return fail(err)
+	}
 	// The pid lets tests that run the agent on the host stop the daemon they started.
-	_ = writeFileAtomic(filepath.Join(filepath.Dir(stagesDir), "daemon.pid"), []byte(strconv.Itoa(os.Getpid())), 0o600)
+	_ = writeFileAtomic(filepath.Join(base, "daemon.pid"), []byte(strconv.Itoa(os.Getpid())), 0o600)
 	if *listen != "" {
 		tcp, err := net.Listen("tcp", *listen)
 		if err != nil {
-			fmt.Fprint(ready, err.Error())
-			ready.Close()
-			return err
+			return fail(err)
 		}
-		go func() { _ = ServeNetwork(tcp, token) }()
+		go func() { _ = serveNetwork(tcp, tokens) }()
+	}
+	d := &daemon{}
+	if shell, err := findShell(); err == nil {
+		// Without a spare, stages start on demand: slower, never wrong.
+		d.spares, _ = newSpares(shell, filepath.Join(base, "spares"))
 	}
 	fmt.Fprint(ready, "ok")
 	ready.Close()
@@ -98,13 +110,17 @@ func daemonCommand(args []string) error {
 		if err != nil {
 			return err
 		}
-		go serveSpawn(conn)
+		go d.serveSpawn(conn)
 	}
+}
+
+type daemon struct {
+	spares *spares
 }
 
 // serveSpawn handles one "spawn DIR SHELL" request: it starts the stage and answers "ok" once
 // its pgid is recorded, then waits for it and records its status.
-func serveSpawn(conn net.Conn) {
+func (d *daemon) serveSpawn(conn net.Conn) {
 	defer conn.Close()
 	line, err := bufio.NewReader(conn).ReadString('\n')
 	if err != nil {
@@ -118,6 +134,10 @@ func serveSpawn(conn net.Conn) {
 	dir, shell := fields[1], fields[2]
 	if err := checkStageDir(dir); err != nil {
 		fmt.Fprint(conn, err.Error())
+		return
+	}
+	if sp := d.spares.take(shell); sp != nil && sp.assign(dir) == nil {
+		fmt.Fprint(conn, "ok")
 		return
 	}
 	// Its own session: the stage's whole tree is one session to sweep on kill, and the daemon

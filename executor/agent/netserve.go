@@ -16,6 +16,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -35,7 +36,7 @@ const (
 )
 
 // networkCommands are the only agent commands served over the network.
-var networkCommands = []string{"start", "kill"}
+var networkCommands = []string{"start", "kill", "probe"}
 
 func tokenPath() string { return filepath.Join(filepath.Dir(stagesDir), "token") }
 
@@ -44,12 +45,18 @@ func tokenPath() string { return filepath.Join(filepath.Dir(stagesDir), "token")
 // stdin bytes; the answer is frames (stdout, stderr, exit). Plain TCP rather than HTTP keeps
 // net/http, and megabytes, out of the agent copied into every pod.
 func ServeNetwork(ln net.Listener, token string) error {
+	tokens := &tokenBox{}
+	tokens.set(token)
+	return serveNetwork(ln, tokens)
+}
+
+func serveNetwork(ln net.Listener, tokens *tokenBox) error {
 	for {
 		conn, err := ln.Accept()
 		if err != nil {
 			return err
 		}
-		go serveConn(conn, token)
+		go serveConn(conn, tokens.get())
 	}
 }
 
@@ -73,7 +80,7 @@ func serveConn(conn net.Conn, token string) {
 		_ = fw.frame(FrameStderr, []byte(msg+"\n"))
 		_ = fw.frame(FrameExit, []byte(strconv.Itoa(ExitRefused)))
 	}
-	if len(fields) != 4 || fields[0] != "SBX1" || subtle.ConstantTimeCompare([]byte(fields[1]), []byte(token)) != 1 {
+	if token == "" || len(fields) != 4 || fields[0] != "SBX1" || subtle.ConstantTimeCompare([]byte(fields[1]), []byte(token)) != 1 {
 		refuse("unauthorized")
 		return
 	}
@@ -167,7 +174,7 @@ func saveToken(stdin io.Reader) error {
 		return err
 	}
 	token := strings.TrimSpace(string(data))
-	if len(token) < 32 {
+	if len(token) < minTokenLen {
 		return errors.New("the network path needs a token of at least 32 characters on stdin")
 	}
 	return os.WriteFile(tokenPath(), []byte(token), 0o600)
@@ -180,4 +187,32 @@ func takeToken() (string, error) {
 	}
 	_ = os.Remove(tokenPath())
 	return strings.TrimSpace(string(data)), nil
+}
+
+// minTokenLen keeps guessable tokens out: NewAgentToken makes 64 hex characters.
+const minTokenLen = 32
+
+// tokenBox holds the network path's token. A pod whose agent was baked into its template gets
+// the token from the executor at prepare, over attach (stdin), after the pod started: until
+// then every network request is refused. A retried prepare hands over a new token, which
+// replaces the old: whoever may attach to the pod may exec in it anyway.
+type tokenBox struct{ v atomic.Pointer[string] }
+
+func (b *tokenBox) get() string {
+	if t := b.v.Load(); t != nil {
+		return *t
+	}
+	return ""
+}
+
+func (b *tokenBox) set(token string) { b.v.Store(&token) }
+
+// readFrom takes each line of r that looks like a token; anything else is ignored.
+func (b *tokenBox) readFrom(r io.Reader) {
+	sc := bufio.NewScanner(r)
+	for sc.Scan() {
+		if t := strings.TrimSpace(sc.Text()); len(t) >= minTokenLen && !strings.ContainsAny(t, " \t") {
+			b.set(t)
+		}
+	}
 }

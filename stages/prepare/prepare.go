@@ -10,6 +10,7 @@ import (
 
 	"github.com/sandbox-executor/sandbox-executor/config"
 	"github.com/sandbox-executor/sandbox-executor/executor"
+	"github.com/sandbox-executor/sandbox-executor/executor/agent"
 	"github.com/sandbox-executor/sandbox-executor/stages"
 )
 
@@ -59,10 +60,21 @@ func Run(ctx context.Context, env *stages.Env) error {
 		return err
 	}
 	claimed := env.Since(start)
+	var token string
 	if env.Config.StageTransport == config.TransportNetwork {
-		sbx.AgentToken = executor.NewAgentToken()
+		token = executor.NewAgentToken()
 	}
-	probe, err := executor.InstallAgent(ctx, claimer.Clients.Exec, sbx, agentBinary, sbx.AgentToken)
+	var probe *agent.Probe
+	if sbx.AgentBaked {
+		probe, err = executor.ConnectAgent(ctx, claimer.Clients, sbx, token)
+	} else {
+		probe, err = executor.InstallAgent(ctx, claimer.Clients.Exec, sbx, agentBinary, token)
+		if err == nil && token != "" {
+			if _, netErr := executor.ProbeOverNetwork(ctx, sbx, token); !errors.Is(netErr, executor.ErrAgentUnreachable) {
+				err = netErr
+			}
+		}
+	}
 	if err != nil {
 		endSection()
 		return err
@@ -80,8 +92,15 @@ func Run(ctx context.Context, env *stages.Env) error {
 	if sbx.Warm {
 		launch = "warm"
 	}
-	log.Infof("Sandbox ready: pool %s (%s start), pod %s/%s, runtime %s, kernel %s, shell %s, claimed in %s, ready in %s",
-		pool, launch, sbx.Namespace, sbx.Pod, sbx.RuntimeClass, probe.KernelRelease, probe.Shell,
+	transport := "exec"
+	if sbx.AgentToken != "" {
+		transport = "pod network"
+	}
+	if token != "" && sbx.AgentToken == "" {
+		log.Warnf("The runner cannot reach pod %s at %s:%d: stages go over exec (slower)", sbx.Pod, sbx.PodIP, agent.NetworkPort)
+	}
+	log.Infof("Sandbox ready: pool %s (%s start), pod %s/%s, runtime %s, kernel %s, shell %s, stages over %s, claimed in %s, ready in %s",
+		pool, launch, sbx.Namespace, sbx.Pod, sbx.RuntimeClass, probe.KernelRelease, probe.Shell, transport,
 		executor.Millis(claimed), executor.Millis(env.Since(start)))
 	return nil
 }

@@ -11,6 +11,10 @@
 #                                         curl coreutils nodejs npm (what a Duo flow needs)
 #   sandbox-executor.local/posix:bookworm Debian bookworm minbase with bash removed: POSIX sh (dash)
 #                                         and coreutils only, to prove the executor needs no bash
+#   sandbox-executor.local/agent:<hash>   this repository's stage agent, static, alone: the init
+#                                         container that bakes it into job pods. Tagged by the
+#                                         binary's hash, so a changed agent changes the template
+#                                         (up.sh substitutes the tag) and the warm pools recreate
 # Each image carries a stamp: its ref plus a hash of the recipe (the functions that build it),
 # so editing a recipe rebuilds that image and nothing else.
 set -euo pipefail
@@ -123,6 +127,26 @@ C
   strip "$dir/pause"
 }
 
+# The agent is rebuilt from this checkout each time (a second with a warm Go cache); its hash,
+# not a recipe, says whether the image is current.
+build_agent_image() {
+  local dir=$ROOTFS/agent bin hash ref
+  mkdir -p "$dir"
+  bin=$dir/sandbox-executor-agent.new
+  (cd "$REPO_ROOT" && CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$bin" ./cmd/sandbox-executor-agent) ||
+    die "building the stage agent failed"
+  hash=$(sha256sum "$bin" | cut -c1-12)
+  ref=$AGENT_IMAGE_REPO:$hash
+  if [[ -f $CLUSTER_IMAGES/agent.tar && "$(cat "$CLUSTER_IMAGES/agent.ref" 2>/dev/null)" == "$ref" ]]; then
+    rm -f "$bin"
+    log "image $ref: up to date"
+    return 0
+  fi
+  mv -f "$bin" "$dir/sandbox-executor-agent"
+  pack_oci "$dir" "$ref" "$CLUSTER_IMAGES/agent.tar" '"Entrypoint":["/sandbox-executor-agent"]'
+  echo "$ref" >"$CLUSTER_IMAGES/agent.ref"
+}
+
 # --- OCI packing ----------------------------------------------------------------------------
 # blob DIR FILE: move FILE into DIR/blobs/sha256 under its digest; print "digest size".
 blob() {
@@ -196,6 +220,7 @@ build_all() {
   fi
   step "image ci" build_image ci "$CI_IMAGE" '"Cmd":["/bin/bash"]' build_rootfs_ci
   step "image posix" build_image posix "$POSIX_IMAGE" '"Cmd":["/bin/sh"]' build_rootfs_posix
+  step "image agent" build_agent_image
 }
 
 # --- import ---------------------------------------------------------------------------------
@@ -221,7 +246,7 @@ import_one() {
 
 import_all() {
   local name
-  for name in pause ci posix; do
+  for name in pause ci posix agent; do
     [[ -f $CLUSTER_IMAGES/$name.tar ]] || die "image $name not built: run images.sh build"
     step "import $name" import_one "$name"
   done

@@ -64,6 +64,7 @@ NODE_NAME=${NODE_NAME:-$(hostname | tr '[:upper:]' '[:lower:]')}
 PAUSE_IMAGE=sandbox-executor.local/pause:3.10
 CI_IMAGE=sandbox-executor.local/ci:bookworm
 POSIX_IMAGE=sandbox-executor.local/posix:bookworm
+AGENT_IMAGE_REPO=sandbox-executor.local/agent
 
 # --- ports of the local-only endpoints -----------------------------------------------
 ETCD_CLIENT_URL=http://127.0.0.1:2379
@@ -83,7 +84,7 @@ export CLUSTER_SCRIPTS_DIR REPO_ROOT CLUSTER_DIR CLUSTER_BIN CLUSTER_BUILD CLUST
   CLUSTER_LOG CLUSTER_RUN CLUSTER_ETC CLUSTER_PKI CLUSTER_KUBECONFIGS ADMIN_KUBECONFIG \
   EXECUTOR_KUBECONFIG CONTAINERD_SOCK DEPLOY_DIR NODE_IP NODE_BRIDGE POD_CIDR POD_GATEWAY POD_BRIDGE \
   SERVICE_CIDR APISERVER_URL POD_FORWARD_CHAIN NODE_INPUT_CHAIN NODE_NAME PAUSE_IMAGE CI_IMAGE \
-  POSIX_IMAGE EXECUTOR_NAMESPACE EXECUTOR_SERVICEACCOUNT WARM_POOL
+  POSIX_IMAGE AGENT_IMAGE_REPO EXECUTOR_NAMESPACE EXECUTOR_SERVICEACCOUNT WARM_POOL
 
 # Our binaries first, then the Go toolchain, then the system (runc and CNI come from Debian).
 export PATH=$CLUSTER_BIN:$GO_BIN_DIR:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
@@ -245,11 +246,16 @@ warm_pool_state() {
   # An empty status (new pool) shifts the fields: readyReplicas is then absent.
   [[ $status_ready == *=* ]] && { selector=$status_ready; status_ready=0; }
   pods_ready=0
+  # Only pods with the current agent count: right after a new agent, the pool's status still
+  # reports the pods it is about to replace.
+  local agent_ref
+  agent_ref=$(cat "$CLUSTER_IMAGES/agent.ref" 2>/dev/null) || true
   if [[ -n $selector ]]; then
     pods_ready=$(kubectl_admin -n "$EXECUTOR_NAMESPACE" get pods -l "$selector" \
-      -o jsonpath='{range .items[*]}{.status.conditions[?(@.type=="Ready")].status}{"\n"}{end}' | grep -cx True) || true
+      -o jsonpath='{range .items[*]}{.spec.initContainers[0].image} {.status.conditions[?(@.type=="Ready")].status}{"\n"}{end}' |
+      grep -cx "$agent_ref True") || true
   fi
-  echo "$EXECUTOR_NAMESPACE/$WARM_POOL ready ${status_ready:-0}/$want (pods Ready: $pods_ready)"
+  echo "$EXECUTOR_NAMESPACE/$WARM_POOL ready ${status_ready:-0}/$want (pods Ready with agent ${agent_ref##*:}: $pods_ready)"
   ((want > 0 && ${status_ready:-0} == want && pods_ready == want))
 }
 

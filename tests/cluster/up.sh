@@ -15,7 +15,11 @@ NETWORKPOLICY=$D/networkpolicy.sh
 apply_deploy() {
   [[ -f $DEPLOY_DIR/kustomization.yaml || -f $DEPLOY_DIR/kustomization.yml ]] ||
     die "no kustomization in $DEPLOY_DIR (the project's deploy/local manifests)"
-  kubectl_admin apply -k "$DEPLOY_DIR"
+  local agent_ref
+  agent_ref=$(cat "$CLUSTER_IMAGES/agent.ref") || die "no agent image built"
+  # The agent image's tag is its content hash: a new agent changes the template, and the warm
+  # pools (updateStrategy Recreate) replace their unclaimed pods.
+  kubectl_admin kustomize "$DEPLOY_DIR" | sed "s|$AGENT_IMAGE_REPO:dev|$agent_ref|g" | kubectl_admin apply -f -
 }
 
 apply_runtimeclass() { kubectl_admin apply -f "$D/manifests/runtimeclass.yaml" >/dev/null; }

@@ -22,6 +22,7 @@ import (
 	"github.com/sandbox-executor/sandbox-executor/stages"
 	"github.com/sandbox-executor/sandbox-executor/stages/cleanup"
 	"github.com/sandbox-executor/sandbox-executor/stages/configure"
+	"github.com/sandbox-executor/sandbox-executor/stages/doctor"
 	"github.com/sandbox-executor/sandbox-executor/stages/gc"
 	"github.com/sandbox-executor/sandbox-executor/stages/prepare"
 	"github.com/sandbox-executor/sandbox-executor/stages/run"
@@ -118,6 +119,16 @@ func RunWith(ctx context.Context, args []string, stdout, stderr io.Writer, geten
 				},
 				Action: stage(func(c *cli.Context, env *stages.Env) error {
 					return gc.Run(c.Context, env, gc.Options{Delete: c.Bool("delete"), OlderThan: c.Duration("older-than")})
+				}),
+			},
+			{
+				Name:  "doctor",
+				Usage: "check the cluster before use: CRDs, RBAC, RuntimeClasses, pools and their templates (exit 1 on any FAIL)",
+				Flags: []cli.Flag{
+					&cli.BoolFlag{Name: "kubelet", Usage: "also read every node's kubelet podPidsLimit (needs cluster-admin credentials)"},
+				},
+				Action: stage(func(c *cli.Context, env *stages.Env) error {
+					return doctor.Run(c.Context, env, doctor.Options{Kubelet: c.Bool("kubelet")})
 				}),
 			},
 			{

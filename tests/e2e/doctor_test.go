@@ -1,0 +1,175 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/sandbox-executor/sandbox-executor/executor"
+	"github.com/sandbox-executor/sandbox-executor/tests/localcluster"
+)
+
+// runDoctor runs the built binary's doctor command and returns its lines and exit code.
+func runDoctor(t *testing.T, c *cluster, configPath string, args ...string) ([]string, int) {
+	t.Helper()
+	cmd := exec.Command(c.Binary(), append([]string{"--config", configPath, "doctor"}, args...)...)
+	cmd.Env = os.Environ()
+	out, err := cmd.Output()
+	t.Logf("doctor %v:\n%s", args, out)
+	return strings.Split(strings.TrimSpace(string(out)), "\n"), exitCode(err)
+}
+
+// waitPoolsReady is the precondition of an all-ok run: other tests drain the pools for a moment.
+func waitPoolsReady(t *testing.T, c *cluster, pools ...string) {
+	t.Helper()
+	deadline := time.Now().Add(2 * time.Minute)
+	for _, name := range pools {
+		for {
+			p, err := c.admin.Extensions.ExtensionsV1beta1().SandboxWarmPools(namespace).Get(context.Background(), name, metav1.GetOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if p.Status.ReadyReplicas > 0 {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("pool %s has no Ready sandbox after 2 minutes", name)
+			}
+			time.Sleep(500 * time.Millisecond)
+		}
+	}
+}
+
+// On the local cluster as deploy/local leaves it, with the executor's own ServiceAccount, every
+// check passes: CRDs, each verb of the Role, the RuntimeClass, both pools and their templates.
+func TestDoctorAllOKOnLocalCluster(t *testing.T) {
+	c := newCluster(t)
+	waitPoolsReady(t, c, pool, localcluster.PosixPool)
+	lines, code := runDoctor(t, c, c.configPath)
+	if code != 0 {
+		t.Errorf("doctor exited %d, want 0", code)
+	}
+	for _, l := range lines {
+		if !strings.HasPrefix(l, "ok    ") {
+			t.Errorf("not ok: %s", l)
+		}
+	}
+	want := []string{
+		"ok    kubernetes API: server v1.",
+		"ok    crd sandboxes.agents.x-k8s.io: served versions ",
+		"ok    crd sandboxclaims.extensions.agents.x-k8s.io: served versions ",
+		"ok    crd sandboxtemplates.extensions.agents.x-k8s.io: served versions ",
+		"ok    crd sandboxwarmpools.extensions.agents.x-k8s.io: served versions ",
+		"ok    runtimeclass gvisor: handler runsc",
+		"ok    pool duo-default: ",
+		"ok    pool duo-posix: ",
+		"ok    template duo-gvisor (pool duo-default): runtimeClassName gvisor",
+		"ok    template posix-gvisor (pool duo-posix): runtimeClassName gvisor",
+	}
+	for _, p := range executor.RequiredPermissions {
+		want = append(want, "ok    rbac "+p.String()+": allowed in namespace "+namespace)
+	}
+	for _, w := range want {
+		if !hasLinePrefix(lines, w) {
+			t.Errorf("no line starting %q", w)
+		}
+	}
+	if len(lines) != len(want) {
+		t.Errorf("%d lines, want %d", len(lines), len(want))
+	}
+}
+
+// A config naming a pool the cluster does not have: one FAIL line names the pool and the fix,
+// the rest still runs, and doctor exits 1.
+func TestDoctorMissingPoolFails(t *testing.T) {
+	c := newCluster(t)
+	missing := fmt.Sprintf("e2e-missing-%d", os.Getpid())
+	path := filepath.Join(t.TempDir(), "config.toml")
+	text, err := os.ReadFile(c.configPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, append(text, fmt.Sprintf("\n[[pool]]\nname = %q\n", missing)...), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	lines, code := runDoctor(t, c, path)
+	if code != 1 {
+		t.Errorf("doctor exited %d, want 1", code)
+	}
+	want := regexp.MustCompile(`^FAIL  pool ` + missing + `: SandboxWarmPool "` + missing + `" not found in namespace "sandbox-executor"; fix: create it .* or correct the \[\[pool\]\] name in ` + regexp.QuoteMeta(path) + `$`)
+	fails := 0
+	for _, l := range lines {
+		if strings.HasPrefix(l, "FAIL") {
+			fails++
+			if !want.MatchString(l) {
+				t.Errorf("unexpected FAIL line: %s", l)
+			}
+		}
+	}
+	if fails != 1 {
+		t.Errorf("%d FAIL lines, want exactly the missing pool's", fails)
+	}
+	if !hasLinePrefix(lines, "ok    rbac create sandboxclaims.extensions.agents.x-k8s.io") {
+		t.Error("the other checks must still run")
+	}
+}
+
+// With cluster-admin credentials, --kubelet reads the node's kubelet configuration through the
+// API server's node proxy, and reports the same podPidsLimit that kubectl reads there.
+func TestDoctorKubeletPidsLimit(t *testing.T) {
+	c := newCluster(t)
+	// The local cluster's one real node: $NODE_NAME, else the lower-cased host name (tests/cluster/lib.sh).
+	node := os.Getenv("NODE_NAME")
+	if node == "" {
+		host, err := os.Hostname()
+		if err != nil {
+			t.Fatal(err)
+		}
+		node = strings.ToLower(host)
+	}
+	raw, err := exec.Command(filepath.Join(c.Dir, "bin", "kubectl"), "--kubeconfig", c.AdminKubeconfig(), "get", "--raw", "/api/v1/nodes/"+node+"/proxy/configz").Output()
+	if err != nil {
+		t.Fatalf("kubectl get configz of node %s: %v", node, err)
+	}
+	var z struct {
+		KubeletConfig struct {
+			PodPidsLimit *int64 `json:"podPidsLimit"`
+		} `json:"kubeletconfig"`
+	}
+	if err := json.Unmarshal(raw, &z); err != nil {
+		t.Fatal(err)
+	}
+	want := "warn  pids limit node " + node + ": podPidsLimit unset"
+	if l := z.KubeletConfig.PodPidsLimit; l != nil && *l > 0 {
+		want = fmt.Sprintf("ok    pids limit node %s: podPidsLimit %d", node, *l)
+	}
+	path := filepath.Join(t.TempDir(), "admin.toml")
+	text := fmt.Sprintf("kubeconfig = %q\nnamespace = %q\n[[pool]]\nname = %q\n", c.AdminKubeconfig(), namespace, pool)
+	if err := os.WriteFile(path, []byte(text), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	lines, _ := runDoctor(t, c, path, "--kubelet")
+	if !hasLinePrefix(lines, want) {
+		t.Errorf("no line starting %q", want)
+	}
+}
+
+func hasLinePrefix(lines []string, prefix string) bool {
+	for _, l := range lines {
+		if strings.HasPrefix(l, prefix) {
+			return true
+		}
+	}
+	return false
+}
