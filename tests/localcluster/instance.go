@@ -7,7 +7,9 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"regexp"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 
@@ -33,12 +35,14 @@ const OutsideURL = "http://10.99.0.2/"
 // ListenOnInstanceNetwork listens on TCP port 80 of an address of its own in the instance
 // network, inside the instance's network namespace, so that job pods (allowed there by their
 // NetworkPolicy) and this machine (the runner) both reach the server. Several tests may do this
-// at once: each takes a free address, which Close removes again.
+// at once: each takes a free address, which Close removes again. Addresses left behind by a
+// process that died are removed first.
 func ListenOnInstanceNetwork() (net.Listener, error) {
 	nsPath := "/run/netns/" + InstanceNetns
 	if _, err := os.Stat(nsPath); err != nil {
 		return nil, fmt.Errorf("network namespace %s missing: run tests/cluster/networkpolicy.sh up (make cluster-up)", InstanceNetns)
 	}
+	removeOrphanAddresses()
 	start := firstInstanceIP + rand.IntN(lastInstanceIP-firstInstanceIP+1)
 	for i := 0; i <= lastInstanceIP-firstInstanceIP; i++ {
 		ip := instancePrefix + fmt.Sprint(firstInstanceIP+(start-firstInstanceIP+i)%(lastInstanceIP-firstInstanceIP+1))
@@ -58,6 +62,10 @@ func ListenOnInstanceNetwork() (net.Listener, error) {
 	return nil, fmt.Errorf("no free address in %s0/24 in network namespace %s", instancePrefix, InstanceNetns)
 }
 
+// ownerLabel labels an address with the process that claimed it ("eth0:p<pid>", at most 15
+// bytes), so a later claimer can tell an orphan from an address in use.
+var ownerLabel = regexp.MustCompile(`inet (` + regexp.QuoteMeta(instancePrefix) + `\d+)/32 .*\b` + instanceLink + `:p(\d+)\b`)
+
 // claimAddress adds ip to the instance's interface unless some address record already has it;
 // the kernel refuses a second identical record, so two claimers cannot both win.
 func claimAddress(ip string) bool {
@@ -65,7 +73,21 @@ func claimAddress(ip string) bool {
 	if err != nil || strings.Contains(string(out), " "+ip+"/") {
 		return false
 	}
-	return exec.Command("ip", "-n", InstanceNetns, "addr", "add", ip+"/32", "dev", instanceLink).Run() == nil
+	label := fmt.Sprintf("%s:p%d", instanceLink, os.Getpid())
+	return exec.Command("ip", "-n", InstanceNetns, "addr", "add", ip+"/32", "dev", instanceLink, "label", label).Run() == nil
+}
+
+// removeOrphanAddresses removes addresses whose claiming process no longer exists.
+func removeOrphanAddresses() {
+	out, err := exec.Command("ip", "-n", InstanceNetns, "-o", "-4", "addr", "show", "dev", instanceLink).Output()
+	if err != nil {
+		return
+	}
+	for _, m := range ownerLabel.FindAllStringSubmatch(string(out), -1) {
+		if pid, err := strconv.Atoi(m[2]); err == nil && errors.Is(unix.Kill(pid, 0), unix.ESRCH) {
+			releaseAddress(m[1])
+		}
+	}
 }
 
 func releaseAddress(ip string) {
