@@ -24,6 +24,9 @@ const DefaultPath = "/etc/sandbox-executor/config.toml"
 const (
 	UnknownImageReject = "reject"
 	UnknownImageCold   = "cold"
+
+	DrainedPoolCold = "cold"
+	DrainedPoolWait = "wait"
 )
 
 // Stage transports.
@@ -47,6 +50,12 @@ type Config struct {
 	Pools        []Pool `toml:"pool"`
 	DefaultPool  string `toml:"default_pool"`
 	UnknownImage string `toml:"unknown_image"`
+
+	// DrainedPool is what prepare does when the job's pool has no ready sandbox: "cold" (the
+	// default: claim at once; agent-sandbox starts a sandbox from the pool's template, a cold
+	// start of seconds) or "wait" (watch the pool until a sandbox is ready, up to ready_timeout,
+	// then claim it warm: a burst of jobs then never starts more pods than the pool refills).
+	DrainedPool string `toml:"drained_pool"`
 
 	// RuntimeClasses lists the RuntimeClass names a job pod may run under; any other pod is
 	// refused before a script runs.
@@ -196,6 +205,9 @@ func decodeError(path string, err error) error {
 }
 
 func (c *Config) applyDefaults() {
+	if c.DrainedPool == "" {
+		c.DrainedPool = DrainedPoolCold
+	}
 	if c.UnknownImage == "" {
 		c.UnknownImage = UnknownImageReject
 	}
@@ -267,6 +279,9 @@ func (c *Config) validate() error {
 	}
 	if c.DefaultPool != "" && !seen[c.DefaultPool] {
 		return fail("default_pool", "%q is not one of the [[pool]] names (%s)", c.DefaultPool, strings.Join(c.PoolNames(), ", "))
+	}
+	if c.DrainedPool != DrainedPoolCold && c.DrainedPool != DrainedPoolWait {
+		return fail("drained_pool", "%q is not one of cold, wait", c.DrainedPool)
 	}
 	switch c.UnknownImage {
 	case UnknownImageReject, UnknownImageCold:

@@ -131,6 +131,48 @@ func (c *Claimer) CheckPool(ctx context.Context, namespace, pool string) (PoolSt
 	return status, nil
 }
 
+// WaitPoolReady watches the pool until it has a ready sandbox, for up to timeout.
+func (c *Claimer) WaitPoolReady(ctx context.Context, namespace, pool string, timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	pools := c.Clients.Extensions.ExtensionsV1beta1().SandboxWarmPools(namespace)
+	selector := fields.OneTermEqualSelector("metadata.name", pool).String()
+	for attempt := 0; ; attempt++ {
+		// List then watch from its resourceVersion: no readiness change falls between the two.
+		list, err := pools.List(ctx, metav1.ListOptions{FieldSelector: selector})
+		if err == nil && len(list.Items) == 1 && list.Items[0].Status.ReadyReplicas > 0 {
+			return nil
+		}
+		var w watch.Interface
+		if err == nil {
+			w, err = pools.Watch(ctx, metav1.ListOptions{FieldSelector: selector, ResourceVersion: list.ResourceVersion})
+		}
+		if err != nil {
+			if ctx.Err() != nil {
+				break
+			}
+			if apiErr := explainAPIError(err, apiCall{"watch", resourcePools, namespace, pool}); KindOf(apiErr) == KindPermanent {
+				return apiErr
+			}
+		} else {
+			for ev := range w.ResultChan() {
+				if p, ok := ev.Object.(*extv1beta1.SandboxWarmPool); ok && p.Status.ReadyReplicas > 0 {
+					w.Stop()
+					return nil
+				}
+			}
+			w.Stop()
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(DefaultBackoff(attempt + 1)):
+			continue
+		}
+		break
+	}
+	return SystemError(nil, "warm pool %s/%s had no ready sandbox for %s (drained_pool = \"wait\"): add replicas or use drained_pool = \"cold\"", namespace, pool, timeout)
+}
+
 // Claim creates the job's claim, or adopts it if a retried prepare already made it, and waits
 // until its sandbox is Ready and verified.
 func (c *Claimer) Claim(ctx context.Context, req ClaimRequest) (*Sandbox, error) {
@@ -184,6 +226,9 @@ func claimLabels(req ClaimRequest) map[string]string {
 	}
 	return labels
 }
+
+// ClaimReady reports whether the claim is Ready with a sandbox.
+func ClaimReady(claim *extv1beta1.SandboxClaim) bool { ok, _ := claimReady(claim); return ok }
 
 // claimReady reports whether the claim is Ready with a sandbox, and a description of where it
 // stands otherwise.

@@ -31,6 +31,8 @@ const (
 // Add an entry here when the code makes a new call; the RBAC test then demands the Role follows.
 var RequiredPermissions = []Permission{
 	{groupExtensions, "sandboxwarmpools", "get", "prepare, doctor: the pool exists (CheckPool)"},
+	{groupExtensions, "sandboxwarmpools", "list", "prepare: drained_pool = wait, the pool's state before watching (WaitPoolReady)"},
+	{groupExtensions, "sandboxwarmpools", "watch", "prepare: drained_pool = wait, until the pool has a ready sandbox (WaitPoolReady)"},
 	{groupExtensions, "sandboxclaims", "create", "prepare: claim a sandbox for the job (Claim)"},
 	{groupExtensions, "sandboxclaims", "get", "prepare: adopt a retried job's claim, re-read after a watch ends; run: load the claim"},
 	{groupExtensions, "sandboxclaims", "watch", "prepare: wait for the claim to become Ready"},

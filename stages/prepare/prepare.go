@@ -44,7 +44,16 @@ func Run(ctx context.Context, env *stages.Env) error {
 		return err
 	}
 	if status.Ready == 0 {
-		log.Warnf("Warm pool %s has no ready sandbox (%d requested): this job waits for a cold start", pool, status.Replicas)
+		if env.Config.DrainedPool == config.DrainedPoolWait {
+			log.Warnf("Warm pool %s is drained (0 of %d ready): waiting for a warm sandbox (drained_pool = \"wait\")", pool, status.Replicas)
+			if err := claimer.WaitPoolReady(ctx, env.Config.Namespace, pool, env.Config.ReadyTimeout.Duration); err != nil {
+				endSection()
+				return err
+			}
+			log.Infof("Warm pool %s has a ready sandbox after %s", pool, executor.Millis(env.Since(start)))
+		} else {
+			log.Warnf("Warm pool %s is drained (0 of %d ready): this job gets a cold start (drained_pool = \"cold\")", pool, status.Replicas)
+		}
 	}
 	sbx, err := claimer.Claim(ctx, executor.ClaimRequest{
 		Namespace:      env.Config.Namespace,

@@ -133,9 +133,7 @@ func newStageEnv(t testing.TB, jobID int64, image string) *stageEnv {
 
 // stage runs one stage of our binary directly, as a runner would.
 func (c *cluster) stage(env *stageEnv, args ...string) *exec.Cmd {
-	cmd := exec.Command(c.Binary(), append([]string{"--config", c.configPath}, args...)...)
-	cmd.Env = env.vars
-	return cmd
+	return stageWithConfig(c, env, c.configPath, args...)
 }
 
 func (e *stageEnv) script(t testing.TB, name, body string) string {

@@ -17,7 +17,9 @@ import (
 const (
 	Namespace = "sandbox-executor"
 	Pool      = "duo-default"
-	CIImage   = "sandbox-executor.local/ci:bookworm"
+	// Template is the hardened gVisor SandboxTemplate behind Pool.
+	Template = "duo-gvisor"
+	CIImage  = "sandbox-executor.local/ci:bookworm"
 	// PosixImage has only POSIX sh and coreutils; pool PosixPool serves it.
 	PosixImage = "sandbox-executor.local/posix:bookworm"
 	PosixPool  = "duo-posix"
@@ -75,6 +77,11 @@ func (e *Env) AgentBinary() string { return filepath.Join(e.BinDir, "sandbox-exe
 // WriteConfig writes an executor config for the local cluster to path; extra is appended to the
 // top-level keys.
 func (e *Env) WriteConfig(path, runnerName, extra string) error {
+	return e.WriteConfigWithPool(path, runnerName, Pool, extra)
+}
+
+// WriteConfigWithPool is WriteConfig with the CI image served by ciPool.
+func (e *Env) WriteConfigWithPool(path, runnerName, ciPool, extra string) error {
 	text := fmt.Sprintf(`kubeconfig = %q
 namespace = %q
 runner_name = %q
@@ -89,7 +96,7 @@ images = ["sandbox-executor.local/ci:*"]
 [[pool]]
 name = %q
 images = ["sandbox-executor.local/posix:*"]
-`, e.ExecutorKubeconfig(), Namespace, runnerName, Pool, e.AgentBinary(), extra, Pool, PosixPool)
+`, e.ExecutorKubeconfig(), Namespace, runnerName, ciPool, e.AgentBinary(), extra, ciPool, PosixPool)
 	return os.WriteFile(path, []byte(text), 0o600)
 }
 

@@ -1,0 +1,338 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/utils/ptr"
+	extv1beta1 "sigs.k8s.io/agent-sandbox/extensions/api/v1beta1"
+
+	"github.com/sandbox-executor/sandbox-executor/executor"
+	"github.com/sandbox-executor/sandbox-executor/tests/fakegitlab"
+	"github.com/sandbox-executor/sandbox-executor/tests/localcluster"
+)
+
+// benchN is the sample count of a sequential series; BENCH_N overrides it for quick runs.
+func benchN(def int) int {
+	if n, err := strconv.Atoi(os.Getenv("BENCH_N")); err == nil && n > 0 {
+		return n
+	}
+	return def
+}
+
+// benchPool creates a warm pool on the local template with replicas sandboxes, waits until all
+// are Ready, and deletes it when the benchmark ends.
+func benchPool(b testing.TB, c *cluster, name string, replicas int32) {
+	b.Helper()
+	ctx := context.Background()
+	pools := c.admin.Extensions.ExtensionsV1beta1().SandboxWarmPools(namespace)
+	pool := &extv1beta1.SandboxWarmPool{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{"sandbox-executor.gitlab.io/bench": "true"}},
+		Spec: extv1beta1.SandboxWarmPoolSpec{
+			Replicas:    ptr.To(replicas),
+			TemplateRef: extv1beta1.SandboxTemplateRef{Name: localcluster.Template},
+		},
+	}
+	_ = pools.Delete(ctx, name, metav1.DeleteOptions{})
+	if _, err := pools.Create(ctx, pool, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = pools.Delete(context.Background(), name, metav1.DeleteOptions{}) })
+	waitPoolFull(b, c, name)
+}
+
+// waitPoolFull waits until every sandbox the pool asks for is Ready, so the next sample is warm.
+func waitPoolFull(b testing.TB, c *cluster, name string) {
+	b.Helper()
+	deadline := time.Now().Add(3 * time.Minute)
+	for {
+		p, err := c.admin.Extensions.ExtensionsV1beta1().SandboxWarmPools(namespace).Get(context.Background(), name, metav1.GetOptions{})
+		if err != nil {
+			b.Fatal(err)
+		}
+		if p.Status.ReadyReplicas >= ptr.Deref(p.Spec.Replicas, 0) {
+			return
+		}
+		if time.Now().After(deadline) {
+			b.Fatalf("pool %s: %d/%d ready after 3 minutes", name, p.Status.ReadyReplicas, ptr.Deref(p.Spec.Replicas, 0))
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// rawClaim is agent-sandbox alone: create a claim on pool and watch it to Ready, as any client
+// would. It returns that latency and deletes the claim.
+func rawClaim(b *testing.B, c *cluster, pool string) time.Duration {
+	b.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	claims := c.admin.Extensions.ExtensionsV1beta1().SandboxClaims(namespace)
+	name := fmt.Sprintf("bench-raw-%d", fakegitlab.NextJobID())
+	claim := &extv1beta1.SandboxClaim{
+		ObjectMeta: metav1.ObjectMeta{Name: name},
+		Spec: extv1beta1.SandboxClaimSpec{
+			WarmPoolRef: extv1beta1.SandboxWarmPoolRef{Name: pool},
+			Lifecycle:   &extv1beta1.Lifecycle{ShutdownPolicy: extv1beta1.ShutdownPolicyDelete},
+		},
+	}
+	w, err := claims.Watch(ctx, metav1.ListOptions{FieldSelector: fields.OneTermEqualSelector("metadata.name", name).String()})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer w.Stop()
+	start := time.Now()
+	if _, err := claims.Create(ctx, claim, metav1.CreateOptions{}); err != nil {
+		b.Fatal(err)
+	}
+	defer claims.Delete(context.Background(), name, metav1.DeleteOptions{})
+	for ev := range w.ResultChan() {
+		if cl, ok := ev.Object.(*extv1beta1.SandboxClaim); ok && executor.ClaimReady(cl) {
+			return time.Since(start)
+		}
+	}
+	b.Fatalf("claim %s: watch ended before Ready: %v", name, ctx.Err())
+	return 0
+}
+
+// prepareJob runs our prepare as the runner would and returns its duration and the cleanup.
+func prepareJob(b *testing.B, c *cluster, configPath string) (time.Duration, func()) {
+	b.Helper()
+	jobID := fakegitlab.NextJobID()
+	env := newStageEnv(b, jobID, ciImage)
+	stage := func(args ...string) *exec.Cmd { return stageWithConfig(c, env, configPath, args...) }
+	start := time.Now()
+	if out, err := stage("prepare").CombinedOutput(); err != nil {
+		b.Fatalf("prepare: %v\n%s", err, out)
+	}
+	took := time.Since(start)
+	return took, func() {
+		if out, err := stage("cleanup").CombinedOutput(); err != nil {
+			b.Errorf("cleanup: %v\n%s", err, out)
+		}
+	}
+}
+
+// BenchmarkPrepare measures prepare (claim to exec-ready, with the token handed over and the
+// agent probed) from a warm pool, sequentially and 10 at once, and from a drained pool, each
+// against agent-sandbox's own claim-to-Ready measured in the same run, and a plain gVisor pod
+// created until an exec succeeds: what GitLab's Kubernetes executor pays per job before its
+// helper and attach.
+func BenchmarkPrepare(b *testing.B) {
+	c := newCluster(b)
+	const warm, cold, wide = "bench-warm", "bench-cold", "bench-wide"
+	benchPool(b, c, warm, 2)
+	benchPool(b, c, cold, 0)
+	warmConfig := filepath.Join(b.TempDir(), "warm.toml")
+	coldConfig := filepath.Join(b.TempDir(), "cold.toml")
+	if err := c.WriteConfigWithPool(warmConfig, c.runnerName, warm, ""); err != nil {
+		b.Fatal(err)
+	}
+	if err := c.WriteConfigWithPool(coldConfig, c.runnerName, cold, ""); err != nil {
+		b.Fatal(err)
+	}
+
+	var rawWarm, ourWarm samples
+	for i := 0; i < benchN(30); i++ { // interleaved, each from a full pool
+		waitPoolFull(b, c, warm)
+		rawWarm = append(rawWarm, rawClaim(b, c, warm))
+		waitPoolFull(b, c, warm)
+		took, cleanup := prepareJob(b, c, warmConfig)
+		ourWarm = append(ourWarm, took)
+		cleanup()
+	}
+	report(b, "warm claim->Ready (agent-sandbox)", rawWarm, 0)
+	report(b, "warm prepare (sandbox-executor)", ourWarm, rawWarm.median())
+
+	const concurrent = 10
+	benchPool(b, c, wide, concurrent)
+	rawWide := concurrently(concurrent, func() time.Duration { return rawClaim(b, c, wide) })
+	waitPoolFull(b, c, wide)
+	if err := c.WriteConfigWithPool(warmConfig, c.runnerName, wide, ""); err != nil {
+		b.Fatal(err)
+	}
+	var cleanups []func()
+	var mu sync.Mutex
+	ourWide := concurrently(concurrent, func() time.Duration {
+		took, cleanup := prepareJob(b, c, warmConfig)
+		mu.Lock()
+		cleanups = append(cleanups, cleanup)
+		mu.Unlock()
+		return took
+	})
+	for _, cleanup := range cleanups {
+		cleanup()
+	}
+	report(b, "10 concurrent warm claims (agent-sandbox)", rawWide, 0)
+	report(b, "10 concurrent warm prepares (sandbox-executor)", ourWide, rawWide.median())
+
+	var rawCold, ourCold, plain samples
+	for i := 0; i < benchN(10); i++ {
+		rawCold = append(rawCold, rawClaim(b, c, cold))
+		took, cleanup := prepareJob(b, c, coldConfig)
+		ourCold = append(ourCold, took)
+		cleanup()
+		plain = append(plain, plainPodUntilExec(b, c))
+	}
+	report(b, "plain gVisor pod to exec-ready", plain, 0)
+	report(b, "cold claim->Ready (agent-sandbox)", rawCold, plain.median())
+	report(b, "cold prepare (sandbox-executor)", ourCold, plain.median())
+	report(b, "warm prepare (sandbox-executor)", ourWarm, plain.median())
+	b.ReportMetric(float64(ourWarm.median().Microseconds())/1000, "warm-prepare-ms")
+	b.ReportMetric(float64(ourWarm.median())/float64(rawWarm.median()), "warm-prepare/raw-claim")
+}
+
+func concurrently(n int, f func() time.Duration) samples {
+	out := make(samples, n)
+	var wg sync.WaitGroup
+	for i := range out {
+		wg.Add(1)
+		go func() { defer wg.Done(); out[i] = f() }()
+	}
+	wg.Wait()
+	return out
+}
+
+// plainPodUntilExec creates a bare pod on the gVisor RuntimeClass with the CI image and times
+// it until an exec in it succeeds.
+func plainPodUntilExec(b *testing.B, c *cluster) time.Duration {
+	b.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	pods := c.admin.Kube.CoreV1().Pods(namespace)
+	name := fmt.Sprintf("bench-plain-%d", fakegitlab.NextJobID())
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{"sandbox-executor.gitlab.io/bench": "true"}},
+		Spec: corev1.PodSpec{
+			RuntimeClassName:              ptr.To("gvisor"),
+			AutomountServiceAccountToken:  ptr.To(false),
+			EnableServiceLinks:            ptr.To(false),
+			TerminationGracePeriodSeconds: ptr.To(int64(0)),
+			Containers: []corev1.Container{{
+				Name: "job", Image: ciImage, ImagePullPolicy: corev1.PullNever, Command: []string{"sleep", "infinity"},
+			}},
+		},
+	}
+	w, err := pods.Watch(ctx, metav1.ListOptions{FieldSelector: fields.OneTermEqualSelector("metadata.name", name).String()})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer w.Stop()
+	start := time.Now()
+	if _, err := pods.Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+		b.Fatal(err)
+	}
+	defer pods.Delete(context.Background(), name, metav1.DeleteOptions{GracePeriodSeconds: ptr.To(int64(0))})
+	for ev := range w.ResultChan() {
+		if p, ok := ev.Object.(*corev1.Pod); ok && p.Status.Phase == corev1.PodRunning {
+			break
+		}
+	}
+	for {
+		err := c.admin.Exec.Exec(ctx, executor.ExecRequest{Namespace: namespace, Pod: name, Container: "job", Command: []string{"true"}, Stdout: io.Discard, Stderr: io.Discard})
+		if err == nil {
+			return time.Since(start)
+		}
+		if ctx.Err() != nil {
+			b.Fatalf("pod %s: no successful exec: %v", name, err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// BenchmarkWholeJob is the executor's whole overhead for a 5-stage job: config, prepare, five
+// empty stages and cleanup, each a process as the runner starts them, against a plain gVisor pod
+// created until exec-ready (no stage run at all) measured in the same run.
+func BenchmarkWholeJob(b *testing.B) {
+	c := newCluster(b)
+	var whole, plain samples
+	for i := 0; i < benchN(10); i++ {
+		waitPoolFull(b, c, localcluster.Pool)
+		env := newStageEnv(b, fakegitlab.NextJobID(), ciImage)
+		empty := env.script(b, "empty.sh", ":\n")
+		start := time.Now()
+		for _, args := range [][]string{{"config"}, {"prepare"}, {"run", empty, "prepare_script"}, {"run", empty, "get_sources"},
+			{"run", empty, "build_script"}, {"run", empty, "after_script"}, {"run", empty, "cleanup_file_variables"}, {"cleanup"}} {
+			if out, err := c.stage(env, args...).CombinedOutput(); err != nil {
+				b.Fatalf("%s: %v\n%s", args[0], err, out)
+			}
+		}
+		whole = append(whole, time.Since(start))
+		plain = append(plain, plainPodUntilExec(b, c))
+	}
+	report(b, "plain gVisor pod to exec-ready", plain, 0)
+	report(b, "whole job, 5 empty stages", whole, plain.median())
+	b.ReportMetric(float64(whole.median())/float64(plain.median()), "job/plain-pod")
+}
+
+// BenchmarkLogThroughput streams 200 MB of job log out of one stage through `sandbox-executor
+// run` and through a raw exec of the same command on the same pod.
+func BenchmarkLogThroughput(b *testing.B) {
+	c := newCluster(b)
+	env, pod, _ := preparedJob(b, c, ciImage)
+	clients := executorClients(b, c)
+	const size = 200 << 20
+	command := fmt.Sprintf("yes 'a line of job log output, as a build tool would print it' | head -c %d\n", size)
+	scriptPath := env.script(b, "log.sh", command)
+	var raw, ours []float64
+	for i := 0; i < benchN(3); i++ {
+		var n countingWriter
+		start := time.Now()
+		if err := clients.Exec.Exec(context.Background(), executor.ExecRequest{Namespace: namespace, Pod: pod, Container: "job",
+			Command: []string{"/bin/bash", "-c", command}, Stdout: &n, Stderr: io.Discard}); err != nil || n != size {
+			b.Fatalf("raw exec: %v, %d bytes", err, n)
+		}
+		raw = append(raw, float64(n)/1e6/time.Since(start).Seconds())
+		n = 0
+		run := c.stage(env, "run", scriptPath, "build_script")
+		run.Stdout, run.Stderr = &n, io.Discard
+		start = time.Now()
+		if err := run.Run(); err != nil || n != size {
+			b.Fatalf("run: %v, %d bytes", err, n)
+		}
+		ours = append(ours, float64(n)/1e6/time.Since(start).Seconds())
+	}
+	reportRate(b, "200 MB log, raw exec", raw, 0)
+	reportRate(b, "200 MB log, sandbox-executor run", ours, medianOf(raw))
+	b.ReportMetric(medianOf(ours)/medianOf(raw), "run/raw-throughput")
+}
+
+type countingWriter int64
+
+func (w *countingWriter) Write(p []byte) (int, error) { *w += countingWriter(len(p)); return len(p), nil }
+
+func medianOf(v []float64) float64 {
+	c := append([]float64(nil), v...)
+	for i := range c { // insertion sort: a handful of values
+		for j := i; j > 0 && c[j] < c[j-1]; j-- {
+			c[j], c[j-1] = c[j-1], c[j]
+		}
+	}
+	return c[len(c)/2]
+}
+
+func reportRate(b testing.TB, name string, mbps []float64, baseline float64) {
+	lo, hi := mbps[0], mbps[0]
+	for _, v := range mbps {
+		lo, hi = min(lo, v), max(hi, v)
+	}
+	line := fmt.Sprintf("%-28s n=%d median=%.1fMB/s min=%.1fMB/s max=%.1fMB/s", name, len(mbps), medianOf(mbps), lo, hi)
+	if baseline > 0 {
+		line += fmt.Sprintf(" ratio=%.2fx", medianOf(mbps)/baseline)
+	}
+	b.Log(line)
+	fmt.Fprintln(os.Stderr, "BENCH", line)
+}
