@@ -70,6 +70,12 @@ type Config struct {
 	// sandbox-executor-agent next to the executor binary.
 	AgentBinary string `toml:"agent_binary"`
 
+	// HelperBinary is the runner's own binary (gitlab-runner, a static Linux build) on this
+	// host, copied into every job pod at prepare and put on PATH there: the cache and artifacts
+	// stages call `gitlab-runner cache-extractor|cache-archiver|artifacts-*` inside the job's
+	// environment, whatever its image. Empty: not copied (jobs without cache and artifacts).
+	HelperBinary string `toml:"helper_binary"`
+
 	ReadyTimeout   Duration `toml:"ready_timeout"`
 	ClaimGrace     Duration `toml:"claim_grace"`
 	CleanupTimeout Duration `toml:"cleanup_timeout"`
@@ -310,6 +316,11 @@ func (c *Config) validate() error {
 			return fail(d.key, "must be positive, got %s", d.value)
 		}
 	}
+	if c.HelperBinary != "" {
+		if err := checkExecutable(c.HelperBinary); err != nil {
+			return fail("helper_binary", "%s", err)
+		}
+	}
 	if c.StageTransport != TransportExec && c.StageTransport != TransportNetwork {
 		return fail("stage_transport", "%q is not one of exec, network", c.StageTransport)
 	}
@@ -317,6 +328,34 @@ func (c *Config) validate() error {
 		return fail("reconnects", "must not be negative")
 	}
 	return nil
+}
+
+// checkExecutable accepts a path to an executable regular file; the message says what it is
+// instead.
+func checkExecutable(file string) error {
+	if !path.IsAbs(file) {
+		return fmt.Errorf("%q must be an absolute path on the runner host", file)
+	}
+	info, err := os.Stat(file)
+	switch {
+	case errors.Is(err, os.ErrNotExist):
+		return fmt.Errorf("%s does not exist", file)
+	case err != nil:
+		return fmt.Errorf("%s: %v", file, unwrapPathError(err))
+	case !info.Mode().IsRegular():
+		return fmt.Errorf("%s is not a regular file", file)
+	case info.Mode().Perm()&0o111 == 0:
+		return fmt.Errorf("%s is not executable", file)
+	}
+	return nil
+}
+
+func unwrapPathError(err error) error {
+	var pe *os.PathError
+	if errors.As(err, &pe) {
+		return pe.Err
+	}
+	return err
 }
 
 // PoolNames lists the configured pools, for messages.

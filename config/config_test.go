@@ -2,6 +2,8 @@ package config_test
 
 import (
 	"errors"
+	"fmt"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -130,5 +132,39 @@ func TestResolvePathAndMissingFile(t *testing.T) {
 	unreadable := t.TempDir()
 	if _, err := config.Load(unreadable); err == nil {
 		t.Error("loading a directory should fail")
+	}
+}
+
+func TestHelperBinary(t *testing.T) {
+	dir := t.TempDir()
+	executable := filepath.Join(dir, "gitlab-runner")
+	plain := filepath.Join(dir, "notes.txt")
+	if err := os.WriteFile(executable, []byte("#!/bin/sh\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(plain, []byte("x"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	parse := func(helper string) (*config.Config, error) {
+		return config.Parse("/etc/se.toml", []byte(fmt.Sprintf("namespace = \"ns\"\nhelper_binary = %q\n[[pool]]\nname = \"p\"\n", helper)))
+	}
+	cfg, err := parse(executable)
+	if err != nil || cfg.HelperBinary != executable {
+		t.Fatalf("an executable file: %v, %+v", err, cfg)
+	}
+	if cfg, err := parse(""); err != nil || cfg.HelperBinary != "" {
+		t.Errorf("empty (off): %v, %q", err, cfg.HelperBinary)
+	}
+	for _, tc := range []struct{ helper, want string }{
+		{filepath.Join(dir, "missing"), "does not exist"},
+		{dir, "is not a regular file"},
+		{plain, "is not executable"},
+		{"gitlab-runner", "must be an absolute path"},
+	} {
+		_, err := parse(tc.helper)
+		var cerr *config.Error
+		if !errors.As(err, &cerr) || cerr.Key != "helper_binary" || !strings.Contains(err.Error(), tc.want) || strings.Contains(err.Error(), "\n") {
+			t.Errorf("helper_binary = %q: %v; want a one-line helper_binary error with %q", tc.helper, err, tc.want)
+		}
 	}
 }

@@ -15,12 +15,16 @@ import (
 	"github.com/sandbox-executor/sandbox-executor/executor/agent"
 )
 
+// receiveFile defines receive FILE SIZE for the install scripts: it reads stdin to its end into
+// FILE.new, checks that all SIZE bytes arrived (a dropped stream must not leave a truncated
+// binary behind), makes it executable and renames it into place. POSIX sh and coreutils only.
+const receiveFile = `receive() { cat > "$1.new" && n=$(wc -c < "$1.new") && if [ "$n" -ne "$2" ]; then echo "received $n of $2 bytes" >&2; return 1; fi && chmod 700 "$1.new" && mv -f "$1.new" "$1"; } && `
+
 // installScript reads a line (the network path's token, or nothing) and then the agent from
-// stdin into the pod's private directory, checks that all of it arrived, and runs its init:
-// start the job's stage daemon, then report on the pod. POSIX sh and coreutils only; the shell's
-// read takes the line byte by byte, leaving the binary on stdin, and the token never appears in
-// an argument list.
-const installScript = `umask 077 && IFS= read -r t && mkdir -p "$1/stages" && cat > "$1/agent.new" && n=$(wc -c < "$1/agent.new") && [ $n -eq "$2" ] && chmod 700 "$1/agent.new" && mv "$1/agent.new" "$1/agent" && d=$1 && shift 2 && printf %s "$t" | "$d/agent" init "$@"`
+// stdin into the pod's private directory, and runs its init: start the job's stage daemon, then
+// report on the pod. The shell's read takes the line byte by byte, leaving the binary on stdin,
+// and the token never appears in an argument list.
+const installScript = receiveFile + `umask 077 && IFS= read -r t && mkdir -p "$1/stages" && receive "$1/agent" "$2" && d=$1 && shift 2 && printf %s "$t" | "$d/agent" init "$@"`
 
 // InstallAgent copies the stage agent into the pod over exec stdin, in the one exec that prepare
 // pays anyway, and returns what the agent found (shell, kernel). With a token, the agent's daemon
@@ -38,19 +42,8 @@ func InstallAgent(ctx context.Context, ex RemoteExecutor, sbx *Sandbox, binary [
 		Stdout:  &stdout,
 		Stderr:  &stderr,
 	})
-	reason := strings.TrimSpace(stderr.String())
-	if reason == "" && err != nil {
-		reason = err.Error()
-	}
-	var exit *ExitError
-	switch {
-	case err == nil:
-	case errors.As(err, &exit):
-		return nil, SystemError(nil, "installing the stage agent in pod %s failed (exit %d): %s", sbx.Pod, exit.Code, oneLine(reason))
-	case strings.Contains(reason, "executable file not found") || strings.Contains(reason, "no such file"):
-		return nil, PermanentError(nil, "the job image has no /bin/sh: sandbox-executor needs a POSIX shell in the image")
-	default:
-		return nil, SystemError(nil, "exec into pod %s/%s failed: %s", sbx.Namespace, sbx.Pod, oneLine(reason))
+	if err := installError(err, &stderr, sbx, "the stage agent"); err != nil {
+		return nil, err
 	}
 	return parseProbe(sbx, stdout.Bytes())
 }
@@ -61,6 +54,27 @@ func parseProbe(sbx *Sandbox, out []byte) (*agent.Probe, error) {
 		return nil, SystemError(nil, "the stage agent in pod %s answered its probe with %q", sbx.Pod, oneLine(string(out)))
 	}
 	return &probe, nil
+}
+
+// installError turns a failed install exec into the error prepare reports: a missing shell is
+// the image's fault (permanent), anything else the infrastructure's.
+func installError(err error, stderr *bytes.Buffer, sbx *Sandbox, what string) error {
+	if err == nil {
+		return nil
+	}
+	reason := strings.TrimSpace(stderr.String())
+	if reason == "" {
+		reason = err.Error()
+	}
+	var exit *ExitError
+	switch {
+	case errors.As(err, &exit):
+		return SystemError(nil, "installing %s in pod %s failed (exit %d): %s", what, sbx.Pod, exit.Code, oneLine(reason))
+	case strings.Contains(reason, "executable file not found") || strings.Contains(reason, "no such file"):
+		return PermanentError(nil, "the job image has no /bin/sh: sandbox-executor needs a POSIX shell in the image")
+	default:
+		return SystemError(nil, "exec into pod %s/%s failed: %s", sbx.Namespace, sbx.Pod, oneLine(reason))
+	}
 }
 
 // agentPort is agent.NetworkPort; tests that run the agent on the host move it.

@@ -18,6 +18,24 @@ type Job struct {
 	Image      string
 	// Timeout is the job's timeout as GitLab set it (runner_info.timeout).
 	Timeout time.Duration
+	// NeedsHelper tells whether a stage will call the runner's helper binary in the pod: the
+	// job has a cache, artifacts, or dependencies' artifacts to download. True when unknown.
+	NeedsHelper bool
+}
+
+// archivePaths is a cache: or artifacts: entry; without paths or untracked, the runner skips it.
+type archivePaths struct {
+	Paths     []string `json:"paths"`
+	Untracked bool     `json:"untracked"`
+}
+
+func anyArchive(entries []archivePaths) bool {
+	for _, e := range entries {
+		if len(e.Paths) > 0 || e.Untracked {
+			return true
+		}
+	}
+	return false
 }
 
 // jobResponse mirrors the parts of GitLab's job JSON that we read.
@@ -36,6 +54,13 @@ type jobResponse struct {
 		Key   string `json:"key"`
 		Value string `json:"value"`
 	} `json:"variables"`
+	Cache        []archivePaths `json:"cache"`
+	Artifacts    []archivePaths `json:"artifacts"`
+	Dependencies []struct {
+		ArtifactsFile struct {
+			Filename string `json:"filename"`
+		} `json:"artifacts_file"`
+	} `json:"dependencies"`
 }
 
 // DefaultJobTimeout applies when the job JSON carries no timeout (GitLab's own default).
@@ -58,6 +83,10 @@ func ReadJob(path string) (*Job, error) {
 		return nil, PermanentError(nil, "JOB_RESPONSE_FILE %s has no job id", path)
 	}
 	job := &Job{ID: resp.ID, ProjectID: resp.JobInfo.ProjectID, Image: resp.Image.Name, Timeout: DefaultJobTimeout}
+	job.NeedsHelper = anyArchive(resp.Cache) || anyArchive(resp.Artifacts)
+	for _, d := range resp.Dependencies {
+		job.NeedsHelper = job.NeedsHelper || d.ArtifactsFile.Filename != ""
+	}
 	if resp.RunnerInfo.Timeout > 0 {
 		job.Timeout = time.Duration(resp.RunnerInfo.Timeout) * time.Second
 	}
@@ -82,7 +111,7 @@ func JobFromEnv(getenv func(string) string) (*Job, error) {
 	if err != nil || id <= 0 {
 		return nil, PermanentError(nil, "neither JOB_RESPONSE_FILE nor CUSTOM_ENV_CI_JOB_ID is set: run this command from gitlab-runner's custom executor")
 	}
-	job := &Job{ID: id, Image: getenv("CUSTOM_ENV_CI_JOB_IMAGE"), Timeout: DefaultJobTimeout}
+	job := &Job{ID: id, Image: getenv("CUSTOM_ENV_CI_JOB_IMAGE"), Timeout: DefaultJobTimeout, NeedsHelper: true}
 	job.ProjectID, _ = strconv.ParseInt(getenv("CUSTOM_ENV_CI_PROJECT_ID"), 10, 64)
 	job.PipelineID, _ = strconv.ParseInt(getenv("CUSTOM_ENV_CI_PIPELINE_ID"), 10, 64)
 	if secs, err := strconv.ParseInt(getenv("CUSTOM_ENV_CI_JOB_TIMEOUT"), 10, 64); err == nil && secs > 0 {

@@ -88,6 +88,10 @@ func Run(ctx context.Context, env *stages.Env) error {
 		endSection()
 		return err
 	}
+	if err := executor.InstallHelper(ctx, claimer.Clients.Exec, sbx, env.Config.HelperBinary, job, log); err != nil {
+		endSection()
+		return err
+	}
 	if err := executor.SaveSandbox(env.Runner.TmpDir, sbx); err != nil {
 		endSection()
 		return err

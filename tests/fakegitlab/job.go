@@ -248,6 +248,12 @@ func NewJob(spec JobSpec) Job {
 	if spec.GitStrategy != "" {
 		job.Variables = append(job.Variables, Variable{Key: "GIT_STRATEGY", Value: spec.GitStrategy, Public: true})
 	}
+	// GitLab turns a GIT_DEPTH variable into git_info.depth, which is all runners before 15.x read.
+	if value, ok := job.Variable("GIT_DEPTH"); ok {
+		if depth, err := strconv.Atoi(value); err == nil && depth >= 0 {
+			job.GitInfo.Depth = depth
+		}
+	}
 
 	job.Steps = []Step{{
 		Name: StepNameScript, Script: spec.Script, Timeout: timeoutSeconds, When: WhenOnSuccess,

@@ -85,3 +85,13 @@ func TestNewJobDefaultsGiveUniqueIDsAndTokens(t *testing.T) {
 		t.Error("GIT_STRATEGY set without being asked for")
 	}
 }
+
+func TestGitDepthVariableSetsGitInfoDepth(t *testing.T) {
+	if depth := fakegitlab.NewJob(fakegitlab.JobSpec{}).GitInfo.Depth; depth != 20 {
+		t.Errorf("default depth %d, want GitLab's 20", depth)
+	}
+	job := fakegitlab.NewJob(fakegitlab.JobSpec{Variables: []fakegitlab.Variable{{Key: "GIT_DEPTH", Value: "1", Public: true}}})
+	if job.GitInfo.Depth != 1 {
+		t.Errorf("GIT_DEPTH=1: git_info.depth %d, want 1", job.GitInfo.Depth)
+	}
+}

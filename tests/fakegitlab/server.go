@@ -11,6 +11,9 @@
 //	POST  /api/v4/jobs/:id/artifacts      artifacts-uploader (multipart "file"), stored in memory
 //	GET   /api/v4/jobs/:id/artifacts      artifacts-downloader
 //
+// plus whatever Handle mounts next to the API (repositories, a package registry...). New listens
+// on loopback; WithListener takes an address job environments reach too.
+//
 // Cancellation follows GitLab: after Cancel, trace patches and state updates
 // are refused with 403 and "Job-Status: canceled", which every runner
 // (12.8 included) treats as an abort. CancelGracefully answers
@@ -51,6 +54,7 @@ type Server struct {
 	runnerToken      string
 	longPoll         time.Duration
 	maxArtifactBytes int64
+	listener         net.Listener
 
 	routes     *http.ServeMux
 	httpServer *http.Server
@@ -81,6 +85,12 @@ func WithLongPolling(d time.Duration) Option {
 	return func(s *Server) { s.longPoll = d }
 }
 
+// WithListener serves on listener instead of a random loopback port: an address that job
+// environments reach too, for jobs that clone, upload artifacts or push back.
+func WithListener(listener net.Listener) Option {
+	return func(s *Server) { s.listener = listener }
+}
+
 // New starts a fake GitLab on 127.0.0.1 with a random port. Like
 // httptest.NewServer it panics if it cannot listen.
 func New(options ...Option) *Server {
@@ -96,11 +106,14 @@ func New(options ...Option) *Server {
 	}
 	s.routes = s.newRouter()
 
-	listener, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		panic(fmt.Sprintf("fakegitlab: listening on loopback: %v", err))
+	listener := s.listener
+	if listener == nil {
+		var err error
+		if listener, err = net.Listen("tcp", "127.0.0.1:0"); err != nil {
+			panic(fmt.Sprintf("fakegitlab: listening on loopback: %v", err))
+		}
 	}
-	s.url = "http://" + listener.Addr().String()
+	s.url = "http://" + strings.TrimSuffix(listener.Addr().String(), ":80")
 	s.httpServer = &http.Server{Handler: s, ReadHeaderTimeout: 10 * time.Second}
 	go func() { _ = s.httpServer.Serve(listener) }()
 	return s
@@ -108,6 +121,23 @@ func New(options ...Option) *Server {
 
 // URL is the base URL to give a runner (--url), without /api/v4.
 func (s *Server) URL() string { return s.url }
+
+// Handle serves pattern (http.ServeMux syntax) with handler next to the API, as a GitLab
+// instance serves its repositories and more on the same host.
+func (s *Server) Handle(pattern string, handler http.Handler) { s.routes.Handle(pattern, handler) }
+
+// ValidJobToken tells whether token is the CI_JOB_TOKEN of a job that is running, which GitLab
+// accepts (user gitlab-ci-token) to clone the job's project.
+func (s *Server) ValidJobToken(token string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, record := range s.jobs {
+		if record.job.Token == token && record.acceptsRunnerUpdates() {
+			return true
+		}
+	}
+	return false
+}
 
 // RunnerToken is the token a runner must present (--token).
 func (s *Server) RunnerToken() string { return s.runnerToken }

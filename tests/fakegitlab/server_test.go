@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"mime/multipart"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -455,5 +456,42 @@ func TestHandOutLetsADriverWithoutRunnerReportAJob(t *testing.T) {
 	result, _ := server.Snapshot(job.ID)
 	if result.State != fakegitlab.StateRunning || result.Runner.Name != "modern-driver" {
 		t.Errorf("state %q runner %+v", result.State, result.Runner)
+	}
+}
+
+// A GitLab instance serves more than the API on its host (repositories, ...), and accepts a
+// job's token only while the job runs.
+func TestListenerHandlersAndJobTokens(t *testing.T) {
+	listener, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	server, client := newServer(t, fakegitlab.WithListener(listener))
+	if server.URL() != "http://"+listener.Addr().String() {
+		t.Errorf("URL %s, want the given listener's %s", server.URL(), listener.Addr())
+	}
+	server.Handle("/sandbox/hello.git/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "repo "+r.URL.Path) }))
+	response, err := http.Get(server.URL() + "/sandbox/hello.git/info/refs")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(response.Body)
+	response.Body.Close()
+	if string(body) != "repo /sandbox/hello.git/info/refs" {
+		t.Errorf("mounted handler answered %q", body)
+	}
+
+	job := server.NewJob(fakegitlab.JobSpec{Script: []string{"true"}})
+	server.Enqueue(job)
+	if server.ValidJobToken(job.Token) {
+		t.Error("the token of a job still queued is valid")
+	}
+	client.requestJob(fakegitlab.DefaultRunnerToken)
+	if !server.ValidJobToken(job.Token) || server.ValidJobToken("glcbt-forged") || server.ValidJobToken("") {
+		t.Error("while the job runs, its token (and only its token) must be valid")
+	}
+	expectStatus(t, client.updateState(job, fakegitlab.StateSuccess, ""), http.StatusOK)
+	if server.ValidJobToken(job.Token) {
+		t.Error("the token of a finished job is still valid")
 	}
 }

@@ -69,6 +69,8 @@ type Options struct {
 	// executor needs them here unless its config_exec returns them.
 	BuildsDir string
 	CacheDir  string
+	// Cache, if set, is the runner's distributed cache ([runners.cache] with Type "s3").
+	Cache *S3Cache
 
 	// MaxBuilds is how many jobs run-single processes before it exits; 0 means 1.
 	MaxBuilds int
@@ -145,7 +147,36 @@ func (o Options) args() []string {
 	if o.CacheDir != "" {
 		args = append(args, "--cache-dir", o.CacheDir)
 	}
+	args = append(args, o.Cache.flags()...)
 	return append(args, o.Executor.runSingleFlags()...)
+}
+
+// S3Cache is an S3-compatible distributed cache. The runner only signs a GET and a PUT URL for
+// each cache archive; the helper binary in the job environment fetches and stores it.
+type S3Cache struct {
+	// ServerAddress is host[:port], without a scheme.
+	ServerAddress string
+	AccessKey     string
+	SecretKey     string
+	BucketName    string
+	// Insecure signs http:// URLs instead of https://.
+	Insecure bool
+}
+
+func (c *S3Cache) flags() []string {
+	if c == nil {
+		return nil
+	}
+	flags := []string{"--cache-type", "s3",
+		"--cache-s3-server-address", c.ServerAddress,
+		"--cache-s3-access-key", c.AccessKey,
+		"--cache-s3-secret-key", c.SecretKey,
+		"--cache-s3-bucket-name", c.BucketName,
+	}
+	if c.Insecure {
+		flags = append(flags, "--cache-s3-insecure")
+	}
+	return flags
 }
 
 // Result is how a runner process ended.

@@ -15,6 +15,7 @@ func TestRunSingleCommandLine(t *testing.T) {
 		Token:     "glrt-token",
 		BuildsDir: "/builds",
 		Debug:     true,
+		Cache:     &S3Cache{ServerAddress: "10.99.1.9", AccessKey: "AK", SecretKey: "SK", BucketName: "cache", Insecure: true},
 		Executor: CustomExecutor{
 			ConfigExec:          "/x/config",
 			PrepareExec:         "/x/prepare",
@@ -30,7 +31,9 @@ func TestRunSingleCommandLine(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := "--debug run-single --url http://127.0.0.1:1234 --token glrt-token --name sandbox-executor-test" +
-		" --max-builds 1 --wait-timeout 30 --builds-dir /builds --executor custom" +
+		" --max-builds 1 --wait-timeout 30 --builds-dir /builds" +
+		" --cache-type s3 --cache-s3-server-address 10.99.1.9 --cache-s3-access-key AK --cache-s3-secret-key SK" +
+		" --cache-s3-bucket-name cache --cache-s3-insecure --executor custom" +
 		" --custom-config-exec /x/config --custom-prepare-exec /x/prepare" +
 		" --custom-prepare-args one --custom-prepare-args two words" +
 		" --custom-run-exec /x/run --custom-run-args --verbose" +

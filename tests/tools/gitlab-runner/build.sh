@@ -36,7 +36,9 @@ else
 	echo "building gitlab-runner $runner_version ($runner_module@$module_version) into $binary ..." >&2
 	mkdir -p "$bin_dir"
 	common=$runner_module/common
-	ldflags="-X $common.NAME=gitlab-runner -X $common.VERSION=$runner_version"
+	# Stripped (-s -w): the same binary is copied into job pods that use cache or
+	# artifacts (helper_binary), 32 MB instead of 45 MB.
+	ldflags="-s -w -X $common.NAME=gitlab-runner -X $common.VERSION=$runner_version"
 	ldflags+=" -X $common.REVISION=$runner_revision -X $common.BRANCH=$runner_branch"
 	ldflags+=" -X $common.BUILT=$runner_built"
 	# Static (no cgo), so the same binary can also be copied into a job

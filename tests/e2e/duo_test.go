@@ -1,0 +1,181 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"archive/zip"
+	"bytes"
+	"context"
+	"io"
+	"net/http"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sandbox-executor/sandbox-executor/tests/duoflow"
+	"github.com/sandbox-executor/sandbox-executor/tests/fakegitlab"
+	"github.com/sandbox-executor/sandbox-executor/tests/localcluster"
+	"github.com/sandbox-executor/sandbox-executor/tests/runner"
+)
+
+// runDuoJob runs job through a fresh gitlab-runner 12.8 process with the instance's S3 cache.
+func runDuoJob(t *testing.T, c *cluster, inst *duoflow.Instance, job fakegitlab.Job) fakegitlab.Result {
+	t.Helper()
+	inst.GitLab.Enqueue(job)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	proc, err := runner.Start(runner.Options{
+		URL: inst.GitLab.URL(), Token: inst.GitLab.RunnerToken(), Executor: c.customExecutor(), Timeout: 5 * time.Minute,
+		Cache: inst.RunnerCache(),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer proc.Stop()
+	res, err := inst.GitLab.Wait(ctx, job.ID)
+	if err != nil {
+		t.Fatalf("%v; runner log:\n%s", err, proc.Log())
+	}
+	if res.State != fakegitlab.StateSuccess {
+		t.Fatalf("job %d: %s (%s); trace:\n%s\nrunner log:\n%s", job.ID, res.State, res.FailureReason, res.Trace, proc.Log())
+	}
+	return res
+}
+
+var (
+	helperCopied = regexp.MustCompile(`Copied the runner helper \(([^)]*)\) into the pod as \S+ in (\d+ ms)`)
+	sandboxReady = regexp.MustCompile(`Sandbox ready: [^\x1b\n]*`)
+)
+
+// TestDuoFlowJob runs a Duo-shaped flow job twice through the real gitlab-runner 12.8 and
+// sandbox-executor, against an instance on the network job pods may reach: the job clones the
+// project (GIT_DEPTH=1), installs its dependency from the instance's registry, runs its tests,
+// pushes its change back over HTTP, caches node_modules/ in S3 and uploads an artifact, with
+// the runner's helper copied into the pod (helper_binary), not baked into the image.
+func TestDuoFlowJob(t *testing.T) {
+	c := newCluster(t)
+	helper, err := duoflow.HelperConfig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.WriteConfig(c.configPath, c.runnerName, helper); err != nil {
+		t.Fatal(err)
+	}
+	// The outside world is up (from here): a pod that cannot reach it is stopped by its policy.
+	if resp, err := http.Get(localcluster.OutsideURL); err != nil {
+		t.Fatalf("positive control: %s is not answering from this machine: %v", localcluster.OutsideURL, err)
+	} else {
+		resp.Body.Close()
+	}
+	inst, err := duoflow.NewInstance()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer inst.Close()
+	base, err := inst.CreateProject()
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	first := inst.Job(base, ciImage)
+	res1 := runDuoJob(t, c, inst, first)
+	mustContain(t, "job 1 trace", res1.Trace,
+		"Sandbox ready: pool duo-default", "helper: /tmp/.sandbox-executor/bin/gitlab-runner",
+		"Fetching changes with git depth set to 1", "before npm install: node_modules absent",
+		"tests passed: welcome, farewell", "Creating cache "+duoflow.CacheKey, "Created cache",
+		"Uploading artifacts", "egress to the instance: allowed", "egress outside: blocked")
+	cacheKeys := inst.Cache.Keys()
+	if len(cacheKeys) != 1 || !strings.HasSuffix(cacheKeys[0], "/"+duoflow.CacheKey) {
+		t.Fatalf("S3 cache objects after job 1: %q, want one for %s", cacheKeys, duoflow.CacheKey)
+	}
+	if n := inst.NPM.Downloads(duoflow.Dependency); n != 1 {
+		t.Errorf("job 1 downloaded %s %d times, want 1", duoflow.Dependency, n)
+	}
+
+	second := inst.Job(base, ciImage)
+	res2 := runDuoJob(t, c, inst, second)
+	mustContain(t, "job 2 trace", res2.Trace,
+		"Checking cache for "+duoflow.CacheKey, "Successfully extracted cache",
+		"before npm install: node_modules/tiny-greet present", "tests passed: welcome, farewell", "egress outside: blocked")
+	if n := inst.NPM.Downloads(duoflow.Dependency); n != 1 {
+		t.Errorf("%s downloaded %d times in all, want 1: job 2 should have used the restored node_modules", duoflow.Dependency, n)
+	}
+	var cacheGets int
+	for _, r := range inst.Cache.Requests() {
+		if r.Method == http.MethodGet && r.Status == http.StatusOK {
+			cacheGets++
+		}
+	}
+	if cacheGets != 1 {
+		t.Errorf("S3 cache served %d downloads, want 1 (job 2's restore): %+v", cacheGets, inst.Cache.Requests())
+	}
+
+	for _, tc := range []struct {
+		job fakegitlab.Job
+		res fakegitlab.Result
+	}{{first, res1}, {second, res2}} {
+		branch := duoflow.Branch(tc.job.ID)
+		pushed := assertPushed(t, inst, branch, base)
+		assertArtifact(t, tc.res, "pushed "+pushed+" on "+branch)
+		for _, v := range tc.job.Variables {
+			if v.Masked && strings.Contains(tc.res.Trace, v.Value) {
+				t.Errorf("job %d: the value of %s appears in the trace", tc.job.ID, v.Key)
+			}
+		}
+		c.assertJobGone(t, tc.job.ID)
+		copied := helperCopied.FindStringSubmatch(tc.res.Trace)
+		if copied == nil {
+			t.Errorf("job %d: no helper copy line in the trace", tc.job.ID)
+			continue
+		}
+		t.Logf("job %d: %s in %s (handed out -> final state); helper (%s) copied in %s; %s",
+			tc.job.ID, tc.res.State, tc.res.Duration().Round(time.Millisecond), copied[1], copied[2], sandboxReady.FindString(tc.res.Trace))
+	}
+}
+
+// assertPushed checks that branch arrived in the bare repository: one commit on top of base,
+// by the agent, with the change and nothing else. It returns the pushed commit.
+func assertPushed(t *testing.T, inst *duoflow.Instance, branch, base string) string {
+	t.Helper()
+	parent, err := inst.Repos.RepoGit(duoflow.Project, "rev-parse", branch+"~1")
+	if err != nil || parent != base {
+		t.Errorf("branch %s: parent %q (%v), want the job's commit %s", branch, parent, err, base)
+		return ""
+	}
+	author, _ := inst.Repos.RepoGit(duoflow.Project, "log", "-1", "--format=%an: %s", branch)
+	files, _ := inst.Repos.RepoGit(duoflow.Project, "diff", "--name-only", base, branch)
+	code, _ := inst.Repos.RepoGit(duoflow.Project, "show", branch+":index.js")
+	if author != "Duo Agent: Duo: "+duoflow.Goal || files != "index.js\ntest.js" || !strings.Contains(code, "farewell: name => 'Goodbye, ' + name + '!'") {
+		t.Errorf("branch %s: commit %q changing %q; index.js:\n%s", branch, author, files, code)
+	}
+	head, _ := inst.Repos.RepoGit(duoflow.Project, "rev-parse", branch)
+	return head
+}
+
+// assertArtifact checks the job's artifacts archive: the session summary saying what it pushed.
+func assertArtifact(t *testing.T, res fakegitlab.Result, want string) {
+	t.Helper()
+	if len(res.Artifacts) != 1 {
+		t.Errorf("job %d uploaded %d artifacts, want 1", res.JobID, len(res.Artifacts))
+		return
+	}
+	archive, err := zip.NewReader(bytes.NewReader(res.Artifacts[0].Data), int64(len(res.Artifacts[0].Data)))
+	if err != nil {
+		t.Errorf("job %d: artifact is not a zip: %v", res.JobID, err)
+		return
+	}
+	for _, f := range archive.File {
+		if f.Name != "duo-session/summary.txt" {
+			continue
+		}
+		r, _ := f.Open()
+		summary, _ := io.ReadAll(r)
+		r.Close()
+		if got := strings.TrimSpace(string(summary)); got != want {
+			t.Errorf("job %d: artifact summary %q, want %q", res.JobID, got, want)
+		}
+		return
+	}
+	t.Errorf("job %d: no duo-session/summary.txt in the artifact", res.JobID)
+}
