@@ -45,13 +45,17 @@ func withProxy(t *testing.T, c *cluster) *faultproxy.Proxy {
 	if err := clientcmd.WriteToFile(*kc, path); err != nil {
 		t.Fatal(err)
 	}
-	if err := c.WriteConfig(c.configPath, c.runnerName, "reconnects = 20"); err != nil {
+	if err := c.WriteConfig(c.configPath, c.runnerName, execThroughAPIServer); err != nil {
 		t.Fatal(err)
 	}
 	// WriteConfig uses the cluster's kubeconfig: swap in the proxied one.
 	replaceInFile(t, c.configPath, c.ExecutorKubeconfig(), path)
 	return proxy
 }
+
+// execThroughAPIServer pins stages to the exec transport: these faults are on the path through
+// the API server, which the network transport does not take.
+const execThroughAPIServer = "reconnects = 20\nstage_transport = \"exec\""
 
 // preparedJob runs prepare for a new job on image and registers its cleanup, which must leave
 // nothing behind. It returns the stage environment, the pod and prepare's job log.
@@ -182,7 +186,7 @@ func TestSteadyOutputForAMinute(t *testing.T) {
 // goes on in the pod, and run re-attaches once the API server is back.
 func TestStageSurvivesAPIServerRestart(t *testing.T) {
 	c := newCluster(t)
-	if err := c.WriteConfig(c.configPath, c.runnerName, "reconnects = 20"); err != nil {
+	if err := c.WriteConfig(c.configPath, c.runnerName, execThroughAPIServer); err != nil {
 		t.Fatal(err)
 	}
 	env, _, _ := preparedJob(t, c, ciImage)
