@@ -86,15 +86,27 @@ up() {
   ((KWOK_NODES >= 1 && KWOK_NODES <= 250)) || die "KWOK_NODES must be 1..250 (one /24 of 198.18.0.0/16 each)"
   build
   write_config
+  # WARN: at INFO kwok logs every status patch it makes. The lease duration must be given: without
+  # it this kwok renews no node Lease, and the node lifecycle controller marks the nodes (and
+  # their pods) NotReady after its grace period.
   start_daemon kwok "$CLUSTER_BIN/kwok" --kubeconfig "$ADMIN_KUBECONFIG" --config "$KWOK_DIR/kwok.yaml" \
-    --manage-nodes-with-label-selector "$KWOK_NODE_LABEL" --node-ip "$KWOK_NODE_IP"
+    --manage-nodes-with-label-selector "$KWOK_NODE_LABEL" --node-ip "$KWOK_NODE_IP" \
+    --node-lease-duration-seconds 40 --v=WARN
   nodes_manifest | kubectl_admin apply -f - >/dev/null
   wait_until "$KWOK_NODES kwok nodes Ready" 120 nodes_ready
 }
 
+pods_on_fake_nodes() {
+  kubectl_admin get pods -A -o jsonpath='{range .items[*]}{.spec.nodeName}{"\n"}{end}' | grep -c '^kwok-node-' || true
+}
+no_pods_on_fake_nodes() { (($(pods_on_fake_nodes) == 0)); }
+
 down() {
-  # Pods left on a deleted node would only be garbage-collected by the pod GC; the bench deletes
-  # its namespace (and waits) before this runs.
+  # kwok must outlive the pods on its nodes: it is what finalizes their deletion (a pod left on a
+  # deleted node waits minutes for the pod GC). The bench deletes its namespace before this runs.
+  if daemon_running kwok && ! no_pods_on_fake_nodes; then
+    wait_until "pods on kwok nodes gone" 300 no_pods_on_fake_nodes || warn "$(pods_on_fake_nodes) pods still on kwok nodes"
+  fi
   kubectl_admin delete nodes -l "$KWOK_NODE_LABEL" --ignore-not-found --wait=false >/dev/null
   stop_daemon kwok 10
 }

@@ -31,11 +31,13 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"os/signal"
 	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -171,17 +173,19 @@ func run() error {
 	if b.ext, err = extclient.NewForConfig(cfg); err != nil {
 		return err
 	}
-	ctx := context.Background()
+	// Ctrl-C or SIGTERM ends the rounds, never the cleanup; a second one kills.
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	go func() { <-ctx.Done(); stop() }()
 	if err := b.checkNodes(ctx); err != nil {
 		return err
 	}
 	b.controllerArgs = daemonArgs(o.clusterDir, "agent-sandbox")
-	if err := b.setup(ctx); err != nil {
-		return err
+	runErr := b.setup(ctx)
+	if runErr == nil {
+		runErr = b.rounds(ctx)
 	}
-	runErr := b.rounds(ctx)
-	// Always leave nothing behind, even after a failed round.
-	if err := b.teardown(ctx); err != nil {
+	// Always leave nothing behind, even after a failed or interrupted round.
+	if err := b.teardown(context.Background()); err != nil {
 		runErr = errors.Join(runErr, err)
 	}
 	report := b.report()
