@@ -335,6 +335,7 @@ type result struct {
 	n, ok, warmHits    int
 	errs               []string
 	poolFill, wall     time.Duration
+	cleanup            time.Duration
 	ready, claim       []time.Duration
 	cpu                map[string]float64
 	apfWait, apfReject float64
@@ -376,7 +377,12 @@ func (b *bench) round(ctx context.Context, idx, n int, warm bool) (*result, erro
 
 	watchCtx, stopWatch := context.WithCancel(ctx)
 	defer stopWatch()
-	readyAt, allReady, err := b.watchReady(watchCtx, n)
+	jobID := func(i int) int64 { return int64(idx*100000 + i) }
+	names := map[string]bool{}
+	for i := range n {
+		names[executor.ClaimName(runnerName, jobID(i))] = true
+	}
+	readyAt, allReady, err := b.watchReady(watchCtx, names)
 	if err != nil {
 		return nil, err
 	}
@@ -399,7 +405,7 @@ func (b *bench) round(ctx context.Context, idx, n int, warm bool) (*result, erro
 				Namespace:      b.o.namespace,
 				Pool:           poolName,
 				Runner:         runnerName,
-				Job:            &executor.Job{ID: int64(idx*100000 + i), Timeout: time.Hour},
+				Job:            &executor.Job{ID: jobID(i), Timeout: time.Hour},
 				Grace:          5 * time.Minute,
 				ReadyTimeout:   b.o.roundTimeout,
 				RuntimeClasses: []string{"gvisor"},
@@ -443,10 +449,11 @@ func (b *bench) round(ctx context.Context, idx, n int, warm bool) (*result, erro
 	slices.Sort(r.claim)
 	logf("round %d: %d/%d Ready in %s, %d errors", idx, r.ok, n, r.wall.Round(time.Millisecond), len(r.errs))
 
-	if err := b.cleanRound(ctx); err != nil {
-		return r, err
-	}
-	return r, nil
+	cleanStart := time.Now()
+	err = b.cleanRound(ctx, claimers, names)
+	r.cleanup = time.Since(cleanStart)
+	logf("round %d: cleanup took %s", idx, r.cleanup.Round(time.Millisecond))
+	return r, err
 }
 
 // waitPool waits until the pool's status and its sandboxes agree it holds size Ready sandboxes.
@@ -466,20 +473,30 @@ func (b *bench) waitPool(ctx context.Context, size int) error {
 	})
 }
 
-// cleanRound deletes the round's claims (their sandboxes and pods go with them) and empties the
-// pool, and waits until the namespace holds no sandbox and no pod.
-func (b *bench) cleanRound(ctx context.Context) error {
+// cleanRound empties the pool and releases every claim at once, each through its own claimer as
+// N jobs' cleanup would (the sandboxes and pods are garbage-collected with the claims), then waits
+// until the namespace holds no claim, sandbox or pod.
+func (b *bench) cleanRound(ctx context.Context, claimers []claimer, names map[string]bool) error {
 	if err := b.setPool(ctx, 0); err != nil {
 		return err
 	}
-	policy := metav1.DeletePropagationBackground
-	err := b.ext.ExtensionsV1beta1().SandboxClaims(b.o.namespace).DeleteCollection(ctx,
-		metav1.DeleteOptions{PropagationPolicy: &policy}, metav1.ListOptions{})
-	if err != nil {
+	errs := make([]error, len(claimers))
+	var wg sync.WaitGroup
+	i := 0
+	for name := range names {
+		c := claimers[i]
+		wg.Go(func() { errs[i] = c.claimer.Release(ctx, b.o.namespace, name) })
+		i++
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
 		return err
 	}
-	start := time.Now()
-	err = waitFor(ctx, b.o.roundTimeout, "round cleanup", func() (bool, string, error) {
+	return waitFor(ctx, b.o.roundTimeout, "round cleanup", func() (bool, string, error) {
+		claims, err := b.ext.ExtensionsV1beta1().SandboxClaims(b.o.namespace).List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return false, "", err
+		}
 		sbxs, err := b.sbx.AgentsV1beta1().Sandboxes(b.o.namespace).List(ctx, metav1.ListOptions{})
 		if err != nil {
 			return false, "", err
@@ -488,10 +505,9 @@ func (b *bench) cleanRound(ctx context.Context) error {
 		if err != nil {
 			return false, "", err
 		}
-		return len(sbxs.Items)+len(pods.Items) == 0, fmt.Sprintf("%d sandboxes, %d pods left", len(sbxs.Items), len(pods.Items)), nil
+		left := len(claims.Items) + len(sbxs.Items) + len(pods.Items)
+		return left == 0, fmt.Sprintf("%d claims, %d sandboxes, %d pods left", len(claims.Items), len(sbxs.Items), len(pods.Items)), nil
 	})
-	logf("cleanup took %s", time.Since(start).Round(time.Millisecond))
-	return err
 }
 
 // waitFor checks cond once a second. Only setup and cleanup wait this way; measured latencies
@@ -572,11 +588,12 @@ func (b *bench) claimers(ctx context.Context, n int) ([]claimer, error) {
 	return out, nil
 }
 
-// watchReady watches every claim of the namespace and records when each first turned Ready with
-// a sandbox. allReady closes once want claims have. A watch the API server ends is resumed from
+// watchReady watches the claims of the namespace and records when each of the named ones first
+// turned Ready with a sandbox (claims of an earlier round may still be there, being deleted).
+// allReady closes once all have. A watch the API server ends is resumed from
 // the last resource version seen; only if that is too old does it re-list, and claims first seen
 // Ready in a re-list are stamped late (counted in relisted).
-func (b *bench) watchReady(ctx context.Context, want int) (readyAt func() (map[string]time.Time, int), allReady <-chan struct{}, err error) {
+func (b *bench) watchReady(ctx context.Context, names map[string]bool) (readyAt func() (map[string]time.Time, int), allReady <-chan struct{}, err error) {
 	claims := b.ext.ExtensionsV1beta1().SandboxClaims(b.o.namespace)
 	var mu sync.Mutex
 	seen := map[string]time.Time{}
@@ -584,7 +601,7 @@ func (b *bench) watchReady(ctx context.Context, want int) (readyAt func() (map[s
 	done := make(chan struct{})
 	record := func(c *extv1beta1.SandboxClaim, now time.Time, fromList bool) {
 		cond := meta.FindStatusCondition(c.Status.Conditions, string(sandboxv1beta1.SandboxConditionReady))
-		if cond == nil || cond.Status != metav1.ConditionTrue || c.Status.SandboxStatus.Name == "" {
+		if !names[c.Name] || cond == nil || cond.Status != metav1.ConditionTrue || c.Status.SandboxStatus.Name == "" {
 			return
 		}
 		mu.Lock()
@@ -596,7 +613,7 @@ func (b *bench) watchReady(ctx context.Context, want int) (readyAt func() (map[s
 		if fromList {
 			relisted++
 		}
-		if len(seen) == want {
+		if len(seen) == len(names) {
 			close(done)
 		}
 	}
@@ -862,17 +879,17 @@ func (b *bench) report() string {
 	fmt.Fprintf(&s, "%d kwok nodes; agent-sandbox controller run as: `%s`.\n", b.nodes, b.controllerArgs)
 	fmt.Fprintf(&s, "Claims fired at once, each on its own connection through the executor's claim path (client QPS %g, burst %d per connection).\n", b.o.qps, b.o.burst)
 	s.WriteString("Ready: create -> claim Ready as seen on a watch of all claims; Claim(): the executor's whole call (create, its own watch, resolve). Times in ms.\n\n")
-	s.WriteString("| path | N | n | p50 | p95 | p99 | max | Claim() p50 | Claim() p99 | claims/s | warm hits | errors | pool fill s |\n")
-	s.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+	s.WriteString("| path | N | n | p50 | p95 | p99 | max | Claim() p50 | Claim() p99 | claims/s | warm hits | errors | pool fill s | cleanup s |\n")
+	s.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, r := range b.rows {
 		kind := map[bool]string{true: "warm", false: "cold"}[r.warm]
 		rate := 0.0
 		if r.wall > 0 {
 			rate = float64(r.ok) / r.wall.Seconds()
 		}
-		fmt.Fprintf(&s, "| %s | %d | %d | %s | %s | %s | %s | %s | %s | %.0f | %d | %d | %.1f |\n", kind, r.n, len(r.ready),
+		fmt.Fprintf(&s, "| %s | %d | %d | %s | %s | %s | %s | %s | %s | %.0f | %d | %d | %.1f | %.1f |\n", kind, r.n, len(r.ready),
 			ms(pct(r.ready, .50)), ms(pct(r.ready, .95)), ms(pct(r.ready, .99)), ms(pct(r.ready, 1)),
-			ms(pct(r.claim, .50)), ms(pct(r.claim, .99)), rate, r.warmHits, len(r.errs), r.poolFill.Seconds())
+			ms(pct(r.claim, .50)), ms(pct(r.claim, .99)), rate, r.warmHits, len(r.errs), r.poolFill.Seconds(), r.cleanup.Seconds())
 	}
 	s.WriteString("\nWhere the time went during each burst: CPU seconds per process (2 cores = 2 s per wall second; \"others\" is the\n")
 	s.WriteString("rest of the machine: other users of this shared host), API priority and fairness for the controller (priority\n")
