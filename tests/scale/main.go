@@ -484,8 +484,8 @@ func (b *bench) cleanRound(ctx context.Context, claimers []claimer, names map[st
 	var wg sync.WaitGroup
 	i := 0
 	for name := range names {
-		c := claimers[i]
-		wg.Go(func() { errs[i] = c.claimer.Release(ctx, b.o.namespace, name) })
+		c, slot := claimers[i], &errs[i]
+		wg.Go(func() { *slot = c.claimer.Release(ctx, b.o.namespace, name) })
 		i++
 	}
 	wg.Wait()
