@@ -107,7 +107,8 @@ down() {
   if daemon_running kwok && ! no_pods_on_fake_nodes; then
     wait_until "pods on kwok nodes gone" 300 no_pods_on_fake_nodes || warn "$(pods_on_fake_nodes) pods still on kwok nodes"
   fi
-  kubectl_admin delete nodes -l "$KWOK_NODE_LABEL" --ignore-not-found --wait=false >/dev/null
+  kubectl_admin delete nodes -l "$KWOK_NODE_LABEL" --ignore-not-found --wait=false >/dev/null ||
+    warn "could not delete the kwok nodes: kubectl delete nodes -l $KWOK_NODE_LABEL"
   stop_daemon kwok 10
 }
 
