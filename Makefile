@@ -11,7 +11,7 @@ LDFLAGS := -s -w -X github.com/sandbox-executor/sandbox-executor/cmd/sandbox-exe
 # Static binaries: the agent is copied into job pods of any image.
 GOBUILD := CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)'
 
-.PHONY: all build test vet unit check cluster-up cluster-down cluster-wipe netpol e2e e2e-long security demo runner runner-test bench clean
+.PHONY: all build test vet unit check cluster-up cluster-down cluster-wipe netpol e2e e2e-long security demo runner runner-test bench bench-scale clean
 
 all: build
 
@@ -71,6 +71,11 @@ demo: build cluster-up runner
 # Benchmarks against baselines measured in the same run; writes docs/benchmarks.md.
 bench: build cluster-up runner
 	SANDBOX_EXECUTOR_BIN=$(BIN) tests/bench.sh
+
+# Control-plane scale: N concurrent claims against the real apiserver and agent-sandbox controller,
+# with kwok-simulated nodes (tests/scale). SCALE_ARGS=-warm 100 -cold '' for a short run.
+bench-scale: cluster-up
+	tests/scale/run.sh $(SCALE_ARGS)
 
 clean:
 	rm -rf $(BIN)

@@ -37,18 +37,11 @@ type Env struct {
 // ~/.cache/sandbox-executor/cluster) and the binaries ($SANDBOX_EXECUTOR_BIN), and checks that
 // both are there.
 func Find() (*Env, error) {
-	e := &Env{Dir: os.Getenv("CLUSTER_DIR"), BinDir: os.Getenv("SANDBOX_EXECUTOR_BIN")}
-	if e.Dir == "" {
-		cache := os.Getenv("SANDBOX_EXECUTOR_CACHE")
-		if cache == "" {
-			home, err := os.UserHomeDir()
-			if err != nil {
-				return nil, err
-			}
-			cache = filepath.Join(home, ".cache", "sandbox-executor")
-		}
-		e.Dir = filepath.Join(cache, "cluster")
+	dir, err := ClusterDir()
+	if err != nil {
+		return nil, err
 	}
+	e := &Env{Dir: dir, BinDir: os.Getenv("SANDBOX_EXECUTOR_BIN")}
 	if e.BinDir == "" {
 		return nil, errors.New("SANDBOX_EXECUTOR_BIN is not set: use the Makefile targets (make e2e, make demo)")
 	}
@@ -58,6 +51,23 @@ func Find() (*Env, error) {
 		}
 	}
 	return e, nil
+}
+
+// ClusterDir is CLUSTER_DIR, else $SANDBOX_EXECUTOR_CACHE/cluster, else
+// ~/.cache/sandbox-executor/cluster (as tests/cluster/lib.sh has it).
+func ClusterDir() (string, error) {
+	if dir := os.Getenv("CLUSTER_DIR"); dir != "" {
+		return dir, nil
+	}
+	cache := os.Getenv("SANDBOX_EXECUTOR_CACHE")
+	if cache == "" {
+		home, err := os.UserHomeDir()
+		if err != nil {
+			return "", err
+		}
+		cache = filepath.Join(home, ".cache", "sandbox-executor")
+	}
+	return filepath.Join(cache, "cluster"), nil
 }
 
 // ExecutorKubeconfig authenticates as the executor's ServiceAccount (deploy/base/rbac.yaml).
