@@ -343,6 +343,9 @@ type result struct {
 	queueWait, work    map[string]float64
 	// writes counts the API server's mutating requests during the burst, by resource.
 	writes map[string]float64
+	// serverMean is the API server's own mean time for a non-watch request on agent-sandbox
+	// resources (nearly all of them the controller's): what its reconciles wait for, server side.
+	serverMean float64
 	load   string
 }
 
@@ -698,7 +701,8 @@ func (b *bench) snapshot(ctx context.Context) snapshot {
 		}
 	}
 	if raw, err := b.kube.CoreV1().RESTClient().Get().AbsPath("/metrics").DoRaw(ctx); err == nil {
-		s.apiserver = parseMetrics(bytes.NewReader(raw), "apiserver_flowcontrol_request_wait_duration_seconds_", "apiserver_flowcontrol_rejected_requests_total", "apiserver_request_total{")
+		s.apiserver = parseMetrics(bytes.NewReader(raw), "apiserver_flowcontrol_request_wait_duration_seconds_", "apiserver_flowcontrol_rejected_requests_total", "apiserver_request_total{",
+			"apiserver_request_duration_seconds_sum{", "apiserver_request_duration_seconds_count{")
 	}
 	if resp, err := http.Get(b.o.controller); err == nil {
 		s.controller = parseMetrics(resp.Body, "workqueue_queue_duration_seconds_", "workqueue_work_duration_seconds_")
@@ -817,6 +821,19 @@ func (r *result) diff(before, after snapshot) {
 			r.cpu[c] = v - b
 		}
 	}
+	var durSum, durCount float64
+	for k, v := range after.apiserver {
+		if !strings.Contains(label(k, "group"), "agents.x-k8s.io") || slices.Contains([]string{"WATCH", "CONNECT"}, label(k, "verb")) {
+			continue
+		}
+		switch {
+		case strings.HasPrefix(k, "apiserver_request_duration_seconds_sum{"):
+			durSum += v - before.apiserver[k]
+		case strings.HasPrefix(k, "apiserver_request_duration_seconds_count{"):
+			durCount += v - before.apiserver[k]
+		}
+	}
+	r.serverMean = mean(durSum, durCount)
 	r.writes = map[string]float64{}
 	for k, v := range after.apiserver {
 		if !strings.HasPrefix(k, "apiserver_request_total{") || !slices.Contains([]string{"POST", "PUT", "PATCH", "DELETE"}, label(k, "verb")) {
@@ -893,13 +910,14 @@ func (b *bench) report() string {
 	}
 	s.WriteString("\nWhere the time went during each burst: CPU seconds per process (2 cores = 2 s per wall second; \"others\" is the\n")
 	s.WriteString("rest of the machine: other users of this shared host), API priority and fairness for the controller (priority\n")
-	s.WriteString("level global-default), the controller's mean workqueue wait and reconcile time, and API writes per claim.\n\n")
+	s.WriteString("level global-default), the controller's mean workqueue wait and reconcile time, the API server's mean time per\n")
+	s.WriteString("non-watch request on agent-sandbox resources, and API writes per claim (cluster-wide: other users' writes included).\n\n")
 	s.WriteString("| path | N | wall s | load avg |")
 	for _, c := range components {
 		fmt.Fprintf(&s, " %s |", c)
 	}
-	s.WriteString(" bench | others | APF wait ms | APF rejected | claim queue ms | claim work ms | sandbox queue ms | pool queue ms | writes/claim |\n|")
-	s.WriteString(strings.Repeat("---|", 4+len(components)+9) + "\n")
+	s.WriteString(" bench | others | APF wait ms | APF rejected | claim queue ms | claim work ms | sandbox queue ms | pool queue ms | API server ms | writes/claim |\n|")
+	s.WriteString(strings.Repeat("---|", 4+len(components)+10) + "\n")
 	for _, r := range b.rows {
 		kind := map[bool]string{true: "warm", false: "cold"}[r.warm]
 		fmt.Fprintf(&s, "| %s | %d | %.1f | %s |", kind, r.n, r.wall.Seconds(), r.load)
@@ -921,8 +939,9 @@ func (b *bench) report() string {
 		for _, v := range r.writes {
 			writes += v
 		}
-		fmt.Fprintf(&s, " %s | %.1f | %.0f | %.0f | %.0f | %.0f | %.0f | %.1f |\n", others, 1000*mean(r.apfWait, r.apfDispatched), r.apfReject,
-			1000*r.queueWait["sandboxclaim"], 1000*r.work["sandboxclaim"], 1000*r.queueWait["sandbox"], 1000*r.queueWait["sandboxwarmpool"], writes/float64(r.n))
+		fmt.Fprintf(&s, " %s | %.1f | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f | %.1f |\n", others, 1000*mean(r.apfWait, r.apfDispatched), r.apfReject,
+			1000*r.queueWait["sandboxclaim"], 1000*r.work["sandboxclaim"], 1000*r.queueWait["sandbox"], 1000*r.queueWait["sandboxwarmpool"],
+			1000*r.serverMean, writes/float64(r.n))
 	}
 	s.WriteString("\nAPI writes per claim during the burst, by resource (refill of the pool included):\n\n")
 	for _, r := range b.rows {
