@@ -150,6 +150,8 @@ type bench struct {
 	// nodes is the number of Ready kwok nodes; controllerArgs the controller's command line.
 	nodes          int
 	controllerArgs string
+	// ownNamespace: the namespace is this tool's (labelled by it), so teardown may delete it.
+	ownNamespace bool
 }
 
 func run() error {
@@ -184,7 +186,11 @@ func run() error {
 	if runErr == nil {
 		runErr = b.rounds(ctx)
 	}
-	// Always leave nothing behind, even after a failed or interrupted round.
+	// Always leave nothing behind, even after a failed or interrupted round; never touch a
+	// namespace that is not ours.
+	if !b.ownNamespace {
+		return runErr
+	}
 	if err := b.teardown(context.Background()); err != nil {
 		runErr = errors.Join(runErr, err)
 	}
@@ -245,6 +251,7 @@ func (b *bench) setup(ctx context.Context) error {
 		if old.Labels[ownerLabel] != "true" {
 			return fmt.Errorf("namespace %s exists and is not ours (no label %s=true): pick another -namespace", b.o.namespace, ownerLabel)
 		}
+		b.ownNamespace = true
 		logf("deleting namespace %s left by an earlier run", b.o.namespace)
 		if err := b.deleteNamespace(ctx); err != nil {
 			return err
@@ -254,6 +261,7 @@ func (b *bench) setup(ctx context.Context) error {
 	if _, err := nss.Create(ctx, ns, metav1.CreateOptions{}); err != nil {
 		return err
 	}
+	b.ownNamespace = true
 	tmpl := &extv1beta1.SandboxTemplate{
 		ObjectMeta: metav1.ObjectMeta{Name: poolName, Namespace: b.o.namespace},
 		Spec: extv1beta1.SandboxTemplateSpec{
@@ -346,7 +354,7 @@ type result struct {
 	// serverMean is the API server's own mean time for a non-watch request on agent-sandbox
 	// resources (nearly all of them the controller's): what its reconciles wait for, server side.
 	serverMean float64
-	load   string
+	load       string
 }
 
 func (b *bench) round(ctx context.Context, idx, n int, warm bool) (*result, error) {
