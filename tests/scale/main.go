@@ -20,16 +20,12 @@
 package main
 
 import (
-	"bufio"
-	"bytes"
 	"context"
 	"errors"
 	"flag"
 	"fmt"
-	"io"
 	"maps"
 	"net"
-	"net/http"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -150,6 +146,8 @@ type bench struct {
 	// nodes is the number of Ready kwok nodes; controllerArgs the controller's command line.
 	nodes          int
 	controllerArgs string
+	// ownNamespace: the namespace is this tool's (labelled by it), so teardown may delete it.
+	ownNamespace bool
 }
 
 func run() error {
@@ -184,7 +182,11 @@ func run() error {
 	if runErr == nil {
 		runErr = b.rounds(ctx)
 	}
-	// Always leave nothing behind, even after a failed or interrupted round.
+	// Always leave nothing behind, even after a failed or interrupted round; never touch a
+	// namespace that is not ours.
+	if !b.ownNamespace {
+		return runErr
+	}
 	if err := b.teardown(context.Background()); err != nil {
 		runErr = errors.Join(runErr, err)
 	}
@@ -245,6 +247,7 @@ func (b *bench) setup(ctx context.Context) error {
 		if old.Labels[ownerLabel] != "true" {
 			return fmt.Errorf("namespace %s exists and is not ours (no label %s=true): pick another -namespace", b.o.namespace, ownerLabel)
 		}
+		b.ownNamespace = true
 		logf("deleting namespace %s left by an earlier run", b.o.namespace)
 		if err := b.deleteNamespace(ctx); err != nil {
 			return err
@@ -254,6 +257,7 @@ func (b *bench) setup(ctx context.Context) error {
 	if _, err := nss.Create(ctx, ns, metav1.CreateOptions{}); err != nil {
 		return err
 	}
+	b.ownNamespace = true
 	tmpl := &extv1beta1.SandboxTemplate{
 		ObjectMeta: metav1.ObjectMeta{Name: poolName, Namespace: b.o.namespace},
 		Spec: extv1beta1.SandboxTemplateSpec{
@@ -343,7 +347,10 @@ type result struct {
 	queueWait, work    map[string]float64
 	// writes counts the API server's mutating requests during the burst, by resource.
 	writes map[string]float64
-	load   string
+	// serverMean is the API server's own mean time for a non-watch request on agent-sandbox
+	// resources (nearly all of them the controller's): what its reconciles wait for, server side.
+	serverMean float64
+	load       string
 }
 
 func (b *bench) round(ctx context.Context, idx, n int, warm bool) (*result, error) {
@@ -667,282 +674,6 @@ func (b *bench) watchReady(ctx context.Context, names map[string]bool) (readyAt 
 		defer mu.Unlock()
 		return maps.Clone(seen), relisted
 	}, done, nil
-}
-
-// --- where the time goes: CPU of each cluster process and the limiters' own metrics ----------
-
-// components are the cluster's daemons by PID file name (tests/cluster/lib.sh start_daemon).
-var components = []string{"kube-apiserver", "etcd", "agent-sandbox", "kube-scheduler", "kube-controller-manager", "kwok", "kube-router", "kubelet"}
-
-type snapshot struct {
-	cpu        map[string]float64 // CPU seconds per component
-	apiserver  map[string]float64 // selected series of the apiserver's /metrics
-	controller map[string]float64 // selected series of the controller's /metrics
-}
-
-func (b *bench) snapshot(ctx context.Context) snapshot {
-	s := snapshot{cpu: map[string]float64{}}
-	if busy, err := machineBusySeconds(); err == nil {
-		s.cpu[machine] = busy
-	}
-	for _, c := range append(slices.Clone(components), "bench") {
-		pid := "self"
-		if c != "bench" {
-			var err error
-			if pid, err = daemonPID(b.o.clusterDir, c); err != nil {
-				continue
-			}
-		}
-		if sec, err := cpuSeconds(pid); err == nil {
-			s.cpu[c] = sec
-		}
-	}
-	if raw, err := b.kube.CoreV1().RESTClient().Get().AbsPath("/metrics").DoRaw(ctx); err == nil {
-		s.apiserver = parseMetrics(bytes.NewReader(raw), "apiserver_flowcontrol_request_wait_duration_seconds_", "apiserver_flowcontrol_rejected_requests_total", "apiserver_request_total{")
-	}
-	if resp, err := http.Get(b.o.controller); err == nil {
-		s.controller = parseMetrics(resp.Body, "workqueue_queue_duration_seconds_", "workqueue_work_duration_seconds_")
-		resp.Body.Close()
-	}
-	return s
-}
-
-func daemonPID(clusterDir, name string) (string, error) {
-	raw, err := os.ReadFile(filepath.Join(clusterDir, "run", name+".pid"))
-	return strings.TrimSpace(string(raw)), err
-}
-
-// daemonArgs is a cluster daemon's command line without the program and the flags naming local
-// paths, or "unknown".
-func daemonArgs(clusterDir, name string) string {
-	pid, err := daemonPID(clusterDir, name)
-	if err != nil {
-		return "unknown"
-	}
-	raw, err := os.ReadFile("/proc/" + pid + "/cmdline")
-	if err != nil {
-		return "unknown"
-	}
-	args := strings.Split(strings.TrimRight(string(raw), "\x00"), "\x00")[1:]
-	args = slices.DeleteFunc(args, func(a string) bool { return strings.Contains(a, "/") })
-	return strings.Join(args, " ")
-}
-
-// machine is the snapshot key of the whole machine's busy CPU time.
-const machine = "machine"
-
-// machineBusySeconds is the CPU time all cores spent not idle, from /proc/stat.
-func machineBusySeconds() (float64, error) {
-	raw, err := os.ReadFile("/proc/stat")
-	if err != nil {
-		return 0, err
-	}
-	line, _, _ := strings.Cut(string(raw), "\n")
-	f := strings.Fields(line)
-	if len(f) < 6 || f[0] != "cpu" {
-		return 0, errors.New("unexpected /proc/stat")
-	}
-	var busy float64
-	for i, v := range f[1:] {
-		if i == 3 || i == 4 || i >= 8 { // idle, iowait; guest time is already in user
-			continue
-		}
-		n, err := strconv.ParseFloat(v, 64)
-		if err != nil {
-			return 0, err
-		}
-		busy += n
-	}
-	return busy / 100, nil
-}
-
-// cpuSeconds reads utime+stime of a process (and its waited-for children) from /proc.
-func cpuSeconds(pid string) (float64, error) {
-	raw, err := os.ReadFile("/proc/" + pid + "/stat")
-	if err != nil {
-		return 0, err
-	}
-	// Fields after the ")" that ends the command name: state is field 3, utime 14, stime 15.
-	f := strings.Fields(string(raw[bytes.LastIndexByte(raw, ')')+1:]))
-	if len(f) < 13 {
-		return 0, errors.New("short /proc stat")
-	}
-	var ticks float64
-	for _, s := range f[11:13] {
-		v, err := strconv.ParseFloat(s, 64)
-		if err != nil {
-			return 0, err
-		}
-		ticks += v
-	}
-	// USER_HZ is 100 on every Linux architecture Go supports here.
-	return ticks / 100, nil
-}
-
-// parseMetrics keeps the Prometheus text series whose names start with one of the prefixes.
-func parseMetrics(r io.Reader, prefixes ...string) map[string]float64 {
-	out := map[string]float64{}
-	sc := bufio.NewScanner(r)
-	sc.Buffer(make([]byte, 1<<20), 1<<20)
-	for sc.Scan() {
-		line := sc.Text()
-		if !slices.ContainsFunc(prefixes, func(p string) bool { return strings.HasPrefix(line, p) }) {
-			continue
-		}
-		i := strings.LastIndexByte(line, ' ')
-		if v, err := strconv.ParseFloat(line[i+1:], 64); err == nil {
-			out[line[:i]] += v
-		}
-	}
-	return out
-}
-
-// sumDelta sums after-before over the series whose name starts with prefix and that carry all
-// the label fragments.
-func sumDelta(before, after map[string]float64, prefix string, labels ...string) float64 {
-	var d float64
-	for k, v := range after {
-		if strings.HasPrefix(k, prefix) && !slices.ContainsFunc(labels, func(l string) bool { return !strings.Contains(k, l) }) {
-			d += v - before[k]
-		}
-	}
-	return d
-}
-
-func (r *result) diff(before, after snapshot) {
-	r.cpu = map[string]float64{}
-	for c, v := range after.cpu {
-		// A negative delta: the daemon was restarted during the burst (its PID file moved on).
-		if b, ok := before.cpu[c]; ok && v >= b {
-			r.cpu[c] = v - b
-		}
-	}
-	r.writes = map[string]float64{}
-	for k, v := range after.apiserver {
-		if !strings.HasPrefix(k, "apiserver_request_total{") || !slices.Contains([]string{"POST", "PUT", "PATCH", "DELETE"}, label(k, "verb")) {
-			continue
-		}
-		res := label(k, "resource")
-		if sub := label(k, "subresource"); sub != "" {
-			res += "/" + sub
-		}
-		r.writes[res] += v - before.apiserver[k]
-	}
-	// The controller authenticates as a user outside any system group: API priority and
-	// fairness puts it in the global-default priority level.
-	const pl = `priority_level="global-default"`
-	r.apfWait = sumDelta(before.apiserver, after.apiserver, "apiserver_flowcontrol_request_wait_duration_seconds_sum", pl)
-	r.apfDispatched = sumDelta(before.apiserver, after.apiserver, "apiserver_flowcontrol_request_wait_duration_seconds_count", pl)
-	r.apfReject = sumDelta(before.apiserver, after.apiserver, "apiserver_flowcontrol_rejected_requests_total", pl)
-	r.queueWait, r.work = map[string]float64{}, map[string]float64{}
-	for _, c := range []string{"sandboxclaim", "sandbox", "sandboxwarmpool"} {
-		l := `name="` + c + `"`
-		r.queueWait[c] = mean(sumDelta(before.controller, after.controller, "workqueue_queue_duration_seconds_sum", l),
-			sumDelta(before.controller, after.controller, "workqueue_queue_duration_seconds_count", l))
-		r.work[c] = mean(sumDelta(before.controller, after.controller, "workqueue_work_duration_seconds_sum", l),
-			sumDelta(before.controller, after.controller, "workqueue_work_duration_seconds_count", l))
-	}
-}
-
-// label is the value of one label of a Prometheus series, or "".
-func label(series, name string) string {
-	for _, sep := range []string{"{", ","} {
-		if _, rest, ok := strings.Cut(series, sep+name+`="`); ok {
-			v, _, _ := strings.Cut(rest, `"`)
-			return v
-		}
-	}
-	return ""
-}
-
-func mean(sum, count float64) float64 {
-	if count == 0 {
-		return 0
-	}
-	return sum / count
-}
-
-// --- report ----------------------------------------------------------------------------------
-
-func pct(sorted []time.Duration, p float64) time.Duration {
-	if len(sorted) == 0 {
-		return 0
-	}
-	i := int(p*float64(len(sorted))+0.999999) - 1 // nearest rank
-	return sorted[min(max(i, 0), len(sorted)-1)]
-}
-
-func ms(d time.Duration) string { return strconv.FormatInt(d.Milliseconds(), 10) }
-
-func (b *bench) report() string {
-	var s strings.Builder
-	fmt.Fprintf(&s, "%d kwok nodes; agent-sandbox controller run as: `%s`.\n", b.nodes, b.controllerArgs)
-	fmt.Fprintf(&s, "Claims fired at once, each on its own connection through the executor's claim path (client QPS %g, burst %d per connection).\n", b.o.qps, b.o.burst)
-	s.WriteString("Ready: create -> claim Ready as seen on a watch of all claims; Claim(): the executor's whole call (create, its own watch, resolve). Times in ms.\n\n")
-	s.WriteString("| path | N | n | p50 | p95 | p99 | max | Claim() p50 | Claim() p99 | claims/s | warm hits | errors | pool fill s | cleanup s |\n")
-	s.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
-	for _, r := range b.rows {
-		kind := map[bool]string{true: "warm", false: "cold"}[r.warm]
-		rate := 0.0
-		if r.wall > 0 {
-			rate = float64(r.ok) / r.wall.Seconds()
-		}
-		fmt.Fprintf(&s, "| %s | %d | %d | %s | %s | %s | %s | %s | %s | %.0f | %d | %d | %.1f | %.1f |\n", kind, r.n, len(r.ready),
-			ms(pct(r.ready, .50)), ms(pct(r.ready, .95)), ms(pct(r.ready, .99)), ms(pct(r.ready, 1)),
-			ms(pct(r.claim, .50)), ms(pct(r.claim, .99)), rate, r.warmHits, len(r.errs), r.poolFill.Seconds(), r.cleanup.Seconds())
-	}
-	s.WriteString("\nWhere the time went during each burst: CPU seconds per process (2 cores = 2 s per wall second; \"others\" is the\n")
-	s.WriteString("rest of the machine: other users of this shared host), API priority and fairness for the controller (priority\n")
-	s.WriteString("level global-default), the controller's mean workqueue wait and reconcile time, and API writes per claim.\n\n")
-	s.WriteString("| path | N | wall s | load avg |")
-	for _, c := range components {
-		fmt.Fprintf(&s, " %s |", c)
-	}
-	s.WriteString(" bench | others | APF wait ms | APF rejected | claim queue ms | claim work ms | sandbox queue ms | pool queue ms | writes/claim |\n|")
-	s.WriteString(strings.Repeat("---|", 4+len(components)+9) + "\n")
-	for _, r := range b.rows {
-		kind := map[bool]string{true: "warm", false: "cold"}[r.warm]
-		fmt.Fprintf(&s, "| %s | %d | %.1f | %s |", kind, r.n, r.wall.Seconds(), r.load)
-		ours := 0.0
-		for _, c := range append(slices.Clone(components), "bench") {
-			v, ok := r.cpu[c]
-			if !ok {
-				s.WriteString(" - |")
-				continue
-			}
-			ours += v
-			fmt.Fprintf(&s, " %.1f |", v)
-		}
-		others := "-"
-		if busy, ok := r.cpu[machine]; ok {
-			others = fmt.Sprintf("%.1f", busy-ours)
-		}
-		writes := 0.0
-		for _, v := range r.writes {
-			writes += v
-		}
-		fmt.Fprintf(&s, " %s | %.1f | %.0f | %.0f | %.0f | %.0f | %.0f | %.1f |\n", others, 1000*mean(r.apfWait, r.apfDispatched), r.apfReject,
-			1000*r.queueWait["sandboxclaim"], 1000*r.work["sandboxclaim"], 1000*r.queueWait["sandbox"], 1000*r.queueWait["sandboxwarmpool"], writes/float64(r.n))
-	}
-	s.WriteString("\nAPI writes per claim during the burst, by resource (refill of the pool included):\n\n")
-	for _, r := range b.rows {
-		kind := map[bool]string{true: "warm", false: "cold"}[r.warm]
-		res := slices.Collect(maps.Keys(r.writes))
-		slices.SortFunc(res, func(a, b string) int { return int(r.writes[b] - r.writes[a]) })
-		var parts []string
-		for _, k := range res {
-			if per := r.writes[k] / float64(r.n); per >= 0.05 {
-				parts = append(parts, fmt.Sprintf("%s %.1f", k, per))
-			}
-		}
-		fmt.Fprintf(&s, "- %s N=%d: %s\n", kind, r.n, strings.Join(parts, ", "))
-	}
-	for _, r := range b.rows {
-		if len(r.errs) > 0 {
-			fmt.Fprintf(&s, "\nN=%d: first error: %s\n", r.n, r.errs[0])
-		}
-	}
-	return s.String()
 }
 
 func logf(format string, args ...any) {

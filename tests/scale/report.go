@@ -1,0 +1,96 @@
+package main
+
+import (
+	"fmt"
+	"maps"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// The markdown tables.
+
+// pct is the p quantile (0..1) of sorted durations, by nearest rank.
+func pct(sorted []time.Duration, p float64) time.Duration {
+	if len(sorted) == 0 {
+		return 0
+	}
+	i := int(p*float64(len(sorted))+0.999999) - 1 // nearest rank
+	return sorted[min(max(i, 0), len(sorted)-1)]
+}
+
+func ms(d time.Duration) string { return strconv.FormatInt(d.Milliseconds(), 10) }
+
+func (b *bench) report() string {
+	var s strings.Builder
+	fmt.Fprintf(&s, "%d kwok nodes; agent-sandbox controller run as: `%s`.\n", b.nodes, b.controllerArgs)
+	fmt.Fprintf(&s, "Claims fired at once, each on its own connection through the executor's claim path (client QPS %g, burst %d per connection).\n", b.o.qps, b.o.burst)
+	s.WriteString("Ready: create -> claim Ready as seen on a watch of all claims; Claim(): the executor's whole call (create, its own watch, resolve). Times in ms.\n\n")
+	s.WriteString("| path | N | n | p50 | p95 | p99 | max | Claim() p50 | Claim() p99 | claims/s | warm hits | errors | pool fill s | cleanup s |\n")
+	s.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+	for _, r := range b.rows {
+		kind := map[bool]string{true: "warm", false: "cold"}[r.warm]
+		rate := 0.0
+		if r.wall > 0 {
+			rate = float64(r.ok) / r.wall.Seconds()
+		}
+		fmt.Fprintf(&s, "| %s | %d | %d | %s | %s | %s | %s | %s | %s | %.0f | %d | %d | %.1f | %.1f |\n", kind, r.n, len(r.ready),
+			ms(pct(r.ready, .50)), ms(pct(r.ready, .95)), ms(pct(r.ready, .99)), ms(pct(r.ready, 1)),
+			ms(pct(r.claim, .50)), ms(pct(r.claim, .99)), rate, r.warmHits, len(r.errs), r.poolFill.Seconds(), r.cleanup.Seconds())
+	}
+	s.WriteString("\nWhere the time went during each burst: CPU seconds per process (2 cores = 2 s per wall second; \"others\" is the\n")
+	s.WriteString("rest of the machine: other users of this shared host), API priority and fairness for the controller (priority\n")
+	s.WriteString("level global-default), the controller's mean workqueue wait and reconcile time, the API server's mean time per\n")
+	s.WriteString("non-watch request on agent-sandbox resources, and API writes per claim (cluster-wide: other users' writes included).\n\n")
+	s.WriteString("| path | N | wall s | load avg |")
+	for _, c := range components {
+		fmt.Fprintf(&s, " %s |", c)
+	}
+	s.WriteString(" bench | others | APF wait ms | APF rejected | claim queue ms | claim work ms | sandbox queue ms | pool queue ms | API server ms | writes/claim |\n|")
+	s.WriteString(strings.Repeat("---|", 4+len(components)+10) + "\n")
+	for _, r := range b.rows {
+		kind := map[bool]string{true: "warm", false: "cold"}[r.warm]
+		fmt.Fprintf(&s, "| %s | %d | %.1f | %s |", kind, r.n, r.wall.Seconds(), r.load)
+		ours := 0.0
+		for _, c := range append(slices.Clone(components), "bench") {
+			v, ok := r.cpu[c]
+			if !ok {
+				s.WriteString(" - |")
+				continue
+			}
+			ours += v
+			fmt.Fprintf(&s, " %.1f |", v)
+		}
+		others := "-"
+		if busy, ok := r.cpu[machine]; ok {
+			others = fmt.Sprintf("%.1f", busy-ours)
+		}
+		writes := 0.0
+		for _, v := range r.writes {
+			writes += v
+		}
+		fmt.Fprintf(&s, " %s | %.1f | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f | %.1f |\n", others, 1000*mean(r.apfWait, r.apfDispatched), r.apfReject,
+			1000*r.queueWait["sandboxclaim"], 1000*r.work["sandboxclaim"], 1000*r.queueWait["sandbox"], 1000*r.queueWait["sandboxwarmpool"],
+			1000*r.serverMean, writes/float64(r.n))
+	}
+	s.WriteString("\nAPI writes per claim during the burst, by resource (refill of the pool included):\n\n")
+	for _, r := range b.rows {
+		kind := map[bool]string{true: "warm", false: "cold"}[r.warm]
+		res := slices.Collect(maps.Keys(r.writes))
+		slices.SortFunc(res, func(a, b string) int { return int(r.writes[b] - r.writes[a]) })
+		var parts []string
+		for _, k := range res {
+			if per := r.writes[k] / float64(r.n); per >= 0.05 {
+				parts = append(parts, fmt.Sprintf("%s %.1f", k, per))
+			}
+		}
+		fmt.Fprintf(&s, "- %s N=%d: %s\n", kind, r.n, strings.Join(parts, ", "))
+	}
+	for _, r := range b.rows {
+		if len(r.errs) > 0 {
+			fmt.Fprintf(&s, "\nN=%d: first error: %s\n", r.n, r.errs[0])
+		}
+	}
+	return s.String()
+}
