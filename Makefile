@@ -30,7 +30,7 @@ unit:
 test: vet unit
 
 # The README's test command: unit tests, then the real local cluster and the end-to-end suite.
-check: vet unit build runner runner-test cluster-up netpol e2e security
+check: vet unit build runner runner-test cluster-up netpol e2e
 
 cluster-up:
 	tests/cluster/up.sh
