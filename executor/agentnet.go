@@ -49,18 +49,19 @@ func (a *AgentNetwork) Exec(ctx context.Context, req ExecRequest) error {
 	if len(req.Command) < 2 || req.Command[0] != agent.BinaryPath {
 		return a.Fallback.Exec(ctx, req)
 	}
+	var stdin []byte
 	if req.Stdin != nil {
 		// Buffered, so a fallback to exec can send the same bytes again.
 		data, err := io.ReadAll(req.Stdin)
 		if err != nil {
 			return err
 		}
-		req.Stdin = bytes.NewReader(data)
+		stdin = data
 	}
-	err := a.exec(ctx, req)
+	err := a.exec(ctx, req, stdin)
 	if errors.Is(err, ErrAgentUnreachable) && a.Fallback != nil {
 		if req.Stdin != nil {
-			_, _ = req.Stdin.(*bytes.Reader).Seek(0, io.SeekStart)
+			req.Stdin = bytes.NewReader(stdin)
 		}
 		return a.Fallback.Exec(ctx, req) // pod network unreachable (policy, CNI): exec works anywhere
 	}
@@ -70,15 +71,8 @@ func (a *AgentNetwork) Exec(ctx context.Context, req ExecRequest) error {
 // ErrAgentUnreachable: no connection to the agent could be made; nothing was sent.
 var ErrAgentUnreachable = errors.New("stage agent unreachable over the pod network")
 
-func (a *AgentNetwork) exec(ctx context.Context, req ExecRequest) error {
-	var stdin []byte
-	if req.Stdin != nil {
-		data, err := io.ReadAll(req.Stdin)
-		if err != nil {
-			return err
-		}
-		stdin = data
-	}
+// exec sends one agent command with stdin; req.Stdin is not read.
+func (a *AgentNetwork) exec(ctx context.Context, req ExecRequest, stdin []byte) error {
 	conn, err := a.dialer.DialContext(ctx, "tcp", a.Addr)
 	if err != nil {
 		if ctx.Err() != nil {

@@ -120,7 +120,7 @@ func ProbeOverNetwork(ctx context.Context, sbx *Sandbox, token string) (*agent.P
 	deadline := time.Now().Add(tokenTakeover)
 	for wait := 2 * time.Millisecond; ; wait = min(2*wait, 100*time.Millisecond) {
 		var stdout bytes.Buffer
-		err := daemon.exec(ctx, ExecRequest{Command: []string{agent.BinaryPath, "probe"}, Stdout: &stdout, Stderr: io.Discard})
+		err := daemon.exec(ctx, ExecRequest{Command: []string{agent.BinaryPath, "probe"}, Stdout: &stdout, Stderr: io.Discard}, nil)
 		var refused *RefusedError
 		switch {
 		case err == nil:
