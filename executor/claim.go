@@ -58,6 +58,12 @@ type Sandbox struct {
 	// AgentBaked: the pod's template bakes the agent in (agent.PodAgentPath runs as the job
 	// container's command, with stdin open), so its stage daemon runs from the pod's start.
 	AgentBaked bool `json:"agentBaked,omitempty"`
+	// Restarts is the job container's restart count when the job took the pod. A restart
+	// (a memory or fork bomb ending the container, say) loses the job's processes, files and
+	// the agent that runs its stages: a higher count ends the job at once.
+	Restarts int32 `json:"restarts,omitempty"`
+	// Overhead accumulates the executor's own time over the job's stages.
+	Overhead Overhead `json:"overhead"`
 }
 
 // ClaimName is deterministic per runner and job, so that a prepare retried by the runner adopts
@@ -367,6 +373,9 @@ func (c *Claimer) Resolve(ctx context.Context, claim *extv1beta1.SandboxClaim, r
 		PodIP:        pod.Status.PodIP,
 		AgentBaked:   agentBaked(&pod.Spec.Containers[0]),
 	}
+	if cs := containerStatus(pod, out.Container); cs != nil {
+		out.Restarts = cs.RestartCount
+	}
 	return out, nil
 }
 
@@ -405,7 +414,12 @@ func podState(pod *corev1.Pod) string {
 		return "being deleted"
 	}
 	if pod.Status.Reason != "" {
-		return string(pod.Status.Phase) + " (" + pod.Status.Reason + ")"
+		state := string(pod.Status.Phase) + " (" + pod.Status.Reason
+		if pod.Status.Message != "" {
+			// An eviction says which limit the job ran into.
+			state += ": " + oneLine(pod.Status.Message)
+		}
+		return state + ")"
 	}
 	return string(pod.Status.Phase)
 }
@@ -436,7 +450,64 @@ func (c *Claimer) PodGone(ctx context.Context, sbx *Sandbox) (string, error) {
 	if pod.DeletionTimestamp != nil || pod.Status.Phase != corev1.PodRunning {
 		return fmt.Sprintf("pod %s/%s is %s", sbx.Namespace, sbx.Pod, podState(pod)), nil
 	}
-	return "", nil
+	return containerGone(pod, sbx), nil
+}
+
+// containerGone explains why the job container no longer holds the job: it restarted since the
+// job took the pod, or it is not running. "" while it runs as it did.
+func containerGone(pod *corev1.Pod, sbx *Sandbox) string {
+	cs := containerStatus(pod, sbx.Container)
+	if cs == nil {
+		return ""
+	}
+	where := fmt.Sprintf("the job container %s of pod %s/%s", sbx.Container, sbx.Namespace, sbx.Pod)
+	if term := cs.State.Terminated; term != nil {
+		return fmt.Sprintf("%s terminated (%s); the job's processes and files are gone%s", where, termination(term), limitHint(pod, sbx.Container, term.Reason))
+	}
+	if cs.RestartCount > sbx.Restarts {
+		why := "restarted"
+		if term := cs.LastTerminationState.Terminated; term != nil {
+			why += " after " + termination(term)
+			return fmt.Sprintf("%s %s; the job's processes and files are gone%s", where, why, limitHint(pod, sbx.Container, term.Reason))
+		}
+		return fmt.Sprintf("%s %s; the job's processes and files are gone", where, why)
+	}
+	if w := cs.State.Waiting; w != nil && w.Reason != "" {
+		return fmt.Sprintf("%s is waiting (%s)", where, w.Reason)
+	}
+	return ""
+}
+
+func containerStatus(pod *corev1.Pod, name string) *corev1.ContainerStatus {
+	for i := range pod.Status.ContainerStatuses {
+		if pod.Status.ContainerStatuses[i].Name == name {
+			return &pod.Status.ContainerStatuses[i]
+		}
+	}
+	return nil
+}
+
+func termination(t *corev1.ContainerStateTerminated) string {
+	reason := t.Reason
+	if reason == "" {
+		reason = "no reason given"
+	}
+	return fmt.Sprintf("%s, exit code %d", reason, t.ExitCode)
+}
+
+// limitHint names the limit a job ran into, so the job log says what to change.
+func limitHint(pod *corev1.Pod, container, reason string) string {
+	if reason != "OOMKilled" {
+		return ""
+	}
+	for _, c := range pod.Spec.Containers {
+		if c.Name == container {
+			if mem, ok := c.Resources.Limits[corev1.ResourceMemory]; ok {
+				return fmt.Sprintf(": the job used more than its memory limit of %s (the SandboxTemplate's resources.limits.memory)", mem.String())
+			}
+		}
+	}
+	return ": the job ran out of memory"
 }
 
 // ClaimInfo is what gc needs to know of a claim.

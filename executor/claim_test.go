@@ -34,7 +34,7 @@ func TestClaimCreatesLabelledClaimWithLifecycle(t *testing.T) {
 		t.Fatalf("Claim: %v", err)
 	}
 	want := executor.Sandbox{Namespace: executortest.Namespace, Claim: executor.ClaimName("runner-a", 4242), Pool: "duo-default",
-		SandboxName: "duo-default-abcde", Pod: "duo-default-abcde", Container: "job", RuntimeClass: "gvisor", Warm: true, PodIP: "10.88.0.9"}
+		SandboxName: "duo-default-abcde", Pod: "duo-default-abcde", Container: "job", RuntimeClass: "gvisor", Warm: true, PodIP: executortest.PodIP}
 	if *sbx != want {
 		t.Errorf("sandbox = %+v\nwant      %+v", *sbx, want)
 	}

@@ -80,6 +80,9 @@ func installError(err error, stderr *bytes.Buffer, sbx *Sandbox, what string) er
 // agentPort is agent.NetworkPort; tests that run the agent on the host move it.
 var agentPort = agent.NetworkPort
 
+// probeAnswer bounds one probe over the pod network: the agent answers in milliseconds.
+const probeAnswer = 3 * time.Second
+
 // tokenTakeover bounds how long the baked-in agent may take to read a token from its stdin.
 const tokenTakeover = 5 * time.Second
 
@@ -120,7 +123,14 @@ func ProbeOverNetwork(ctx context.Context, sbx *Sandbox, token string) (*agent.P
 	deadline := time.Now().Add(tokenTakeover)
 	for wait := 2 * time.Millisecond; ; wait = min(2*wait, 100*time.Millisecond) {
 		var stdout bytes.Buffer
-		err := daemon.exec(ctx, ExecRequest{Command: []string{agent.BinaryPath, "probe"}, Stdout: &stdout, Stderr: io.Discard}, nil)
+		attempt, cancel := context.WithTimeout(ctx, probeAnswer)
+		err := daemon.exec(attempt, ExecRequest{Command: []string{agent.BinaryPath, "probe"}, Stdout: &stdout, Stderr: io.Discard}, nil)
+		if err != nil && ctx.Err() == nil && attempt.Err() != nil {
+			// Something at the pod's address took the connection but never answered: not
+			// our agent, or a wedged one. Exec still reaches the pod.
+			err = fmt.Errorf("%w: %s did not answer within %s", ErrAgentUnreachable, daemon.Addr, probeAnswer)
+		}
+		cancel()
 		var refused *RefusedError
 		switch {
 		case err == nil:

@@ -37,6 +37,9 @@ type StageRunner struct {
 	// StagesDir is where the agent keeps stage directories; empty means agent.StagesDir. Tests
 	// that run the agent on the host point it elsewhere.
 	StagesDir string
+	// ScriptTime is set by Run: how long the script ran in the pod, from the agent's "started"
+	// acknowledgement to its exit status, as seen here (what is left of run's time is ours).
+	ScriptTime time.Duration
 }
 
 // DefaultBackoff doubles from 200 ms to a 5 s ceiling.
@@ -61,6 +64,7 @@ func (r *StageRunner) Run(ctx context.Context, name string, script []byte, stdou
 	digest := hex.EncodeToString(sum[:])
 	delivered := &countingWriter{w: stdout}
 	started := false
+	var startedAt time.Time
 	for attempt := 0; ; attempt++ {
 		ctrl := newControlReader(stderr)
 		err := r.Exec.Exec(ctx, ExecRequest{
@@ -71,8 +75,13 @@ func (r *StageRunner) Run(ctx context.Context, name string, script []byte, stdou
 			Stderr:  ctrl,
 		})
 		ctrl.Close()
-		started = started || ctrl.Started()
+		if !started && ctrl.Started() {
+			started, startedAt = true, ctrl.startedAt
+		}
 		if code, ok := ctrl.Status(); ok {
+			if started {
+				r.ScriptTime = ctrl.statusAt.Sub(startedAt)
+			}
 			return code, nil
 		}
 		if ctx.Err() != nil {
@@ -88,6 +97,12 @@ func (r *StageRunner) Run(ctx context.Context, name string, script []byte, stdou
 			return 0, SystemError(nil, "stage %s: %s", name, why)
 		} else if gerr != nil {
 			r.Log.Debugf("checking pod %s: %v", r.Sandbox.Pod, gerr)
+		}
+		var refused *RefusedError
+		if errors.As(err, &refused) {
+			// The agent accepted this job's token at prepare: one that refuses it now is a new
+			// agent in a restarted container, and the stage died with the old one.
+			return 0, SystemError(nil, "stage %s: the stage agent in pod %s no longer knows this job (%s): the job container was restarted and the stage is lost", name, r.Sandbox.Pod, refused.Reason)
 		}
 		var exit *ExitError
 		if errors.As(err, &exit) && exit.Code == agent.ExitAgentFailure {
@@ -167,10 +182,12 @@ type controlReader struct {
 	pw   *io.PipeWriter
 	done chan struct{}
 
-	mu       sync.Mutex
-	started  bool
-	status   *int
-	lastText string
+	mu        sync.Mutex
+	started   bool
+	status    *int
+	lastText  string
+	startedAt time.Time
+	statusAt  time.Time
 }
 
 func newControlReader(passthrough io.Writer) *controlReader {
@@ -186,9 +203,9 @@ func newControlReader(passthrough io.Writer) *controlReader {
 				c.mu.Lock()
 				switch {
 				case ctl.Started:
-					c.started = true
+					c.started, c.startedAt = true, time.Now()
 				case !ctl.Heartbeat:
-					c.status = &ctl.Status
+					c.status, c.statusAt = &ctl.Status, time.Now()
 				}
 				c.mu.Unlock()
 				continue

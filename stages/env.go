@@ -28,6 +28,18 @@ type Env struct {
 	Clients func() (*executor.Clients, error)
 	// Now is the clock, replaced in tests.
 	Now func() time.Time
+	// Started is when this invocation began, before the configuration was read: the start of
+	// what the stage costs the job.
+	Started time.Time
+}
+
+// Elapsed is the time since this invocation began (since the stage's own start when Started is
+// unset).
+func (e *Env) Elapsed(fallback time.Time) time.Duration {
+	if e.Started.IsZero() {
+		return e.Since(fallback)
+	}
+	return e.Since(e.Started)
 }
 
 // Log is the job log for the executor's own lines.

@@ -26,6 +26,10 @@ const Namespace = "sandbox-executor"
 // Pool is the fake cluster's warm pool.
 const Pool = "duo-default"
 
+// PodIP is the fake pods' address: on loopback, where no agent listens, so the network transport
+// is refused at once and falls back to exec, whatever runs on the machine's pod network.
+const PodIP = "127.0.0.9"
+
 var claimsGVR = schema.GroupVersionResource{Group: "extensions.agents.x-k8s.io", Version: "v1beta1", Resource: "sandboxclaims"}
 
 // Cluster is the fake clientsets plus a stand-in for the agent-sandbox controller: when a
@@ -104,7 +108,7 @@ func (fc *Cluster) addWarmSandbox(t testing.TB, claim *extv1beta1.SandboxClaim, 
 	pod := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: Namespace, Labels: map[string]string{extv1beta1.SandboxIDLabel: string(claim.UID)}},
 		Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "job", Image: "ci:bookworm"}}},
-		Status:     corev1.PodStatus{Phase: corev1.PodRunning, PodIP: "10.88.0.9"},
+		Status:     corev1.PodStatus{Phase: corev1.PodRunning, PodIP: PodIP},
 	}
 	if fc.RuntimeClass != "" {
 		pod.Spec.RuntimeClassName = &fc.RuntimeClass

@@ -92,6 +92,7 @@ func Run(ctx context.Context, env *stages.Env) error {
 		endSection()
 		return err
 	}
+	sbx.Overhead.Claim, sbx.Overhead.Prepare = claimed, env.Elapsed(start)
 	if err := executor.SaveSandbox(env.Runner.TmpDir, sbx); err != nil {
 		endSection()
 		return err

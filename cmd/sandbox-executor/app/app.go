@@ -12,6 +12,7 @@ import (
 	"os/signal"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/go-logr/logr"
 	"github.com/urfave/cli/v2"
@@ -52,6 +53,7 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 
 // RunWith is Run with replaceable dependencies.
 func RunWith(ctx context.Context, args []string, stdout, stderr io.Writer, getenv func(string) string, deps Deps) int {
+	started := time.Now()
 	runnerEnv := executor.RunnerEnvFrom(getenv)
 	newEnv := func(c *cli.Context) (*stages.Env, error) {
 		cfg, err := config.Load(config.ResolvePath(c.String("config"), getenv))
@@ -66,6 +68,7 @@ func RunWith(ctx context.Context, args []string, stdout, stderr io.Writer, geten
 			Stderr:  stderr,
 			Getenv:  getenv,
 			Clients: func() (*executor.Clients, error) { return deps.Clients(cfg) },
+			Started: started,
 		}, nil
 	}
 	actionRan := false

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -126,6 +127,14 @@ func TestJobLifecycleAndExitCodes(t *testing.T) {
 	step(1, "run", h.script("echo failing; exit 42\n"), "after_script")
 	if code, _ := os.ReadFile(h.env["BUILD_EXIT_CODE_FILE"]); strings.TrimSpace(string(code)) != "42" {
 		t.Errorf("BUILD_EXIT_CODE_FILE = %q, want 42", code)
+	}
+	// The summary closes the job log, once: after the runner's last stage, not before.
+	if strings.Contains(all.String(), "Sandbox summary") {
+		t.Errorf("summary printed before the last stage:\n%s", all.String())
+	}
+	summary := step(0, "run", h.script("true\n"), "cleanup_file_variables")
+	if !regexp.MustCompile(`Sandbox summary: pool duo-default, warm start, claimed in \d+ ms; executor overhead \d+ ms \(prepare \d+ ms, 3 stages \d+ ms\)`).MatchString(summary) {
+		t.Errorf("last stage's log lacks the summary line:\n%s", summary)
 	}
 
 	claim, err := h.cluster.Extensions.ExtensionsV1beta1().SandboxClaims(executortest.Namespace).Get(context.Background(), executor.ClaimName("test-runner", 777), metav1.GetOptions{})
