@@ -97,7 +97,8 @@ func (a *AgentNetwork) exec(ctx context.Context, req ExecRequest, stdin []byte) 
 	if stderr == nil {
 		stderr = io.Discard
 	}
-	code, err := agent.ReadFrames(bufio.NewReaderSize(conn, 256<<10), stdout, io.MultiWriter(stderr, &refusal))
+	idle := &idleReader{conn: conn, timeout: networkIdleTimeout}
+	code, err := agent.ReadFrames(bufio.NewReaderSize(idle, 256<<10), stdout, io.MultiWriter(stderr, &refusal))
 	if err != nil {
 		return err
 	}
@@ -115,4 +116,27 @@ type RefusedError struct{ Addr, Reason string }
 
 func (e *RefusedError) Error() string {
 	return fmt.Sprintf("stage agent at %s refused the request: %s", e.Addr, e.Reason)
+}
+
+// networkIdleTimeout is how long a stream to the agent may carry nothing, not even a heartbeat
+// (agent.HeartbeatEvery), before it counts as dropped. A pod whose gVisor sandbox died takes its
+// network stack with it and sends no reset: without this, only TCP keepalive (minutes) would
+// notice. Six heartbeats, so that agents on an older, slower heartbeat (15 s) are not cut.
+const networkIdleTimeout = 6 * agent.HeartbeatEvery
+
+// idleReader fails a read that waits longer than timeout.
+type idleReader struct {
+	conn    net.Conn
+	timeout time.Duration
+}
+
+func (r *idleReader) Read(p []byte) (int, error) {
+	if err := r.conn.SetReadDeadline(time.Now().Add(r.timeout)); err != nil {
+		return 0, err
+	}
+	n, err := r.conn.Read(p)
+	if ne, ok := err.(net.Error); ok && ne.Timeout() {
+		err = fmt.Errorf("no data nor heartbeat from the stage agent at %s for %s", r.conn.RemoteAddr(), r.timeout)
+	}
+	return n, err
 }

@@ -316,8 +316,11 @@ func removeFinishedSiblings(dir string) {
 const (
 	minPoll        = time.Millisecond
 	maxPoll        = 20 * time.Millisecond
-	heartbeatEvery = 15 * time.Second
 )
+
+// HeartbeatEvery is how often a silent stage's stream carries a heartbeat: it keeps proxies from
+// closing an idle stream, and it lets the runner side tell a silent stage from a dead pod.
+const HeartbeatEvery = 5 * time.Second
 
 // follow copies the stage's output from offset to stdout until the stage has ended and every
 // byte has been sent, and returns its exit code.
@@ -351,7 +354,7 @@ func follow(dir string, offset int64, stdout, ctrl io.Writer) (int, error) {
 			}
 			return code, nil
 		}
-		if time.Since(lastSent) >= heartbeatEvery {
+		if time.Since(lastSent) >= HeartbeatEvery {
 			if _, err := io.WriteString(ctrl, HeartbeatLine()); err != nil {
 				return 0, err
 			}
