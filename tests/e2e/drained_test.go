@@ -13,8 +13,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
+	"github.com/sandbox-executor/sandbox-executor/internal/testutil"
 	"github.com/sandbox-executor/sandbox-executor/tests/fakegitlab"
-	"github.com/sandbox-executor/sandbox-executor/tests/runner"
 )
 
 // drainedPool is an empty warm pool on the local template, and a config that maps the CI image to it.
@@ -50,7 +50,7 @@ func TestDrainedPoolWaitsForAWarmSandbox(t *testing.T) {
 	const pool = "e2e-drained-wait"
 	configPath := drainedPool(t, c, pool, "wait")
 	env := newStageEnv(t, fakegitlab.NextJobID(), ciImage)
-	var out runner.LockedBuffer
+	var out testutil.LockedBuffer
 	prepare := stageWithConfig(c, env, configPath, "prepare")
 	prepare.Stdout, prepare.Stderr = &out, &out
 	if err := prepare.Start(); err != nil {
