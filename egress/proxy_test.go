@@ -2,7 +2,6 @@ package egress
 
 import (
 	"bufio"
-	"bytes"
 	"fmt"
 	"io"
 	"net"
@@ -15,39 +14,23 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/sandbox-executor/sandbox-executor/internal/testutil"
 )
-
-// syncBuffer is the proxy's JSON log, written from its handlers.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 // stand is a proxy on loopback with upstreams behind names of its hosts map.
 type stand struct {
 	proxy    *Proxy
 	srv      *httptest.Server
-	log      *syncBuffer
-	web      *httptest.Server // plain HTTP upstream, "web.test"
+	log      *testutil.LockedBuffer // the proxy's JSON log, written from its handlers
+	web      *httptest.Server       // plain HTTP upstream, "web.test"
 	webPort  int
 	echoAddr *net.TCPAddr // raw TCP echo upstream, "echo.test"
 }
 
 func newStand(t testing.TB, allow ...string) *stand {
 	t.Helper()
-	s := &stand{log: &syncBuffer{}}
+	s := &stand{log: &testutil.LockedBuffer{}}
 	s.web = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		fmt.Fprintf(w, "upstream got %s %s host=%s proxy-auth=%q", r.Method, r.URL.Path, r.Host, r.Header.Get("Proxy-Authorization"))
 	}))

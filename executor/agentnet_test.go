@@ -17,6 +17,7 @@ import (
 	"github.com/sandbox-executor/sandbox-executor/executor"
 	"github.com/sandbox-executor/sandbox-executor/executor/agent"
 	"github.com/sandbox-executor/sandbox-executor/executor/executortest"
+	"github.com/sandbox-executor/sandbox-executor/internal/testutil"
 )
 
 const testToken = "0123456789abcdef0123456789abcdef-test-token"
@@ -36,7 +37,7 @@ func networkTransport(t *testing.T, fallback executor.RemoteExecutor) *executor.
 func TestNetworkTransportRunsTheSameStageProtocol(t *testing.T) {
 	local := executortest.NewLocalWithDaemon(t)
 	script, want := numberedLines(3000)
-	var stdout, stderr, log syncBuffer
+	var stdout, stderr, log testutil.LockedBuffer
 	r := newStageRunner(networkTransport(t, local), &log, "")
 	r.StagesDir = agent.StagesDirInUse() // the agent serves from the host here, not a pod
 	code, err := r.Run(context.Background(), "build_script", []byte(script+"exit 9\n"), &stdout, &stderr)
@@ -55,7 +56,7 @@ func TestNetworkTransportRejectsWrongToken(t *testing.T) {
 	local := executortest.NewLocalWithDaemon(t)
 	a := networkTransport(t, local)
 	a.Token = "wrong-token-wrong-token-wrong-token"
-	var out, log syncBuffer
+	var out, log testutil.LockedBuffer
 	r := newStageRunner(a, &log, "")
 	r.Reconnects = 0
 	_, err := r.Run(context.Background(), "build_script", []byte("echo must-not-run\n"), &out, &out)
@@ -74,7 +75,7 @@ func TestNetworkTransportFallsBackToExecWhenUnreachable(t *testing.T) {
 	ln.Close() // nothing listens there any more
 	a := executor.NewAgentNetwork("127.0.0.1", testToken, local)
 	a.Addr = addr
-	var out, log syncBuffer
+	var out, log testutil.LockedBuffer
 	code, err := newStageRunner(a, &log, "").Run(context.Background(), "build_script", []byte("echo over-exec\n"), &out, &out)
 	if err != nil || code != 0 || !strings.Contains(out.String(), "over-exec") || len(local.Commands()) == 0 {
 		t.Fatalf("Run = %d, %v, %q, exec commands %v: want the stage over exec", code, err, out.String(), local.Commands())
@@ -130,7 +131,7 @@ func TestBakedAgentTakesTheTokenOnStdin(t *testing.T) {
 		t.Fatalf("probe after the token: %+v, %v, token kept %q", probe, err, sbx.AgentToken)
 	}
 
-	var stdout, log syncBuffer
+	var stdout, log testutil.LockedBuffer
 	r := newStageRunner(daemon, &log, "")
 	r.StagesDir = stages
 	code, err := r.Run(context.Background(), "build_script", []byte("set -e\necho \"ran by $0\"\nfalse\necho not-reached\n"), &stdout, &stdout)

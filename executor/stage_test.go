@@ -9,7 +9,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -17,27 +16,10 @@ import (
 	"github.com/sandbox-executor/sandbox-executor/executor"
 	"github.com/sandbox-executor/sandbox-executor/executor/agent"
 	"github.com/sandbox-executor/sandbox-executor/executor/executortest"
+	"github.com/sandbox-executor/sandbox-executor/internal/testutil"
 )
 
-// syncBuffer is a bytes.Buffer safe for the concurrent writes of a stream and a log.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
-func newStageRunner(ex executor.RemoteExecutor, log *syncBuffer, podGone string) *executor.StageRunner {
+func newStageRunner(ex executor.RemoteExecutor, log *testutil.LockedBuffer, podGone string) *executor.StageRunner {
 	return &executor.StageRunner{
 		Exec:       ex,
 		Sandbox:    &executor.Sandbox{Namespace: "ns", Pod: "job-pod", Container: "job"},
@@ -71,7 +53,7 @@ func TestStageRunnerDeliversOutputAndExitCode(t *testing.T) {
 
 func testDeliversOutputAndExitCode(t *testing.T, newLocal func(testing.TB) *executortest.Local) {
 	local := newLocal(t)
-	var stdout, stderr, log syncBuffer
+	var stdout, stderr, log testutil.LockedBuffer
 	r := newStageRunner(local, &log, "")
 	code, err := r.Run(context.Background(), "build_script", []byte("echo hello; echo to-stderr >&2; exit 3\n"), &stdout, &stderr)
 	if err != nil {
@@ -100,7 +82,7 @@ func testDeliversOutputAndExitCode(t *testing.T, newLocal func(testing.TB) *exec
 
 func TestStageRunnerScriptTravelsOnStdinOnly(t *testing.T) {
 	local := executortest.NewLocal(t)
-	var out, log syncBuffer
+	var out, log testutil.LockedBuffer
 	script := "echo $((40+2)) # glpat-SECRET-IN-SCRIPT\n"
 	if _, err := newStageRunner(local, &log, "").Run(context.Background(), "build_script", []byte(script), &out, &out); err != nil {
 		t.Fatal(err)
@@ -129,7 +111,7 @@ func testResumesAfterDroppedStreams(t *testing.T, newLocal func(testing.TB) *exe
 			local.CutAfter, local.Cuts = 1000, 4 // several drops in one stage
 			script, want := numberedLines(2000)
 			script += "exit " + strconv.Itoa(tc.exitCode) + "\n"
-			var stdout, stderr, log syncBuffer
+			var stdout, stderr, log testutil.LockedBuffer
 			code, err := newStageRunner(local, &log, "").Run(context.Background(), "build_script", []byte(script), &stdout, &stderr)
 			if err != nil {
 				t.Fatalf("Run: %v", err)
@@ -160,7 +142,7 @@ func TestStageRunnerNeverReportsSuccessWithoutStatus(t *testing.T) {
 	local := executortest.NewLocal(t)
 	local.CutAfter, local.Cuts = 10, 100
 	script, _ := numberedLines(500)
-	var out, log syncBuffer
+	var out, log testutil.LockedBuffer
 	r := newStageRunner(local, &log, "")
 	r.Reconnects = 2
 	code, err := r.Run(context.Background(), "build_script", []byte(script), &out, &out)
@@ -193,7 +175,7 @@ func waitStagesEnded(t *testing.T) {
 func TestStageRunnerLostPodIsSystemFailureNamingThePod(t *testing.T) {
 	local := executortest.NewLocal(t)
 	local.CutAfter, local.Cuts = 5, 1
-	var out, log syncBuffer
+	var out, log testutil.LockedBuffer
 	r := newStageRunner(local, &log, "pod ns/job-pod was deleted")
 	_, err := r.Run(context.Background(), "build_script", []byte("echo 0123456789; sleep 0.2\n"), &out, &out)
 	if executor.KindOf(err) != executor.KindSystem || !strings.Contains(err.Error(), "job-pod was deleted") {
@@ -203,7 +185,7 @@ func TestStageRunnerLostPodIsSystemFailureNamingThePod(t *testing.T) {
 
 func TestStageRunnerRefusesTruncatedScript(t *testing.T) {
 	local := executortest.NewLocal(t)
-	var out, log syncBuffer
+	var out, log testutil.LockedBuffer
 	r := newStageRunner(&truncatingExec{local}, &log, "")
 	_, err := r.Run(context.Background(), "build_script", []byte("echo executed-marker\n"), &out, &out)
 	if err == nil || executor.KindOf(err) != executor.KindSystem || !strings.Contains(err.Error(), "truncated") {
@@ -235,7 +217,7 @@ func testCancelStopsTheWholeProcessTree(t *testing.T, newLocal func(testing.TB) 
 	pidFile := filepath.Join(t.TempDir(), "pids")
 	// A child, and a grandchild in its own process group, both ignoring nothing special.
 	script := fmt.Sprintf("sleep 300 & echo $! >> %[1]s; (set -m 2>/dev/null; sleep 301 & echo $! >> %[1]s; wait) & echo started; wait\n", pidFile)
-	var out, log syncBuffer
+	var out, log testutil.LockedBuffer
 	ctx, cancel := context.WithCancel(context.Background())
 	r := newStageRunner(local, &log, "")
 	errc := make(chan error, 1)
@@ -305,7 +287,7 @@ func alive(pid int) bool {
 func TestStageRunnerNeverRestartsALostStage(t *testing.T) {
 	local := executortest.NewLocal(t)
 	local.CutAfter, local.Cuts = 5, 1
-	var out, log syncBuffer
+	var out, log testutil.LockedBuffer
 	ex := &wipingExec{next: local}
 	_, err := newStageRunner(ex, &log, "").Run(context.Background(), "build_script", []byte("echo 0123456789-first-run; sleep 0.3; echo done\n"), &out, &out)
 	if err == nil || executor.KindOf(err) != executor.KindSystem || !strings.Contains(err.Error(), "stage is gone") {
@@ -337,7 +319,7 @@ func (w *wipingExec) Exec(ctx context.Context, req executor.ExecRequest) error {
 func TestStageRunnerPutsBinDirFirstOnPath(t *testing.T) {
 	inBothModes(t, func(t *testing.T, newLocal func(testing.TB) *executortest.Local) {
 		local := newLocal(t)
-		var stdout, stderr, log syncBuffer
+		var stdout, stderr, log testutil.LockedBuffer
 		code, err := newStageRunner(local, &log, "").Run(context.Background(), "build_script", []byte("echo \"$PATH\"\n"), &stdout, &stderr)
 		if err != nil || code != 0 {
 			t.Fatalf("Run: code %d, %v", code, err)

@@ -1,7 +1,7 @@
 // Package clustertest drives real jobs through the sandbox-executor binary on the local cluster
-// (make cluster-up), stage by stage and with the environment a runner gives each stage, and looks
-// at what they leave in the cluster with admin rights. The security suite uses it; it is meant
-// for every suite that runs jobs on the real cluster.
+// (make cluster-up), stage by stage and with the environment a runner gives each stage, or
+// hands the real runners the custom executor section that runs it, and looks at what jobs leave
+// in the cluster with admin rights. The security and e2e suites use it.
 package clustertest
 
 import (
@@ -29,6 +29,7 @@ import (
 	"github.com/sandbox-executor/sandbox-executor/executor"
 	"github.com/sandbox-executor/sandbox-executor/tests/fakegitlab"
 	"github.com/sandbox-executor/sandbox-executor/tests/localcluster"
+	"github.com/sandbox-executor/sandbox-executor/tests/runner"
 )
 
 // The exit codes every stage is told to use, as a runner announces them.
@@ -40,8 +41,8 @@ const (
 // Namespace is where deploy/local puts the pools and the executor claims.
 const Namespace = localcluster.Namespace
 
-// goneTimeout bounds how long a job's objects may take to disappear after cleanup: the pod's
-// deletion waits for the kubelet, which takes long on a busy node.
+// goneTimeout is a runner's GoneTimeout unless the suite sets another: the pod's deletion waits
+// for the kubelet, which takes long on a busy node.
 const goneTimeout = 2 * time.Minute
 
 // Cluster is the local cluster, our binaries, and admin clients to inspect what jobs leave behind.
@@ -49,6 +50,8 @@ type Cluster struct {
 	*localcluster.Env
 	// Admin has full rights.
 	Admin *executor.Clients
+	// AdminConfig is an executor configuration with the admin kubeconfig (Admin's).
+	AdminConfig string
 }
 
 // Connect finds the local cluster and the binaries ($SANDBOX_EXECUTOR_BIN); it fails the test if
@@ -59,16 +62,27 @@ func Connect(t testing.TB) *Cluster {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg, err := config.Parse("admin", []byte(fmt.Sprintf("kubeconfig = %q\nnamespace = %q\n[[pool]]\nname = %q\n",
-		env.AdminKubeconfig(), Namespace, localcluster.Pool)))
+	c := &Cluster{Env: env, AdminConfig: filepath.Join(t.TempDir(), "admin.toml")}
+	text := fmt.Sprintf("kubeconfig = %q\nnamespace = %q\n[[pool]]\nname = %q\n", env.AdminKubeconfig(), Namespace, localcluster.Pool)
+	if err := os.WriteFile(c.AdminConfig, []byte(text), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c.Admin = clients(t, c.AdminConfig)
+	return c
+}
+
+// clients connects as an executor with the configuration at path does.
+func clients(t testing.TB, path string) *executor.Clients {
+	t.Helper()
+	cfg, err := config.Load(path)
 	if err != nil {
 		t.Fatal(err)
 	}
-	admin, err := executor.NewClients(cfg)
+	cs, err := executor.NewClients(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &Cluster{Env: env, Admin: admin}
+	return cs
 }
 
 // RESTConfig is the client configuration of a kubeconfig file, for clients beyond Admin's (or
@@ -97,51 +111,55 @@ type Runner struct {
 	*Cluster
 	Name       string
 	ConfigPath string
+	// GoneTimeout bounds how long a job's claim, sandbox and pod may take to disappear after
+	// cleanup (WaitGone).
+	GoneTimeout time.Duration
 }
 
 // Pool is a [[pool]] entry of the executor configuration.
-type Pool struct {
-	Name   string
-	Images []string
-}
+type Pool = localcluster.PoolConfig
 
-// readyTimeout is the suites' ready_timeout. Every job pod requests CPU and the node has two
-// cores: concurrent jobs wait in Pending for each other, as on a busy cluster, and prepare must
-// wait with them.
+// readyTimeout is the ready_timeout of NewRunner. Every job pod requests CPU and the node has
+// two cores: concurrent jobs wait in Pending for each other, as on a busy cluster, and prepare
+// must wait with them.
 const readyTimeout = "5m"
 
-// defaultPools are deploy/local's pools.
-var defaultPools = []Pool{
-	{Name: localcluster.Pool, Images: []string{"sandbox-executor.local/ci:*"}},
-	{Name: localcluster.PosixPool, Images: []string{"sandbox-executor.local/posix:*"}},
-}
-
 // NewRunner writes an executor configuration for the local cluster under a runner name unique to
-// this process (prefix-PID). With no pools it serves deploy/local's pools, the first one the
-// default; extra is added to the top-level keys.
+// this process (prefix-PID), with a ready_timeout for concurrent jobs. With no pools it serves
+// deploy/local's pools, the first one the default; extra is added to the top-level keys.
 func (c *Cluster) NewRunner(t testing.TB, prefix, extra string, pools ...Pool) *Runner {
 	t.Helper()
-	if len(pools) == 0 {
-		pools = defaultPools
-	}
-	r := &Runner{Cluster: c, Name: prefix + "-" + strconv.Itoa(os.Getpid()), ConfigPath: filepath.Join(t.TempDir(), "config.toml")}
-	var b strings.Builder
-	fmt.Fprintf(&b, "kubeconfig = %q\nnamespace = %q\nrunner_name = %q\ndefault_pool = %q\nagent_binary = %q\nready_timeout = %q\n%s\n",
-		c.ExecutorKubeconfig(), Namespace, r.Name, pools[0].Name, c.AgentBinary(), readyTimeout, extra)
-	for _, p := range pools {
-		images, _ := json.Marshal(p.Images) // a TOML array of strings is also valid JSON
-		fmt.Fprintf(&b, "[[pool]]\nname = %q\nimages = %s\n", p.Name, images)
-	}
-	if err := os.WriteFile(r.ConfigPath, []byte(b.String()), 0o600); err != nil {
+	return c.NewRunnerWith(t, prefix, localcluster.Config{ReadyTimeout: readyTimeout, Extra: extra, Pools: pools})
+}
+
+// NewRunnerWith is NewRunner with the whole configuration given (the runner name is set here);
+// what cfg leaves empty has localcluster.Config's defaults.
+func (c *Cluster) NewRunnerWith(t testing.TB, prefix string, cfg localcluster.Config) *Runner {
+	t.Helper()
+	r := &Runner{Cluster: c, Name: prefix + "-" + strconv.Itoa(os.Getpid()), ConfigPath: filepath.Join(t.TempDir(), "config.toml"), GoneTimeout: goneTimeout}
+	cfg.RunnerName = r.Name
+	if err := c.WriteConfig(r.ConfigPath, cfg); err != nil {
 		t.Fatal(err)
 	}
 	return r
 }
 
+// Definition is the [runners.custom] section of a real runner that runs our binary with this
+// runner's configuration.
+func (r *Runner) Definition() runner.CustomExecutor { return r.CustomExecutor(r.ConfigPath) }
+
+// Clients connects to the cluster as the executor with this runner's configuration does.
+func (r *Runner) Clients(t testing.TB) *executor.Clients {
+	t.Helper()
+	return clients(t, r.ConfigPath)
+}
+
 // JobSpec describes a job as GitLab hands it to the runner.
 type JobSpec struct {
-	// Image is the job's image:; empty means the local CI image.
+	// Image is the job's image:; empty means the local CI image, unless NoImage.
 	Image string
+	// NoImage leaves the job without an image:, for the default pool.
+	NoImage bool
 	// Variables become CUSTOM_ENV_<KEY> in every stage's environment and the job JSON's variables.
 	Variables map[string]string
 	// Token is the job token (CI_JOB_TOKEN); empty means a fixed test value.
@@ -167,7 +185,7 @@ type Job struct {
 // TMPDIR, BUILD_EXIT_CODE_FILE, the failure exit codes, and CUSTOM_ENV_ variables.
 func (r *Runner) NewJob(t testing.TB, spec JobSpec) *Job {
 	t.Helper()
-	if spec.Image == "" {
+	if spec.Image == "" && !spec.NoImage {
 		spec.Image = localcluster.CIImage
 	}
 	if spec.Token == "" {
@@ -195,7 +213,7 @@ func (r *Runner) NewJob(t testing.TB, spec JobSpec) *Job {
 		t.Fatal(err)
 	}
 	j.env = append(append(os.Environ(), spec.RunnerEnv...),
-		"TMPDIR="+j.Dir, "JOB_RESPONSE_FILE="+responseFile, "BUILD_EXIT_CODE_FILE="+j.exitCodeFile(),
+		"TMPDIR="+j.Dir, "JOB_RESPONSE_FILE="+responseFile, "BUILD_EXIT_CODE_FILE="+j.ExitCodeFile(),
 		"BUILD_FAILURE_EXIT_CODE="+strconv.Itoa(BuildFailure), "SYSTEM_FAILURE_EXIT_CODE="+strconv.Itoa(SystemFailure))
 	for _, v := range vars {
 		j.env = append(j.env, "CUSTOM_ENV_"+v.Key+"="+v.Value)
@@ -203,7 +221,8 @@ func (r *Runner) NewJob(t testing.TB, spec JobSpec) *Job {
 	return j
 }
 
-func (j *Job) exitCodeFile() string { return filepath.Join(j.Dir, "build-exit-code") }
+// ExitCodeFile is the job's BUILD_EXIT_CODE_FILE, where run leaves a failed script's exit code.
+func (j *Job) ExitCodeFile() string { return filepath.Join(j.Dir, "build-exit-code") }
 
 // Command is one stage of our binary with the job's environment, not started.
 func (j *Job) Command(args ...string) *exec.Cmd {
@@ -228,16 +247,16 @@ func (r Result) Output() string { return r.Stdout + r.Stderr }
 // Stage runs one stage of our binary to its end.
 func (j *Job) Stage(t testing.TB, args ...string) Result {
 	t.Helper()
-	os.Remove(j.exitCodeFile())
+	os.Remove(j.ExitCodeFile())
 	var stdout, stderr bytes.Buffer
 	cmd := j.Command(args...)
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	err := cmd.Run()
-	res := Result{Stage: stageName(args), Stdout: stdout.String(), Stderr: stderr.String(), ExitCode: exitCode(err), ScriptExitCode: -1}
+	res := Result{Stage: stageName(args), Stdout: stdout.String(), Stderr: stderr.String(), ExitCode: ExitCode(err), ScriptExitCode: -1}
 	if err != nil && res.ExitCode == -1 {
 		t.Fatalf("%s: %v", res.Stage, err)
 	}
-	if data, err := os.ReadFile(j.exitCodeFile()); err == nil {
+	if data, err := os.ReadFile(j.ExitCodeFile()); err == nil {
 		if code, err := strconv.Atoi(strings.TrimSpace(string(data))); err == nil {
 			res.ScriptExitCode = code
 		}
@@ -386,13 +405,20 @@ func (j *Job) Claim(t testing.TB) *extv1beta1.SandboxClaim {
 	return claim
 }
 
-// WaitGone waits until the job's claim, the sandboxes it owned and its pod are gone, and fails
-// the test with what is left otherwise.
+// WaitJobGone is WaitGone for job id of this runner, run through a real runner rather than by
+// Job: its pod is not known, the claim and the sandboxes it owned are checked.
+func (r *Runner) WaitJobGone(t testing.TB, id int64) {
+	t.Helper()
+	(&Job{Runner: r, ID: id}).WaitGone(t)
+}
+
+// WaitGone waits until the job's claim (by name, and any claim with the job's labels), the
+// sandboxes it owned and its pod are gone, and fails the test with what is left otherwise.
 func (j *Job) WaitGone(t testing.TB) {
 	t.Helper()
 	ctx := context.Background()
 	var left []string
-	for deadline := time.Now().Add(goneTimeout); ; {
+	for deadline := time.Now().Add(j.GoneTimeout); ; {
 		left = j.leftovers(t, ctx)
 		if len(left) == 0 {
 			return
@@ -408,10 +434,21 @@ func (j *Job) WaitGone(t testing.TB) {
 func (j *Job) leftovers(t testing.TB, ctx context.Context) []string {
 	t.Helper()
 	var left []string
-	if _, err := j.Admin.Extensions.ExtensionsV1beta1().SandboxClaims(Namespace).Get(ctx, j.ClaimName(), metav1.GetOptions{}); err == nil {
+	claimsAPI := j.Admin.Extensions.ExtensionsV1beta1().SandboxClaims(Namespace)
+	if _, err := claimsAPI.Get(ctx, j.ClaimName(), metav1.GetOptions{}); err == nil {
 		left = append(left, "claim/"+j.ClaimName())
 	} else if !apierrors.IsNotFound(err) {
 		t.Fatal(err)
+	}
+	selector := executor.LabelJobID + "=" + strconv.FormatInt(j.ID, 10) + "," + executor.LabelRunner + "=" + executor.RunnerLabel(j.Runner.Name)
+	claims, err := claimsAPI.List(ctx, metav1.ListOptions{LabelSelector: selector})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, cl := range claims.Items {
+		if cl.Name != j.ClaimName() {
+			left = append(left, "claim/"+cl.Name)
+		}
 	}
 	sandboxes, err := j.Admin.Sandboxes.AgentsV1beta1().Sandboxes(Namespace).List(ctx, metav1.ListOptions{})
 	if err != nil {
@@ -436,7 +473,9 @@ func (j *Job) leftovers(t testing.TB, ctx context.Context) []string {
 	return left
 }
 
-func exitCode(err error) int {
+// ExitCode is how a process that Run or Wait returned err for exited: -1 if it did not exit
+// on its own (or did not start).
+func ExitCode(err error) int {
 	if err == nil {
 		return 0
 	}

@@ -38,7 +38,7 @@ func run() error {
 		return err
 	}
 	configPath := filepath.Join(dir, "config.toml")
-	if err := env.WriteConfig(configPath, "demo-runner", helper); err != nil {
+	if err := env.WriteConfig(configPath, localcluster.Config{RunnerName: "demo-runner", Extra: helper}); err != nil {
 		return err
 	}
 	inst, err := duoflow.NewInstance()

@@ -7,8 +7,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"strconv"
 	"sync"
 	"testing"
@@ -22,6 +20,7 @@ import (
 	extv1beta1 "sigs.k8s.io/agent-sandbox/extensions/api/v1beta1"
 
 	"github.com/sandbox-executor/sandbox-executor/executor"
+	"github.com/sandbox-executor/sandbox-executor/tests/clustertest"
 	"github.com/sandbox-executor/sandbox-executor/tests/fakegitlab"
 	"github.com/sandbox-executor/sandbox-executor/tests/localcluster"
 )
@@ -36,10 +35,10 @@ func benchN(def int) int {
 
 // benchPool creates a warm pool on the local template with replicas sandboxes, waits until all
 // are Ready, and deletes it when the benchmark ends.
-func benchPool(b testing.TB, c *cluster, name string, replicas int32) {
+func benchPool(b testing.TB, c *clustertest.Cluster, name string, replicas int32) {
 	b.Helper()
 	ctx := context.Background()
-	pools := c.admin.Extensions.ExtensionsV1beta1().SandboxWarmPools(namespace)
+	pools := c.Admin.Extensions.ExtensionsV1beta1().SandboxWarmPools(namespace)
 	pool := &extv1beta1.SandboxWarmPool{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{"sandbox-executor.gitlab.io/bench": "true"}},
 		Spec: extv1beta1.SandboxWarmPoolSpec{
@@ -56,11 +55,11 @@ func benchPool(b testing.TB, c *cluster, name string, replicas int32) {
 }
 
 // waitPoolFull waits until every sandbox the pool asks for is Ready, so the next sample is warm.
-func waitPoolFull(b testing.TB, c *cluster, name string) {
+func waitPoolFull(b testing.TB, c *clustertest.Cluster, name string) {
 	b.Helper()
 	deadline := time.Now().Add(3 * time.Minute)
 	for {
-		p, err := c.admin.Extensions.ExtensionsV1beta1().SandboxWarmPools(namespace).Get(context.Background(), name, metav1.GetOptions{})
+		p, err := c.Admin.Extensions.ExtensionsV1beta1().SandboxWarmPools(namespace).Get(context.Background(), name, metav1.GetOptions{})
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -76,11 +75,11 @@ func waitPoolFull(b testing.TB, c *cluster, name string) {
 
 // rawClaim is agent-sandbox alone: create a claim on pool and watch it to Ready, as any client
 // would. It returns that latency and deletes the claim.
-func rawClaim(b *testing.B, c *cluster, pool string) time.Duration {
+func rawClaim(b *testing.B, c *clustertest.Cluster, pool string) time.Duration {
 	b.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	claims := c.admin.Extensions.ExtensionsV1beta1().SandboxClaims(namespace)
+	claims := c.Admin.Extensions.ExtensionsV1beta1().SandboxClaims(namespace)
 	name := fmt.Sprintf("bench-raw-%d", fakegitlab.NextJobID())
 	claim := &extv1beta1.SandboxClaim{
 		ObjectMeta: metav1.ObjectMeta{Name: name},
@@ -109,18 +108,16 @@ func rawClaim(b *testing.B, c *cluster, pool string) time.Duration {
 }
 
 // prepareJob runs our prepare as the runner would and returns its duration and the cleanup.
-func prepareJob(b *testing.B, c *cluster, configPath string) (time.Duration, func()) {
+func prepareJob(b *testing.B, r *clustertest.Runner) (time.Duration, func()) {
 	b.Helper()
-	jobID := fakegitlab.NextJobID()
-	env := newStageEnv(b, jobID, ciImage)
-	stage := func(args ...string) *exec.Cmd { return stageWithConfig(c, env, configPath, args...) }
+	j := newJob(b, r, ciImage)
 	start := time.Now()
-	if out, err := stage("prepare").CombinedOutput(); err != nil {
+	if out, err := j.Command("prepare").CombinedOutput(); err != nil {
 		b.Fatalf("prepare: %v\n%s", err, out)
 	}
 	took := time.Since(start)
 	return took, func() {
-		if out, err := stage("cleanup").CombinedOutput(); err != nil {
+		if out, err := j.Command("cleanup").CombinedOutput(); err != nil {
 			b.Errorf("cleanup: %v\n%s", err, out)
 		}
 	}
@@ -132,25 +129,19 @@ func prepareJob(b *testing.B, c *cluster, configPath string) (time.Duration, fun
 // created until an exec succeeds: what GitLab's Kubernetes executor pays per job before its
 // helper and attach.
 func BenchmarkPrepare(b *testing.B) {
-	c := newCluster(b)
+	c := clustertest.Connect(b)
 	const warm, cold, wide = "bench-warm", "bench-cold", "bench-wide"
 	benchPool(b, c, warm, 2)
 	benchPool(b, c, cold, 0)
-	warmConfig := filepath.Join(b.TempDir(), "warm.toml")
-	coldConfig := filepath.Join(b.TempDir(), "cold.toml")
-	if err := c.WriteConfigWithPool(warmConfig, c.runnerName, warm, ""); err != nil {
-		b.Fatal(err)
-	}
-	if err := c.WriteConfigWithPool(coldConfig, c.runnerName, cold, ""); err != nil {
-		b.Fatal(err)
-	}
+	warmRunner := newRunner(b, c, localcluster.Config{Pools: localcluster.Pools(warm)})
+	coldRunner := newRunner(b, c, localcluster.Config{Pools: localcluster.Pools(cold)})
 
 	var rawWarm, ourWarm samples
 	for i := 0; i < benchN(30); i++ { // interleaved, each from a full pool
 		waitPoolFull(b, c, warm)
 		rawWarm = append(rawWarm, rawClaim(b, c, warm))
 		waitPoolFull(b, c, warm)
-		took, cleanup := prepareJob(b, c, warmConfig)
+		took, cleanup := prepareJob(b, warmRunner)
 		ourWarm = append(ourWarm, took)
 		cleanup()
 	}
@@ -161,13 +152,11 @@ func BenchmarkPrepare(b *testing.B) {
 	benchPool(b, c, wide, concurrent)
 	rawWide := concurrently(concurrent, func() time.Duration { return rawClaim(b, c, wide) })
 	waitPoolFull(b, c, wide)
-	if err := c.WriteConfigWithPool(warmConfig, c.runnerName, wide, ""); err != nil {
-		b.Fatal(err)
-	}
+	wideRunner := newRunner(b, c, localcluster.Config{Pools: localcluster.Pools(wide)})
 	var cleanups []func()
 	var mu sync.Mutex
 	ourWide := concurrently(concurrent, func() time.Duration {
-		took, cleanup := prepareJob(b, c, warmConfig)
+		took, cleanup := prepareJob(b, wideRunner)
 		mu.Lock()
 		cleanups = append(cleanups, cleanup)
 		mu.Unlock()
@@ -182,7 +171,7 @@ func BenchmarkPrepare(b *testing.B) {
 	var rawCold, ourCold, plain samples
 	for i := 0; i < benchN(10); i++ {
 		rawCold = append(rawCold, rawClaim(b, c, cold))
-		took, cleanup := prepareJob(b, c, coldConfig)
+		took, cleanup := prepareJob(b, coldRunner)
 		ourCold = append(ourCold, took)
 		cleanup()
 		plain = append(plain, plainPodUntilExec(b, c))
@@ -208,11 +197,11 @@ func concurrently(n int, f func() time.Duration) samples {
 
 // plainPodUntilExec creates a bare pod on the gVisor RuntimeClass with the CI image and times
 // it until an exec in it succeeds.
-func plainPodUntilExec(b *testing.B, c *cluster) time.Duration {
+func plainPodUntilExec(b *testing.B, c *clustertest.Cluster) time.Duration {
 	b.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	pods := c.admin.Kube.CoreV1().Pods(namespace)
+	pods := c.Admin.Kube.CoreV1().Pods(namespace)
 	name := fmt.Sprintf("bench-plain-%d", fakegitlab.NextJobID())
 	pod := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{"sandbox-executor.gitlab.io/bench": "true"}},
@@ -242,7 +231,7 @@ func plainPodUntilExec(b *testing.B, c *cluster) time.Duration {
 		}
 	}
 	for {
-		err := c.admin.Exec.Exec(ctx, executor.ExecRequest{Namespace: namespace, Pod: name, Container: "job", Command: []string{"true"}, Stdout: io.Discard, Stderr: io.Discard})
+		err := c.Admin.Exec.Exec(ctx, executor.ExecRequest{Namespace: namespace, Pod: name, Container: "job", Command: []string{"true"}, Stdout: io.Discard, Stderr: io.Discard})
 		if err == nil {
 			return time.Since(start)
 		}
@@ -260,18 +249,18 @@ func BenchmarkWholeJob(b *testing.B) {
 	c := newCluster(b)
 	var whole, plain samples
 	for i := 0; i < benchN(10); i++ {
-		waitPoolFull(b, c, localcluster.Pool)
-		env := newStageEnv(b, fakegitlab.NextJobID(), ciImage)
-		empty := env.script(b, "empty.sh", ":\n")
+		waitPoolFull(b, c.Cluster, localcluster.Pool)
+		j := newJob(b, c, ciImage)
+		empty := j.Script(b, ":\n")
 		start := time.Now()
 		for _, args := range [][]string{{"config"}, {"prepare"}, {"run", empty, "prepare_script"}, {"run", empty, "get_sources"},
 			{"run", empty, "build_script"}, {"run", empty, "after_script"}, {"run", empty, "cleanup_file_variables"}, {"cleanup"}} {
-			if out, err := c.stage(env, args...).CombinedOutput(); err != nil {
+			if out, err := j.Command(args...).CombinedOutput(); err != nil {
 				b.Fatalf("%s: %v\n%s", args[0], err, out)
 			}
 		}
 		whole = append(whole, time.Since(start))
-		plain = append(plain, plainPodUntilExec(b, c))
+		plain = append(plain, plainPodUntilExec(b, c.Cluster))
 	}
 	report(b, "plain gVisor pod to exec-ready", plain, 0)
 	report(b, "whole job, 5 empty stages", whole, plain.median())
@@ -282,11 +271,11 @@ func BenchmarkWholeJob(b *testing.B) {
 // run` and through a raw exec of the same command on the same pod.
 func BenchmarkLogThroughput(b *testing.B) {
 	c := newCluster(b)
-	env, pod, _ := preparedJob(b, c, ciImage)
-	clients := executorClients(b, c)
+	j, pod, _ := preparedJob(b, c, ciImage)
+	clients := c.Clients(b)
 	const size = 200 << 20
 	command := fmt.Sprintf("yes 'a line of job log output, as a build tool would print it' | head -c %d\n", size)
-	scriptPath := env.script(b, "log.sh", command)
+	scriptPath := j.Script(b, command)
 	var raw, ours []float64
 	for i := 0; i < benchN(3); i++ {
 		var n countingWriter
@@ -297,7 +286,7 @@ func BenchmarkLogThroughput(b *testing.B) {
 		}
 		raw = append(raw, float64(n)/1e6/time.Since(start).Seconds())
 		n = 0
-		run := c.stage(env, "run", scriptPath, "build_script")
+		run := j.Command("run", scriptPath, "build_script")
 		run.Stdout, run.Stderr = &n, io.Discard
 		start = time.Now()
 		if err := run.Run(); err != nil || n != size {

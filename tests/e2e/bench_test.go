@@ -13,9 +13,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sandbox-executor/sandbox-executor/config"
 	"github.com/sandbox-executor/sandbox-executor/executor"
 	"github.com/sandbox-executor/sandbox-executor/tests/fakegitlab"
+	"github.com/sandbox-executor/sandbox-executor/tests/localcluster"
 	"github.com/sandbox-executor/sandbox-executor/tests/runner"
 	"github.com/sandbox-executor/sandbox-executor/tests/runner/localexecutor"
 )
@@ -39,31 +39,15 @@ func (s samples) String() string {
 
 func ms(d time.Duration) string { return fmt.Sprintf("%.1fms", float64(d.Microseconds())/1000) }
 
-// executorClients connects as the executor does.
-func executorClients(b testing.TB, c *cluster) *executor.Clients {
-	cfg, err := config.Load(c.configPath)
-	if err != nil {
-		b.Fatal(err)
-	}
-	clients, err := executor.NewClients(cfg)
-	if err != nil {
-		b.Fatal(err)
-	}
-	return clients
-}
-
 // BenchmarkStageOverhead compares, on one pod, a plain exec of a script (bash reading it from
 // stdin, as `kubectl exec -i` would) with the same script run as a detached stage through the
 // in-pod agent over exec (the default path) and over the pod network (stage_transport =
 // "network"), and with the whole `sandbox-executor run` process on the network path.
 func BenchmarkStageOverhead(b *testing.B) {
-	c := newCluster(b)
-	if err := c.WriteConfig(c.configPath, c.runnerName, `stage_transport = "network"`); err != nil {
-		b.Fatal(err)
-	}
-	env, pod, _ := preparedJob(b, c, ciImage)
-	clients := executorClients(b, c)
-	state, err := os.ReadFile(filepath.Join(env.dir, "sandbox-executor-state.json"))
+	c := newCluster(b, `stage_transport = "network"`)
+	j, pod, _ := preparedJob(b, c, ciImage)
+	clients := c.Clients(b)
+	state, err := os.ReadFile(filepath.Join(j.Dir, "sandbox-executor-state.json"))
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -78,7 +62,7 @@ func BenchmarkStageOverhead(b *testing.B) {
 	}
 	viaExec, viaNetwork := stageOver(clients.Exec), stageOver(network)
 	script := []byte("echo stage\n")
-	scriptPath := env.script(b, "stage.sh", string(script))
+	scriptPath := j.Script(b, string(script))
 	const n = 21
 	var raw, detachedExec, detachedNet, cli samples
 	timeStage := func(into *samples, r *executor.StageRunner) {
@@ -100,7 +84,7 @@ func BenchmarkStageOverhead(b *testing.B) {
 		timeStage(&detachedExec, viaExec)
 		timeStage(&detachedNet, viaNetwork)
 		t0 = time.Now()
-		if out, err := c.stage(env, "run", scriptPath, "build_script").CombinedOutput(); err != nil {
+		if out, err := j.Command("run", scriptPath, "build_script").CombinedOutput(); err != nil {
 			b.Fatalf("run: %v %s", err, out)
 		}
 		cli = append(cli, time.Since(t0))
@@ -129,12 +113,9 @@ func report(b testing.TB, name string, s samples, baseline time.Duration) {
 func BenchmarkHelloJob(b *testing.B) {
 	c := newCluster(b)
 	const n = 7
-	networkConfig := filepath.Join(b.TempDir(), "network.toml")
-	if err := c.WriteConfig(networkConfig, c.runnerName, `stage_transport = "network"`); err != nil {
-		b.Fatal(err)
-	}
-	overExec := helloJobs(b, n, c.customExecutor(), nil)
-	overNetwork := helloJobs(b, n, c.CustomExecutor(networkConfig), nil)
+	network := newRunner(b, c.Cluster, localcluster.Config{Extra: `stage_transport = "network"`})
+	overExec := helloJobs(b, n, c.Definition(), nil)
+	overNetwork := helloJobs(b, n, network.Definition(), nil)
 	local := localexecutor.New(b)
 	floor := helloJobs(b, n, local.Definition, local.Env)
 	report(b, "hello job, runner alone", floor, 0)

@@ -17,26 +17,27 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/sandbox-executor/sandbox-executor/executor"
+	"github.com/sandbox-executor/sandbox-executor/tests/clustertest"
 	"github.com/sandbox-executor/sandbox-executor/tests/localcluster"
 )
 
 // runDoctor runs the built binary's doctor command and returns its lines and exit code.
-func runDoctor(t *testing.T, c *cluster, configPath string, args ...string) ([]string, int) {
+func runDoctor(t *testing.T, c *clustertest.Runner, configPath string, args ...string) ([]string, int) {
 	t.Helper()
 	cmd := exec.Command(c.Binary(), append([]string{"--config", configPath, "doctor"}, args...)...)
 	cmd.Env = os.Environ()
 	out, err := cmd.Output()
 	t.Logf("doctor %v:\n%s", args, out)
-	return strings.Split(strings.TrimSpace(string(out)), "\n"), exitCode(err)
+	return strings.Split(strings.TrimSpace(string(out)), "\n"), clustertest.ExitCode(err)
 }
 
 // waitPoolsReady is the precondition of an all-ok run: other tests drain the pools for a moment.
-func waitPoolsReady(t *testing.T, c *cluster, pools ...string) {
+func waitPoolsReady(t *testing.T, c *clustertest.Runner, pools ...string) {
 	t.Helper()
 	deadline := time.Now().Add(2 * time.Minute)
 	for _, name := range pools {
 		for {
-			p, err := c.admin.Extensions.ExtensionsV1beta1().SandboxWarmPools(namespace).Get(context.Background(), name, metav1.GetOptions{})
+			p, err := c.Admin.Extensions.ExtensionsV1beta1().SandboxWarmPools(namespace).Get(context.Background(), name, metav1.GetOptions{})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -56,7 +57,7 @@ func waitPoolsReady(t *testing.T, c *cluster, pools ...string) {
 func TestDoctorAllOKOnLocalCluster(t *testing.T) {
 	c := newCluster(t)
 	waitPoolsReady(t, c, pool, localcluster.PosixPool)
-	lines, code := runDoctor(t, c, c.configPath)
+	lines, code := runDoctor(t, c, c.ConfigPath)
 	if code != 0 {
 		t.Errorf("doctor exited %d, want 0", code)
 	}
@@ -95,14 +96,8 @@ func TestDoctorAllOKOnLocalCluster(t *testing.T) {
 func TestDoctorMissingPoolFails(t *testing.T) {
 	c := newCluster(t)
 	missing := fmt.Sprintf("e2e-missing-%d", os.Getpid())
-	path := filepath.Join(t.TempDir(), "config.toml")
-	text, err := os.ReadFile(c.configPath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(path, append(text, fmt.Sprintf("\n[[pool]]\nname = %q\n", missing)...), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	pools := append(localcluster.Pools(pool), localcluster.PoolConfig{Name: missing})
+	path := newRunner(t, c.Cluster, localcluster.Config{Pools: pools}).ConfigPath
 	lines, code := runDoctor(t, c, path)
 	if code != 1 {
 		t.Errorf("doctor exited %d, want 1", code)
@@ -154,12 +149,7 @@ func TestDoctorKubeletPidsLimit(t *testing.T) {
 	if l := z.KubeletConfig.PodPidsLimit; l != nil && *l > 0 {
 		want = fmt.Sprintf("ok    pids limit node %s: podPidsLimit %d", node, *l)
 	}
-	path := filepath.Join(t.TempDir(), "admin.toml")
-	text := fmt.Sprintf("kubeconfig = %q\nnamespace = %q\n[[pool]]\nname = %q\n", c.AdminKubeconfig(), namespace, pool)
-	if err := os.WriteFile(path, []byte(text), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	lines, _ := runDoctor(t, c, path, "--kubelet")
+	lines, _ := runDoctor(t, c, c.AdminConfig, "--kubelet")
 	if !hasLinePrefix(lines, want) {
 		t.Errorf("no line starting %q", want)
 	}

@@ -4,39 +4,29 @@ package e2e
 
 import (
 	"context"
-	"os/exec"
-	"path/filepath"
-	"strings"
 	"testing"
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
-	"github.com/sandbox-executor/sandbox-executor/tests/fakegitlab"
-	"github.com/sandbox-executor/sandbox-executor/tests/runner"
+	"github.com/sandbox-executor/sandbox-executor/tests/clustertest"
+	"github.com/sandbox-executor/sandbox-executor/tests/localcluster"
 )
 
 // drainedPool is an empty warm pool on the local template, and a config that maps the CI image to it.
-func drainedPool(t *testing.T, c *cluster, name, policy string) (configPath string) {
+func drainedPool(t *testing.T, name, policy string) *clustertest.Runner {
 	t.Helper()
+	c := clustertest.Connect(t)
 	benchPool(t, c, name, 0)
-	configPath = filepath.Join(t.TempDir(), "config.toml")
-	if err := c.WriteConfigWithPool(configPath, c.runnerName, name, `drained_pool = "`+policy+`"`); err != nil {
-		t.Fatal(err)
-	}
-	return configPath
+	return newRunner(t, c, localcluster.Config{Pools: localcluster.Pools(name), Extra: `drained_pool = "` + policy + `"`})
 }
 
 // A drained pool with drained_pool = "cold": the job says so and gets a cold-started sandbox.
 func TestDrainedPoolColdStart(t *testing.T) {
-	c := newCluster(t)
-	configPath := drainedPool(t, c, "e2e-drained-cold", "cold")
-	env := newStageEnv(t, fakegitlab.NextJobID(), ciImage)
-	prepare := exec.Command(c.Binary(), "--config", configPath, "prepare")
-	prepare.Env = env.vars
-	out, err := prepare.CombinedOutput()
-	t.Cleanup(func() { stageWithConfig(c, env, configPath, "cleanup").Run() })
+	j := newJob(t, drainedPool(t, "e2e-drained-cold", "cold"), ciImage)
+	out, err := j.Command("prepare").CombinedOutput()
+	t.Cleanup(func() { j.Command("cleanup").Run() })
 	if err != nil {
 		t.Fatalf("prepare: %v\n%s", err, out)
 	}
@@ -46,23 +36,20 @@ func TestDrainedPoolColdStart(t *testing.T) {
 // A drained pool with drained_pool = "wait": prepare claims nothing until the pool has a ready
 // sandbox, then gets it warm.
 func TestDrainedPoolWaitsForAWarmSandbox(t *testing.T) {
-	c := newCluster(t)
 	const pool = "e2e-drained-wait"
-	configPath := drainedPool(t, c, pool, "wait")
-	env := newStageEnv(t, fakegitlab.NextJobID(), ciImage)
-	var out runner.LockedBuffer
-	prepare := stageWithConfig(c, env, configPath, "prepare")
-	prepare.Stdout, prepare.Stderr = &out, &out
+	c := drainedPool(t, pool, "wait")
+	j := newJob(t, c, ciImage)
+	out := clustertest.NewLive()
+	prepare := j.Command("prepare")
+	prepare.Stdout, prepare.Stderr = out, out
 	if err := prepare.Start(); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { stageWithConfig(c, env, configPath, "cleanup").Run() })
-	for deadline := time.Now().Add(time.Minute); !strings.Contains(out.String(), "waiting for a warm sandbox"); time.Sleep(50 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("prepare does not say it waits:\n%s", out.String())
-		}
+	t.Cleanup(func() { j.Command("cleanup").Run() })
+	if !out.Wait("waiting for a warm sandbox", time.Minute) {
+		t.Fatalf("prepare does not say it waits:\n%s", out.String())
 	}
-	claims, err := c.admin.Extensions.ExtensionsV1beta1().SandboxClaims(namespace).List(context.Background(), metav1.ListOptions{})
+	claims, err := c.Admin.Extensions.ExtensionsV1beta1().SandboxClaims(namespace).List(context.Background(), metav1.ListOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -71,7 +58,7 @@ func TestDrainedPoolWaitsForAWarmSandbox(t *testing.T) {
 			t.Errorf("claim %s made while the pool is drained: it would cold-start", cl.Name)
 		}
 	}
-	if _, err := c.admin.Extensions.ExtensionsV1beta1().SandboxWarmPools(namespace).Patch(context.Background(), pool,
+	if _, err := c.Admin.Extensions.ExtensionsV1beta1().SandboxWarmPools(namespace).Patch(context.Background(), pool,
 		types.MergePatchType, []byte(`{"spec":{"replicas":1}}`), metav1.PatchOptions{}); err != nil {
 		t.Fatal(err)
 	}
@@ -79,10 +66,4 @@ func TestDrainedPoolWaitsForAWarmSandbox(t *testing.T) {
 		t.Fatalf("prepare: %v\n%s", err, out.String())
 	}
 	mustContain(t, "prepare log", out.String(), "has a ready sandbox after", "(warm start)")
-}
-
-func stageWithConfig(c *cluster, env *stageEnv, configPath string, args ...string) *exec.Cmd {
-	cmd := exec.Command(c.Binary(), append([]string{"--config", configPath}, args...)...)
-	cmd.Env = env.vars
-	return cmd
 }

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sandbox-executor/sandbox-executor/tests/clustertest"
 	"github.com/sandbox-executor/sandbox-executor/tests/duoflow"
 	"github.com/sandbox-executor/sandbox-executor/tests/fakegitlab"
 	"github.com/sandbox-executor/sandbox-executor/tests/localcluster"
@@ -20,13 +21,13 @@ import (
 )
 
 // runDuoJob runs job through a fresh gitlab-runner 12.8 process with the instance's S3 cache.
-func runDuoJob(t *testing.T, c *cluster, inst *duoflow.Instance, job fakegitlab.Job) fakegitlab.Result {
+func runDuoJob(t *testing.T, c *clustertest.Runner, inst *duoflow.Instance, job fakegitlab.Job) fakegitlab.Result {
 	t.Helper()
 	inst.GitLab.Enqueue(job)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	proc, err := runner.Start(runner.Options{
-		URL: inst.GitLab.URL(), Token: inst.GitLab.RunnerToken(), Executor: c.customExecutor(), Timeout: 5 * time.Minute,
+		URL: inst.GitLab.URL(), Token: inst.GitLab.RunnerToken(), Executor: c.Definition(), Timeout: 5 * time.Minute,
 		Cache: inst.RunnerCache(),
 	})
 	if err != nil {
@@ -54,14 +55,11 @@ var (
 // pushes its change back over HTTP, caches node_modules/ in S3 and uploads an artifact, with
 // the runner's helper copied into the pod (helper_binary), not baked into the image.
 func TestDuoFlowJob(t *testing.T) {
-	c := newCluster(t)
 	helper, err := duoflow.HelperConfig()
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := c.WriteConfig(c.configPath, c.runnerName, helper); err != nil {
-		t.Fatal(err)
-	}
+	c := newCluster(t, helper)
 	// The outside world is up (from here): a pod that cannot reach it is stopped by its policy.
 	if resp, err := http.Get(localcluster.OutsideURL); err != nil {
 		t.Fatalf("positive control: %s is not answering from this machine: %v", localcluster.OutsideURL, err)
@@ -123,7 +121,7 @@ func TestDuoFlowJob(t *testing.T) {
 				t.Errorf("job %d: the value of %s appears in the trace", tc.job.ID, v.Key)
 			}
 		}
-		c.assertJobGone(t, tc.job.ID)
+		c.WaitJobGone(t, tc.job.ID)
 		copied := helperCopied.FindStringSubmatch(tc.res.Trace)
 		if copied == nil {
 			t.Errorf("job %d: no helper copy line in the trace", tc.job.ID)

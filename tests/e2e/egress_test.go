@@ -6,7 +6,6 @@ import (
 	"context"
 	"fmt"
 	"net/http"
-	"os"
 	"strings"
 	"testing"
 	"time"
@@ -17,6 +16,8 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 
 	"github.com/sandbox-executor/sandbox-executor/egress"
+	"github.com/sandbox-executor/sandbox-executor/tests/clustertest"
+	"github.com/sandbox-executor/sandbox-executor/tests/localcluster"
 )
 
 // What deploy/local and tests/cluster/egress-proxy.sh set up: pool duo-proxied, whose pods may
@@ -32,21 +33,16 @@ const (
 // the proxy (forwarded and tunnelled), others are refused by the proxy with a 403, bypassing the
 // proxy is dropped by NetworkPolicy, and the job log names every destination the proxy refused.
 func TestEgressThroughProxy(t *testing.T) {
-	c := newCluster(t)
-	replaceInFile(t, c.configPath, fmt.Sprintf("default_pool = %q", pool), fmt.Sprintf("default_pool = %q", proxiedPool))
-	f, err := os.OpenFile(c.configPath, os.O_APPEND|os.O_WRONLY, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	fmt.Fprintf(f, "\n[[pool]]\nname = %q\negress_proxy = %q\n", proxiedPool, egressAdmin)
-	f.Close()
+	// The proxied pool is the default one; the CI and POSIX images keep their pools.
+	pools := append([]localcluster.PoolConfig{{Name: proxiedPool, EgressProxy: egressAdmin}}, localcluster.Pools(pool)...)
+	c := newRunner(t, clustertest.Connect(t), localcluster.Config{Pools: pools})
 
-	env, pod, prep := preparedJob(t, c, "") // no image: the default pool
+	j, _, prep := preparedJob(t, c, "") // no image: the default pool
 	mustContain(t, "prepare log", prep, "pool "+proxiedPool)
-	podIP := podIP(t, c, pod)
+	podIP := j.PodObject(t).Status.PodIP
 	run := func(name, script string) string {
 		t.Helper()
-		out, err := c.stage(env, "run", env.script(t, name+".sh", script), "build_script").CombinedOutput()
+		out, err := j.Command("run", j.Script(t, script), "build_script").CombinedOutput()
 		if err != nil {
 			t.Fatalf("stage %s: %v\n%s", name, err, out)
 		}
@@ -104,10 +100,10 @@ true
 	// once an extra NetworkPolicy allows it. Without that policy, direct connections are dropped.
 	out = run("direct-control", `echo "direct-to-proxy=$(curl -s --noproxy '*' --max-time 20 http://10.99.2.2:3128/)"`)
 	mustContain(t, "direct-control stage", out, "direct-to-proxy=egress proxy: this is a forward proxy")
-	policy := allowDirect(t, c, pod, "10.99.0.2/32", 80)
+	policy := allowDirect(t, j, "10.99.0.2/32", 80)
 	out = run("direct-allowed", pollDirect("http://10.99.0.2/", "outside"))
 	mustContain(t, "direct-allowed stage", out, "direct=outside")
-	if err := c.admin.Kube.NetworkingV1().NetworkPolicies(namespace).Delete(context.Background(), policy, metav1.DeleteOptions{}); err != nil {
+	if err := c.Admin.Kube.NetworkingV1().NetworkPolicies(namespace).Delete(context.Background(), policy, metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	out = run("direct-dropped", pollDirect("http://10.99.0.2/", "")+pollDirect("http://10.99.1.2/", ""))
@@ -138,16 +134,13 @@ done
 
 // allowDirect adds a NetworkPolicy that lets only this pod reach cidr:port directly, removed at
 // the end of the test.
-func allowDirect(t *testing.T, c *cluster, pod, cidr string, port int) string {
+func allowDirect(t *testing.T, j *clustertest.Job, cidr string, port int) string {
 	t.Helper()
 	ctx := context.Background()
-	p, err := c.admin.Kube.CoreV1().Pods(namespace).Get(ctx, pod, metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	p := j.PodObject(t)
 	const podLabel = "agents.x-k8s.io/sandbox-name-hash"
 	if p.Labels[podLabel] == "" {
-		t.Fatalf("pod %s has no label %s to select it by", pod, podLabel)
+		t.Fatalf("pod %s has no label %s to select it by", p.Name, podLabel)
 	}
 	tcp, portValue := corev1.ProtocolTCP, intstr.FromInt32(int32(port))
 	np := &networkingv1.NetworkPolicy{
@@ -161,11 +154,11 @@ func allowDirect(t *testing.T, c *cluster, pod, cidr string, port int) string {
 			}},
 		},
 	}
-	if _, err := c.admin.Kube.NetworkingV1().NetworkPolicies(namespace).Create(ctx, np, metav1.CreateOptions{}); err != nil {
+	if _, err := j.Admin.Kube.NetworkingV1().NetworkPolicies(namespace).Create(ctx, np, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		c.admin.Kube.NetworkingV1().NetworkPolicies(namespace).Delete(context.Background(), np.Name, metav1.DeleteOptions{})
+		j.Admin.Kube.NetworkingV1().NetworkPolicies(namespace).Delete(context.Background(), np.Name, metav1.DeleteOptions{})
 	})
 	return np.Name
 }

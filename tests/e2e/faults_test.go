@@ -17,13 +17,16 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/tools/clientcmd"
 
-	"github.com/sandbox-executor/sandbox-executor/tests/fakegitlab"
+	"github.com/sandbox-executor/sandbox-executor/tests/clustertest"
 	"github.com/sandbox-executor/sandbox-executor/tests/faultproxy"
+	"github.com/sandbox-executor/sandbox-executor/tests/localcluster"
 )
 
-// withProxy points the executor at the API server through a fault-injecting proxy.
-func withProxy(t *testing.T, c *cluster) *faultproxy.Proxy {
+// withProxy is the suite's executor configuration with the API server behind a fault-injecting
+// proxy, and stages pinned to the exec transport.
+func withProxy(t *testing.T) (*clustertest.Runner, *faultproxy.Proxy) {
 	t.Helper()
+	c := clustertest.Connect(t)
 	kc, err := clientcmd.LoadFromFile(c.ExecutorKubeconfig())
 	if err != nil {
 		t.Fatal(err)
@@ -45,36 +48,12 @@ func withProxy(t *testing.T, c *cluster) *faultproxy.Proxy {
 	if err := clientcmd.WriteToFile(*kc, path); err != nil {
 		t.Fatal(err)
 	}
-	if err := c.WriteConfig(c.configPath, c.runnerName, execThroughAPIServer); err != nil {
-		t.Fatal(err)
-	}
-	// WriteConfig uses the cluster's kubeconfig: swap in the proxied one.
-	replaceInFile(t, c.configPath, c.ExecutorKubeconfig(), path)
-	return proxy
+	return newRunner(t, c, localcluster.Config{Kubeconfig: path, Extra: execThroughAPIServer}), proxy
 }
 
 // execThroughAPIServer pins stages to the exec transport: these faults are on the path through
 // the API server, which the network transport does not take.
 const execThroughAPIServer = "reconnects = 20\nstage_transport = \"exec\""
-
-// preparedJob runs prepare for a new job on image and registers its cleanup, which must leave
-// nothing behind. It returns the stage environment, the pod and prepare's job log.
-func preparedJob(t testing.TB, c *cluster, image string) (*stageEnv, string, string) {
-	t.Helper()
-	jobID := fakegitlab.NextJobID()
-	env := newStageEnv(t, jobID, image)
-	prep, err := c.stage(env, "prepare").CombinedOutput()
-	if err != nil {
-		t.Fatalf("prepare: %v\n%s", err, prep)
-	}
-	t.Cleanup(func() {
-		if out, err := c.stage(env, "cleanup").CombinedOutput(); err != nil {
-			t.Errorf("cleanup: %v\n%s", err, out)
-		}
-		c.assertJobGone(t, jobID)
-	})
-	return env, podFromPrepareLog(t, string(prep)), string(prep)
-}
 
 // numbered is a stage that prints lines with pauses, so that cuts land mid-output; want is
 // its exact output.
@@ -97,11 +76,10 @@ func TestStageSurvivesStreamCuts(t *testing.T) {
 		wantCode int
 	}{{"passing", 0, 0}, {"failing", 5, 1}} {
 		t.Run(tc.name, func(t *testing.T) {
-			c := newCluster(t)
-			proxy := withProxy(t, c)
-			env, _, _ := preparedJob(t, c, ciImage)
+			c, proxy := withProxy(t)
+			j, _, _ := preparedJob(t, c, ciImage)
 			script, want := numbered(3000, 500, tc.exit)
-			run := c.stage(env, "run", env.script(t, "numbered.sh", script), "build_script")
+			run := j.Command("run", j.Script(t, script), "build_script")
 			var stdout, stderr bytes.Buffer
 			run.Stdout, run.Stderr = &stdout, &stderr
 			if err := run.Start(); err != nil {
@@ -124,7 +102,7 @@ func TestStageSurvivesStreamCuts(t *testing.T) {
 			if cuts < 3 {
 				t.Errorf("only %d cuts happened during the stage; want several", cuts)
 			}
-			if code := exitCode(err); code != tc.wantCode {
+			if code := clustertest.ExitCode(err); code != tc.wantCode {
 				t.Fatalf("exit %d, want %d; stderr:\n%s", code, tc.wantCode, stderr.String())
 			}
 			if stdout.String() != want {
@@ -141,36 +119,34 @@ func TestStageSurvivesStreamCuts(t *testing.T) {
 // TestPodDeletedMidStage: a pod deleted under a running stage is a system failure naming it.
 func TestPodDeletedMidStage(t *testing.T) {
 	c := newCluster(t)
-	env, pod, _ := preparedJob(t, c, ciImage)
-	run := c.stage(env, "run", env.script(t, "long.sh", "echo stage-started\nsleep 120\n"), "build_script")
-	live := &arrivals{markers: map[string]time.Time{"stage-started": {}}}
+	j, pod, _ := preparedJob(t, c, ciImage)
+	run := j.Command("run", j.Script(t, "echo stage-started\nsleep 120\n"), "build_script")
+	live := clustertest.NewLive()
 	run.Stdout, run.Stderr = live, live
 	if err := run.Start(); err != nil {
 		t.Fatal(err)
 	}
-	for deadline := time.Now().Add(60 * time.Second); live.at("stage-started").IsZero() && time.Now().Before(deadline); {
-		time.Sleep(50 * time.Millisecond)
-	}
-	if err := c.admin.Kube.CoreV1().Pods(namespace).Delete(context.Background(), pod, metav1.DeleteOptions{}); err != nil {
+	live.Wait("stage-started", 60*time.Second)
+	if err := c.Admin.Kube.CoreV1().Pods(namespace).Delete(context.Background(), pod, metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	err := run.Wait()
-	if code := exitCode(err); code != 2 {
+	if code := clustertest.ExitCode(err); code != 2 {
 		t.Errorf("exit %d after the pod was deleted, want SYSTEM_FAILURE (2)", code)
 	}
-	mustContain(t, "job log", live.text.String(), "pod "+namespace+"/"+pod)
-	if !strings.Contains(live.text.String(), "deleted") && !strings.Contains(live.text.String(), "replaced") {
-		t.Errorf("the failure does not say the pod was deleted:\n%s", live.text.String())
+	mustContain(t, "job log", live.String(), "pod "+namespace+"/"+pod)
+	if !strings.Contains(live.String(), "deleted") && !strings.Contains(live.String(), "replaced") {
+		t.Errorf("the failure does not say the pod was deleted:\n%s", live.String())
 	}
 }
 
 // TestSteadyOutputForAMinute: 1 MB/s for 60 s arrives complete.
 func TestSteadyOutputForAMinute(t *testing.T) {
 	c := newCluster(t)
-	env, _, _ := preparedJob(t, c, ciImage)
+	j, _, _ := preparedJob(t, c, ciImage)
 	script := "i=0\nwhile [ $i -lt 60 ]; do head -c 1048576 /dev/zero | tr '\\0' x; echo; sleep 1; i=$((i+1)); done\n"
 	var stdout bytes.Buffer
-	run := c.stage(env, "run", env.script(t, "steady.sh", script), "build_script")
+	run := j.Command("run", j.Script(t, script), "build_script")
 	run.Stdout = &stdout
 	start := time.Now()
 	if err := run.Run(); err != nil {
@@ -185,22 +161,17 @@ func TestSteadyOutputForAMinute(t *testing.T) {
 // TestStageSurvivesAPIServerRestart restarts kube-apiserver in the middle of a stage: the stage
 // goes on in the pod, and run re-attaches once the API server is back.
 func TestStageSurvivesAPIServerRestart(t *testing.T) {
-	c := newCluster(t)
-	if err := c.WriteConfig(c.configPath, c.runnerName, execThroughAPIServer); err != nil {
-		t.Fatal(err)
-	}
-	env, _, _ := preparedJob(t, c, ciImage)
+	c := newCluster(t, execThroughAPIServer)
+	j, _, _ := preparedJob(t, c, ciImage)
 	script, want := numbered(1500, 300, 0)
-	run := c.stage(env, "run", env.script(t, "numbered.sh", script), "build_script")
+	run := j.Command("run", j.Script(t, script), "build_script")
 	var stdout bytes.Buffer
-	live := &arrivals{markers: map[string]time.Time{"line 00100": {}}}
+	live := clustertest.NewLive()
 	run.Stdout, run.Stderr = io.MultiWriter(&stdout, live), live
 	if err := run.Start(); err != nil {
 		t.Fatal(err)
 	}
-	for deadline := time.Now().Add(60 * time.Second); live.at("line 00100").IsZero() && time.Now().Before(deadline); {
-		time.Sleep(20 * time.Millisecond)
-	}
+	live.Wait("line 00100", 60*time.Second)
 	restart := exec.Command(filepath.Join(repoRoot(t), "tests", "cluster", "start.sh"), "stop", "apiserver")
 	if out, err := restart.CombinedOutput(); err != nil {
 		t.Fatalf("stopping kube-apiserver: %v\n%s", err, out)
@@ -210,16 +181,16 @@ func TestStageSurvivesAPIServerRestart(t *testing.T) {
 		t.Fatalf("starting kube-apiserver: %v\n%s", err, out)
 	}
 	if err := run.Wait(); err != nil {
-		t.Fatalf("run after an API server restart: %v\n%s", err, live.text.String())
+		t.Fatalf("run after an API server restart: %v\n%s", err, live.String())
 	}
 	if stdout.String() != want {
-		t.Fatalf("output differs after the restart: got %d bytes, want %d\n%s", stdout.Len(), len(want), live.text.String())
+		t.Fatalf("output differs after the restart: got %d bytes, want %d\n%s", stdout.Len(), len(want), live.String())
 	}
-	if !strings.Contains(live.text.String(), "re-attaching") {
+	if !strings.Contains(live.String(), "re-attaching") {
 		t.Errorf("no reconnect noted: the restart did not hit the stage")
 	}
-	if strings.Contains(live.text.String(), "UnhandledError") {
-		t.Errorf("client-go's own log lines reached the job log:\n%s", live.text.String())
+	if strings.Contains(live.String(), "UnhandledError") {
+		t.Errorf("client-go's own log lines reached the job log:\n%s", live.String())
 	}
 }
 

@@ -8,48 +8,19 @@ import (
 	"io"
 	"net"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-
 	"github.com/sandbox-executor/sandbox-executor/executor/agent"
+	"github.com/sandbox-executor/sandbox-executor/tests/clustertest"
 	"github.com/sandbox-executor/sandbox-executor/tests/fakegitlab"
 	"github.com/sandbox-executor/sandbox-executor/tests/localcluster"
 	"github.com/sandbox-executor/sandbox-executor/tests/runner"
 	"github.com/sandbox-executor/sandbox-executor/tests/runner/modern"
 )
-
-// arrivals notes when each marker first reached the job log.
-type arrivals struct {
-	mu      sync.Mutex
-	text    strings.Builder
-	markers map[string]time.Time
-}
-
-func (a *arrivals) Write(p []byte) (int, error) {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	a.text.Write(p)
-	for m, at := range a.markers {
-		if at.IsZero() && strings.Contains(a.text.String(), m) {
-			a.markers[m] = time.Now()
-		}
-	}
-	return len(p), nil
-}
-
-func (a *arrivals) at(marker string) time.Time {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	return a.markers[marker]
-}
 
 // TestGVisorJobStreamsLive runs a job the way a 17.x runner does and checks that it ran under
 // the gVisor kernel and that its output reached the job log while it ran, not at the end.
@@ -62,8 +33,8 @@ func TestGVisorJobStreamsLive(t *testing.T) {
 		GitStrategy: "none",
 		Script:      []string{"uname -r", "dmesg | head -n 2", "echo first-marker", "sleep 3", "echo second-marker"},
 	})
-	live := &arrivals{markers: map[string]time.Time{"first-marker": {}, "second-marker": {}}}
-	res, err := modern.Run(context.Background(), modern.Config{Executor: c.customExecutor(), LogOutput: live}, job)
+	live := clustertest.NewLive("first-marker", "second-marker")
+	res, err := modern.Run(context.Background(), modern.Config{Executor: c.Definition(), LogOutput: live}, job)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -71,10 +42,10 @@ func TestGVisorJobStreamsLive(t *testing.T) {
 		t.Fatalf("state %s (%s: %v), log:\n%s", res.State, res.FailureReason, res.Err, res.Log)
 	}
 	mustContain(t, "job log", res.Log, "Starting gVisor", "runtime gvisor", "Sandbox ready: pool duo-default")
-	if gap := live.at("second-marker").Sub(live.at("first-marker")); gap < 2*time.Second {
+	if gap := live.At("second-marker").Sub(live.At("first-marker")); gap < 2*time.Second {
 		t.Errorf("first output arrived %s before the last: not streamed live", gap)
 	}
-	c.assertJobGone(t, job.ID)
+	c.WaitJobGone(t, job.ID)
 }
 
 // TestFailingScriptIsBuildFailure checks that a script's exit code reaches the runner through
@@ -84,7 +55,7 @@ func TestFailingScriptIsBuildFailure(t *testing.T) {
 	gitlab := fakegitlab.New()
 	defer gitlab.Close()
 	job := gitlab.NewJob(fakegitlab.JobSpec{Image: ciImage, GitStrategy: "none", Script: []string{"echo about to fail", "exit 3"}})
-	res, err := modern.Run(context.Background(), modern.Config{Executor: c.customExecutor()}, job)
+	res, err := modern.Run(context.Background(), modern.Config{Executor: c.Definition()}, job)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -92,7 +63,7 @@ func TestFailingScriptIsBuildFailure(t *testing.T) {
 		t.Fatalf("state %s reason %s exit %d, want failed script_failure 3; log:\n%s", res.State, res.FailureReason, res.ExitCode, res.Log)
 	}
 	mustContain(t, "job log", res.Log, "about to fail")
-	c.assertJobGone(t, job.ID)
+	c.WaitJobGone(t, job.ID)
 }
 
 // TestRealRunnerJob runs a job through the real gitlab-runner binary against the fake GitLab API
@@ -109,7 +80,7 @@ func TestRealRunnerJob(t *testing.T) {
 	gitlab.Enqueue(job)
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
-	proc, err := runner.Start(runner.Options{URL: gitlab.URL(), Token: gitlab.RunnerToken(), Executor: c.customExecutor(), Timeout: 4 * time.Minute})
+	proc, err := runner.Start(runner.Options{URL: gitlab.URL(), Token: gitlab.RunnerToken(), Executor: c.Definition(), Timeout: 4 * time.Minute})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -125,7 +96,7 @@ func TestRealRunnerJob(t *testing.T) {
 	if strings.Contains(res.Trace, "sa-token-mounted") {
 		t.Error("a service account token is mounted in the job pod")
 	}
-	c.assertJobGone(t, job.ID)
+	c.WaitJobGone(t, job.ID)
 }
 
 // TestStagesAsModernRunnerInvokesThem drives the binary directly with the environment and
@@ -133,73 +104,50 @@ func TestRealRunnerJob(t *testing.T) {
 // gone from the pod, checked from outside, before cleanup.
 func TestStagesAsModernRunnerInvokesThem(t *testing.T) {
 	c := newCluster(t)
-	env, pod, prep := preparedJob(t, c, ciImage)
-	out, err := c.stage(env, "config").Output()
+	j, pod, prep := preparedJob(t, c, ciImage)
+	out, err := j.Command("config").Output()
 	if err != nil || !strings.Contains(string(out), `"builds_dir":"/builds"`) {
 		t.Fatalf("config: %v %s", err, out)
 	}
 
 	// A failing stage: exit code in BUILD_EXIT_CODE_FILE, BUILD_FAILURE exit.
-	fail := c.stage(env, "run", env.script(t, "fail.sh", "echo failing\nexit 7\n"), "build_script")
-	if out, err := fail.CombinedOutput(); exitCode(err) != 1 || !strings.Contains(string(out), "failing") {
-		t.Errorf("failing stage: exit %d, output %q; want 1", exitCode(err), out)
+	fail := j.Command("run", j.Script(t, "echo failing\nexit 7\n"), "build_script")
+	if out, err := fail.CombinedOutput(); clustertest.ExitCode(err) != 1 || !strings.Contains(string(out), "failing") {
+		t.Errorf("failing stage: exit %d, output %q; want 1", clustertest.ExitCode(err), out)
 	}
-	if code, _ := os.ReadFile(filepath.Join(env.dir, "exit-code")); strings.TrimSpace(string(code)) != "7" {
+	if code, _ := os.ReadFile(j.ExitCodeFile()); strings.TrimSpace(string(code)) != "7" {
 		t.Errorf("BUILD_EXIT_CODE_FILE = %q, want 7", code)
 	}
 
 	// Cancel: SIGTERM to the stage's process group, as the runner does.
-	run := c.stage(env, "run", env.script(t, "long.sh", "sleep 600 &\nsleep 601 &\necho stage-started\nwait\n"), "build_script")
-	live := &arrivals{markers: map[string]time.Time{"stage-started": {}}}
+	run := j.Command("run", j.Script(t, "sleep 600 &\nsleep 601 &\necho stage-started\nwait\n"), "build_script")
+	live := clustertest.NewLive()
 	run.Stdout, run.Stderr = live, live
 	run.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := run.Start(); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(60 * time.Second)
-	for live.at("stage-started").IsZero() && time.Now().Before(deadline) {
-		time.Sleep(50 * time.Millisecond)
-	}
-	if ps, err := c.podExec(t, pod, "sh", "-c", "cat /proc/[0-9]*/cmdline | tr '\\0' ' '"); !strings.Contains(ps, "sleep 600") {
+	live.Wait("stage-started", 60*time.Second)
+	if ps, err := c.Exec(context.Background(), pod, "sh", "-c", "cat /proc/[0-9]*/cmdline | tr '\\0' ' '"); !strings.Contains(ps, "sleep 600") {
 		t.Fatalf("the stage's sleep is not running in pod %s before cancel: %q %v", pod, ps, err)
 	}
 	cancelled := time.Now()
 	syscall.Kill(-run.Process.Pid, syscall.SIGTERM)
 	err = run.Wait()
-	t.Logf("run exited %d %s after SIGTERM", exitCode(err), time.Since(cancelled))
-	if ps, _ := c.podExec(t, pod, "sh", "-c", "cat /proc/[0-9]*/cmdline | tr '\\0' ' '"); strings.Contains(ps, "sleep 60") {
+	t.Logf("run exited %d %s after SIGTERM", clustertest.ExitCode(err), time.Since(cancelled))
+	if ps, _ := c.Exec(context.Background(), pod, "sh", "-c", "cat /proc/[0-9]*/cmdline | tr '\\0' ' '"); strings.Contains(ps, "sleep 60") {
 		t.Errorf("processes of the cancelled stage survive in the pod: %q", ps)
 	}
 	// after_script still runs after a cancel.
-	after, err := c.stage(env, "run", env.script(t, "after.sh", "echo after-script-ran\n"), "after_script").CombinedOutput()
+	after, err := j.Command("run", j.Script(t, "echo after-script-ran\n"), "after_script").CombinedOutput()
 	if err != nil || !strings.Contains(string(after), "after-script-ran") {
 		t.Errorf("after_script after cancel: %v %q", err, after)
 	}
-	for _, secret := range []string{"glcbt-e2e-secret-token", "duo-e2e-secret"} {
-		if strings.Contains(prep+string(after)+live.text.String(), secret) {
+	for _, secret := range []string{jobToken, duoToken} {
+		if strings.Contains(prep+string(after)+live.String(), secret) {
 			t.Errorf("secret %q appears in our output", secret)
 		}
 	}
-}
-
-func podFromPrepareLog(t testing.TB, log string) string {
-	t.Helper()
-	i := strings.Index(log, "pod "+namespace+"/")
-	if i < 0 {
-		t.Fatalf("prepare log names no pod:\n%s", log)
-	}
-	rest := log[i+len("pod "+namespace+"/"):]
-	return strings.FieldsFunc(rest, func(r rune) bool { return r == ',' || r == ' ' })[0]
-}
-
-func exitCode(err error) int {
-	if ee, ok := err.(*exec.ExitError); ok {
-		return ee.ExitCode()
-	}
-	if err != nil {
-		return -1
-	}
-	return 0
 }
 
 // TestPOSIXOnlyImage runs stages in an image with nothing but POSIX sh (dash) and coreutils: the
@@ -207,15 +155,15 @@ func exitCode(err error) int {
 // scripts use $'...' quoting, which dash lacks: that part needs the runner's sh support.)
 func TestPOSIXOnlyImage(t *testing.T) {
 	c := newCluster(t)
-	env, _, prep := preparedJob(t, c, localcluster.PosixImage)
+	j, _, prep := preparedJob(t, c, localcluster.PosixImage)
 	mustContain(t, "prepare log", prep, "pool "+localcluster.PosixPool, "shell /bin/sh", "gvisor")
-	script := env.script(t, "posix.sh", "set -e\necho \"bash-$(test -e /bin/bash && echo present || echo absent)\"\nuname -r\nexit 4\n")
-	out, err := c.stage(env, "run", script, "build_script").CombinedOutput()
-	if exitCode(err) != 1 {
-		t.Fatalf("run: exit %d, want BUILD_FAILURE (1)\n%s", exitCode(err), out)
+	script := j.Script(t, "set -e\necho \"bash-$(test -e /bin/bash && echo present || echo absent)\"\nuname -r\nexit 4\n")
+	out, err := j.Command("run", script, "build_script").CombinedOutput()
+	if clustertest.ExitCode(err) != 1 {
+		t.Fatalf("run: exit %d, want BUILD_FAILURE (1)\n%s", clustertest.ExitCode(err), out)
 	}
 	mustContain(t, "stage output", string(out), "bash-absent", "gvisor")
-	if code, _ := os.ReadFile(filepath.Join(env.dir, "exit-code")); strings.TrimSpace(string(code)) != "4" {
+	if code, _ := os.ReadFile(j.ExitCodeFile()); strings.TrimSpace(string(code)) != "4" {
 		t.Errorf("BUILD_EXIT_CODE_FILE = %q, want 4", code)
 	}
 }
@@ -223,25 +171,22 @@ func TestPOSIXOnlyImage(t *testing.T) {
 // TestNetworkTransport runs stages over the pod network (stage_transport = "network"): same
 // output, exit codes and cancel as over exec, and the agent refuses requests without the token.
 func TestNetworkTransport(t *testing.T) {
-	c := newCluster(t)
-	if err := c.WriteConfig(c.configPath, c.runnerName, `stage_transport = "network"`); err != nil {
-		t.Fatal(err)
-	}
-	env, pod, prep := preparedJob(t, c, ciImage)
+	c := newCluster(t, `stage_transport = "network"`)
+	j, _, prep := preparedJob(t, c, ciImage)
 	script, want := numbered(2000, 2001, 5) // no pauses
 	var stdout, stderr bytes.Buffer
-	run := c.stage(env, "run", env.script(t, "numbered.sh", script), "build_script")
+	run := j.Command("run", j.Script(t, script), "build_script")
 	run.Stdout, run.Stderr = &stdout, &stderr
-	if err := run.Run(); exitCode(err) != 1 {
-		t.Fatalf("exit %d, want BUILD_FAILURE (1): %s", exitCode(err), stderr.String())
+	if err := run.Run(); clustertest.ExitCode(err) != 1 {
+		t.Fatalf("exit %d, want BUILD_FAILURE (1): %s", clustertest.ExitCode(err), stderr.String())
 	}
 	if stdout.String() != want {
 		t.Fatalf("output differs: got %d bytes, want %d", stdout.Len(), len(want))
 	}
-	if code, _ := os.ReadFile(filepath.Join(env.dir, "exit-code")); strings.TrimSpace(string(code)) != "5" {
+	if code, _ := os.ReadFile(j.ExitCodeFile()); strings.TrimSpace(string(code)) != "5" {
 		t.Errorf("BUILD_EXIT_CODE_FILE = %q, want 5", code)
 	}
-	ip := podIP(t, c, pod)
+	ip := j.PodObject(t).Status.PodIP
 	conn, err := net.DialTimeout("tcp", net.JoinHostPort(ip, strconv.Itoa(agent.NetworkPort)), 5*time.Second)
 	if err != nil {
 		t.Fatalf("the agent is not reachable over the pod network: %v (prepare log: %s)", err, prep)
@@ -253,13 +198,4 @@ func TestNetworkTransport(t *testing.T) {
 	if err != nil || code != agent.ExitRefused || !strings.Contains(refusal.String(), "unauthorized") {
 		t.Errorf("a request with a wrong token: exit %d, %q, %v; want it refused", code, refusal.String(), err)
 	}
-}
-
-func podIP(t *testing.T, c *cluster, pod string) string {
-	t.Helper()
-	p, err := c.admin.Kube.CoreV1().Pods(namespace).Get(context.Background(), pod, metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return p.Status.PodIP
 }

@@ -12,9 +12,9 @@ import (
 // idle timeout anywhere between the executor and the pod. Runs in `make e2e-long` only.
 func TestSilentStageForTenMinutes(t *testing.T) {
 	c := newCluster(t)
-	env, _, _ := preparedJob(t, c, ciImage)
+	j, _, _ := preparedJob(t, c, ciImage)
 	var stdout, stderr bytes.Buffer
-	run := c.stage(env, "run", env.script(t, "silent.sh", "echo before\nsleep 600\necho after\n"), "build_script")
+	run := j.Command("run", j.Script(t, "echo before\nsleep 600\necho after\n"), "build_script")
 	run.Stdout, run.Stderr = &stdout, &stderr
 	start := time.Now()
 	if err := run.Run(); err != nil {

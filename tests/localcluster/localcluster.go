@@ -4,10 +4,12 @@
 package localcluster
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/sandbox-executor/sandbox-executor/tests/runner"
@@ -84,30 +86,65 @@ func (e *Env) Binary() string { return filepath.Join(e.BinDir, "sandbox-executor
 // AgentBinary is the in-pod stage agent.
 func (e *Env) AgentBinary() string { return filepath.Join(e.BinDir, "sandbox-executor-agent") }
 
-// WriteConfig writes an executor config for the local cluster to path; extra is appended to the
-// top-level keys.
-func (e *Env) WriteConfig(path, runnerName, extra string) error {
-	return e.WriteConfigWithPool(path, runnerName, Pool, extra)
+// PoolConfig is a [[pool]] table of an executor configuration.
+type PoolConfig struct {
+	Name   string
+	Images []string
+	// EgressProxy is the pool's egress_proxy (the proxy's admin URL); empty for none.
+	EgressProxy string
 }
 
-// WriteConfigWithPool is WriteConfig with the CI image served by ciPool.
-func (e *Env) WriteConfigWithPool(path, runnerName, ciPool, extra string) error {
-	text := fmt.Sprintf(`kubeconfig = %q
-namespace = %q
-runner_name = %q
-default_pool = %q
-agent_binary = %q
-ready_timeout = "90s"
-%s
-[[pool]]
-name = %q
-images = ["sandbox-executor.local/ci:*"]
+// Pools are deploy/local's pools: the CI image served by ciPool (deploy/local's is Pool), and
+// the POSIX image by PosixPool.
+func Pools(ciPool string) []PoolConfig {
+	return []PoolConfig{
+		{Name: ciPool, Images: []string{"sandbox-executor.local/ci:*"}},
+		{Name: PosixPool, Images: []string{"sandbox-executor.local/posix:*"}},
+	}
+}
 
-[[pool]]
-name = %q
-images = ["sandbox-executor.local/posix:*"]
-`, e.ExecutorKubeconfig(), Namespace, runnerName, ciPool, e.AgentBinary(), extra, ciPool, PosixPool)
-	return os.WriteFile(path, []byte(text), 0o600)
+// Config is an executor configuration for the local cluster.
+type Config struct {
+	RunnerName string
+	// Kubeconfig is the executor's kubeconfig; empty means its ServiceAccount's
+	// (ExecutorKubeconfig).
+	Kubeconfig string
+	// ReadyTimeout is prepare's ready_timeout; empty means 90s.
+	ReadyTimeout string
+	// Extra is added to the top-level keys.
+	Extra string
+	// Pools are the [[pool]] tables, the first one the default pool; none means Pools(Pool).
+	Pools []PoolConfig
+}
+
+// WriteConfig writes an executor configuration for the local cluster to path.
+func (e *Env) WriteConfig(path string, c Config) error {
+	if c.Kubeconfig == "" {
+		c.Kubeconfig = e.ExecutorKubeconfig()
+	}
+	if c.ReadyTimeout == "" {
+		c.ReadyTimeout = "90s"
+	}
+	if len(c.Pools) == 0 {
+		c.Pools = Pools(Pool)
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "kubeconfig = %q\nnamespace = %q\nrunner_name = %q\ndefault_pool = %q\nagent_binary = %q\nready_timeout = %q\n%s\n",
+		c.Kubeconfig, Namespace, c.RunnerName, c.Pools[0].Name, e.AgentBinary(), c.ReadyTimeout, c.Extra)
+	for _, p := range c.Pools {
+		fmt.Fprintf(&b, "\n[[pool]]\nname = %q\n", p.Name)
+		if len(p.Images) > 0 {
+			images, err := json.Marshal(p.Images) // a TOML array of strings is also valid JSON
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(&b, "images = %s\n", images)
+		}
+		if p.EgressProxy != "" {
+			fmt.Fprintf(&b, "egress_proxy = %q\n", p.EgressProxy)
+		}
+	}
+	return os.WriteFile(path, []byte(b.String()), 0o600)
 }
 
 // CustomExecutor is the [runners.custom] section running our binary with configPath.

@@ -11,7 +11,6 @@
 package runner
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -25,6 +24,8 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	"github.com/sandbox-executor/sandbox-executor/internal/testutil"
 )
 
 // BinaryEnvVar names the environment variable that points at the
@@ -194,7 +195,7 @@ type Result struct {
 // Process is a running gitlab-runner.
 type Process struct {
 	cmd         *exec.Cmd
-	log         *LockedBuffer
+	log         *testutil.LockedBuffer
 	started     time.Time
 	gracePeriod time.Duration
 
@@ -214,7 +215,7 @@ func Start(options Options) (*Process, error) {
 	if err != nil {
 		return nil, err
 	}
-	log := &LockedBuffer{}
+	log := &testutil.LockedBuffer{}
 	var output io.Writer = log
 	if options.LogOutput != nil {
 		output = io.MultiWriter(log, options.LogOutput)
@@ -324,30 +325,4 @@ func RunSingle(ctx context.Context, options Options) (Result, error) {
 
 func indent(log string) string {
 	return "    " + strings.ReplaceAll(strings.TrimRight(log, "\n"), "\n", "\n    ")
-}
-
-// LockedBuffer is a bytes.Buffer safe for the concurrent writes of a process's stdout and
-// stderr and reads from the test.
-type LockedBuffer struct {
-	mu     sync.Mutex
-	buffer bytes.Buffer
-}
-
-func (b *LockedBuffer) Write(data []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buffer.Write(data)
-}
-
-// Bytes returns a copy of what was written.
-func (b *LockedBuffer) Bytes() []byte {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return bytes.Clone(b.buffer.Bytes())
-}
-
-func (b *LockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buffer.String()
 }

@@ -30,6 +30,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/sandbox-executor/sandbox-executor/internal/testutil"
 	"github.com/sandbox-executor/sandbox-executor/tests/fakegitlab"
 	"github.com/sandbox-executor/sandbox-executor/tests/runner"
 )
@@ -194,7 +195,7 @@ func Run(ctx context.Context, config Config, job fakegitlab.Job) (*Result, error
 		config:     config,
 		job:        job,
 		log:        newJobLog(maskedValues(job), config.LogOutput),
-		cleanupLog: &runner.LockedBuffer{},
+		cleanupLog: &testutil.LockedBuffer{},
 		result:     &Result{},
 	}
 	started := time.Now()
@@ -239,7 +240,7 @@ type driver struct {
 	config     Config
 	job        fakegitlab.Job
 	log        *jobLog
-	cleanupLog *runner.LockedBuffer
+	cleanupLog *testutil.LockedBuffer
 	result     *Result
 
 	// Known once config_exec has answered.
@@ -346,7 +347,7 @@ func (d *driver) runConfigExec(ctx context.Context, instance *executorInstance) 
 	}
 	configCtx, cancel := context.WithTimeout(ctx, executor.EffectiveTimeouts().ConfigExec)
 	defer cancel()
-	var stdout runner.LockedBuffer
+	var stdout testutil.LockedBuffer
 	err := d.call(configCtx, instance, Call{Executable: ExecutableConfig, Args: executor.ConfigArgs},
 		executor.ConfigExec, &stdout, d.log)
 	if err != nil {
@@ -654,7 +655,7 @@ func maskedValues(job fakegitlab.Job) []string {
 type jobLog struct {
 	masked []string
 	tee    io.Writer
-	buffer runner.LockedBuffer
+	buffer testutil.LockedBuffer
 }
 
 func newJobLog(masked []string, tee io.Writer) *jobLog {

@@ -371,29 +371,23 @@ func (d *driver) writeCacheStage(w *scriptWriter, all variables, jobSucceeded, r
 			key = path.Join(d.job.JobInfo.Name, d.job.GitInfo.Ref)
 		}
 		args := []string{"--file", path.Join(d.dirs.projectCache, key, "cache.zip"), "--timeout", cacheRequestTimeoutMinutes}
-		if restore {
-			w.guardRunnerCommand(d.config.RunnerCommand, "Extracting cache", func() {
-				w.noticef("Checking cache for %s...", key)
-				w.linef("if %s; then", commandLine(d.config.RunnerCommand, append([]string{"cache-extractor"}, args...)...))
-				w.noticef("Successfully extracted cache")
-				w.line("else")
-				w.warningf("Failed to extract cache")
-				w.line("fi")
-			})
-			continue
+		// The runner's notices around restoring or creating the cache.
+		command, feature, starting, done, failed := "cache-extractor", "Extracting cache", "Checking cache for "+key+"...", "Successfully extracted cache", "Failed to extract cache"
+		if !restore {
+			command, feature, starting, done, failed = "cache-archiver", "Creating cache", "Creating cache "+key+"...", "Created cache", "Failed to create cache"
+			for _, cachePath := range cache.Paths {
+				args = append(args, "--path", cachePath)
+			}
+			if cache.Untracked {
+				args = append(args, "--untracked")
+			}
 		}
-		for _, cachePath := range cache.Paths {
-			args = append(args, "--path", cachePath)
-		}
-		if cache.Untracked {
-			args = append(args, "--untracked")
-		}
-		w.guardRunnerCommand(d.config.RunnerCommand, "Creating cache", func() {
-			w.noticef("Creating cache %s...", key)
-			w.linef("if %s; then", commandLine(d.config.RunnerCommand, append([]string{"cache-archiver"}, args...)...))
-			w.noticef("Created cache")
+		w.guardRunnerCommand(d.config.RunnerCommand, feature, func() {
+			w.noticef("%s", starting)
+			w.linef("if %s; then", commandLine(d.config.RunnerCommand, append([]string{command}, args...)...))
+			w.noticef("%s", done)
 			w.line("else")
-			w.warningf("Failed to create cache")
+			w.warningf("%s", failed)
 			w.line("fi")
 		})
 	}
