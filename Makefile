@@ -1,6 +1,6 @@
 # sandbox-executor. The two commands a new user needs:
 #   make demo    bring up the local cluster (if needed) and run a Duo-shaped job through gitlab-runner
-#   make check   everything CI runs: vet, unit tests with -race, the local cluster, e2e
+#   make check   everything CI runs: vet, unit tests with -race, the local cluster, e2e, security
 SHELL := /bin/bash
 GO ?= go
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
@@ -29,8 +29,9 @@ unit:
 
 test: vet unit
 
-# The README's test command: unit tests, then the real local cluster and the end-to-end suite.
-check: vet unit build runner runner-test cluster-up netpol e2e
+# The README's test command: unit tests, then the real local cluster, the end-to-end suite and
+# the security suite.
+check: vet unit build runner runner-test cluster-up netpol e2e security
 
 cluster-up:
 	tests/cluster/up.sh
