@@ -9,11 +9,14 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
 	"sort"
+	"strconv"
 	"testing"
 	"time"
 
 	"github.com/sandbox-executor/sandbox-executor/executor"
+	"github.com/sandbox-executor/sandbox-executor/tests/clustertest"
 	"github.com/sandbox-executor/sandbox-executor/tests/fakegitlab"
 	"github.com/sandbox-executor/sandbox-executor/tests/localcluster"
 	"github.com/sandbox-executor/sandbox-executor/tests/runner"
@@ -111,22 +114,53 @@ func report(b testing.TB, name string, s samples, baseline time.Duration) {
 // the fake GitLab, from the job being handed out to its final state. The same runner with a
 // host-local executor (no isolation at all) is the floor, measured in the same run.
 func BenchmarkHelloJob(b *testing.B) {
-	c := newCluster(b)
 	const n = 7
-	network := newRunner(b, c.Cluster, localcluster.Config{Extra: `stage_transport = "network"`})
-	overExec := helloJobs(b, n, c.Definition(), nil)
-	overNetwork := helloJobs(b, n, network.Definition(), nil)
+	// A pool as large as the round: every job of it starts warm, as a pool sized for the
+	// runner's concurrency serves production jobs; refills still run during the round.
+	cluster := clustertest.Connect(b)
+	const hello = "bench-hello"
+	benchPool(b, cluster, hello, n)
+	network := newRunner(b, cluster, localcluster.Config{Pools: localcluster.Pools(hello), Extra: `stage_transport = "network"`})
+	exec := newRunner(b, cluster, localcluster.Config{Pools: localcluster.Pools(hello), Extra: `stage_transport = "exec"`})
+	overExec, _ := helloJobs(b, n, exec.Definition(), nil)
+	waitPoolFull(b, cluster, hello)
+	overNetwork, traces := helloJobs(b, n, network.Definition(), nil)
 	local := localexecutor.New(b)
-	floor := helloJobs(b, n, local.Definition, local.Env)
+	floor, _ := helloJobs(b, n, local.Definition, local.Env)
 	report(b, "hello job, runner alone", floor, 0)
 	report(b, "hello job, stages over exec", overExec, floor.median())
 	report(b, "hello job, stages over network", overNetwork, floor.median())
+	// Where the network job's time goes, from the summary line that closes each job log.
+	var claim, prepare, stages samples
+	for _, trace := range traces {
+		m := summaryLine.FindStringSubmatch(trace)
+		if m == nil {
+			b.Fatalf("job log has no summary line:\n%s", trace)
+		}
+		claim = append(claim, msOf(m[1]))
+		prepare = append(prepare, msOf(m[2]))
+		stages = append(stages, msOf(m[4]))
+		b.Logf("summary: %s", m[0])
+	}
+	report(b, "  of which claim (in prepare)", claim, 0)
+	report(b, "  of which prepare", prepare, 0)
+	report(b, "  of which stages' own cost", stages, 0)
 	b.ReportMetric(float64(overExec.median().Milliseconds()), "exec-ms/job")
 	b.ReportMetric(float64(overNetwork.median().Milliseconds()), "network-ms/job")
 	b.ReportMetric(float64(floor.median().Milliseconds()), "floor-ms/job")
 }
 
-func helloJobs(b *testing.B, n int, def runner.CustomExecutor, env []string) samples {
+// summaryLine is the executor's closing job log line: claim, prepare, stage count, stages' cost.
+var summaryLine = regexp.MustCompile(`claimed in (\d+) ms; executor overhead \d+ ms \(prepare (\d+) ms, (\d+) stages (\d+) ms\)`)
+
+func msOf(digits string) time.Duration {
+	n, _ := strconv.Atoi(digits)
+	return time.Duration(n) * time.Millisecond
+}
+
+// helloJobs runs n hello jobs back to back through the real runner and returns their durations
+// and job logs.
+func helloJobs(b *testing.B, n int, def runner.CustomExecutor, env []string) (samples, []string) {
 	gitlab := fakegitlab.New(fakegitlab.WithLongPolling(5 * time.Second))
 	defer gitlab.Close()
 	var ids []int64
@@ -139,6 +173,7 @@ func helloJobs(b *testing.B, n int, def runner.CustomExecutor, env []string) sam
 	}
 	defer proc.Stop()
 	var s samples
+	var traces []string
 	for _, id := range ids {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 		res, err := gitlab.Wait(ctx, id)
@@ -147,6 +182,7 @@ func helloJobs(b *testing.B, n int, def runner.CustomExecutor, env []string) sam
 			b.Fatalf("job %d: %v %s\n%s\nrunner log:\n%s", id, err, res.State, res.Trace, proc.Log())
 		}
 		s = append(s, res.Duration())
+		traces = append(traces, res.Trace)
 	}
-	return s
+	return s, traces
 }
