@@ -38,6 +38,7 @@ func TestDefaults(t *testing.T) {
 func TestErrorsNameKeyAndFile(t *testing.T) {
 	base := "namespace = \"ns\"\n"
 	pool := "[[pool]]\nname = \"p\"\nimages = [\"ci:*\"]\n"
+	cold := base + "unknown_image = \"cold\"\n"
 	for _, tc := range []struct{ name, text, key string }{
 		{"unknown key", base + "namespcae = \"x\"\n" + pool, "namespcae: unknown key"},
 		{"key after pool", base + pool + "default_pool = \"p\"\n", "top-level keys must come before"},
@@ -55,11 +56,11 @@ func TestErrorsNameKeyAndFile(t *testing.T) {
 		{"egress proxy not a URL", base + pool + "egress_proxy = \"10.0.0.5:3129\"\n", "pool[0].egress_proxy: \"10.0.0.5:3129\" is not an http(s)://host:port URL"},
 		{"egress proxy without host", base + pool + "egress_proxy = \"http:///v1\"\n", "pool[0].egress_proxy:"},
 		{"egress proxy with credentials", base + pool + "egress_proxy = \"http://u:secret@10.0.0.5:3129\"\n", "pool[0].egress_proxy:"},
-		{"cold without template", base + "unknown_image = \"cold\"\ncold_images = [\"x:*\"]\n" + pool, "cold_template: is required with unknown_image = \"cold\""},
-		{"cold without images", base + "unknown_image = \"cold\"\ncold_template = \"t\"\n" + pool, "cold_images: is required with unknown_image = \"cold\""},
-		{"cold bad template name", base + "unknown_image = \"cold\"\ncold_template = \"Bad_T\"\ncold_images = [\"x:*\"]\n" + pool, "cold_template: \"Bad_T\" is not a valid"},
-		{"cold bad pattern", base + "unknown_image = \"cold\"\ncold_template = \"t\"\ncold_images = [\"[\"]\n" + pool, "cold_images: bad image pattern"},
-		{"cold empty pattern", base + "unknown_image = \"cold\"\ncold_template = \"t\"\ncold_images = [\"\"]\n" + pool, "cold_images: bad image pattern"},
+		{"cold without template", cold + "cold_images = [\"x:*\"]\n" + pool, "cold_template: is required with unknown_image = \"cold\""},
+		{"cold without images", cold + "cold_template = \"t\"\n" + pool, "cold_images: is required with unknown_image = \"cold\""},
+		{"cold bad template name", cold + "cold_template = \"Bad_T\"\ncold_images = [\"x:*\"]\n" + pool, "cold_template: \"Bad_T\" is not a valid"},
+		{"cold bad pattern", cold + "cold_template = \"t\"\ncold_images = [\"[\"]\n" + pool, "cold_images: bad image pattern"},
+		{"cold empty pattern", cold + "cold_template = \"t\"\ncold_images = [\"\"]\n" + pool, "cold_images: bad image pattern"},
 		{"cold template without the policy", base + "cold_template = \"t\"\n" + pool, "cold_template: is only used with unknown_image = \"cold\""},
 		{"cold images without the policy", base + "cold_images = [\"x:*\"]\n" + pool, "cold_images: is only used with unknown_image = \"cold\""},
 	} {

@@ -85,21 +85,12 @@ func TestColdStartCreatesTheJobsSandboxFromTheTemplate(t *testing.T) {
 func TestColdStartAdoptsItsOwnSandboxOnRetry(t *testing.T) {
 	fc := executortest.NewCluster(t)
 	c := &executor.Claimer{Clients: fc.Clients}
-	first, err := c.ColdStart(context.Background(), coldRequest(), executortest.Template)
-	if err != nil {
-		t.Fatal(err)
-	}
-	second, err := c.ColdStart(context.Background(), coldRequest(), executortest.Template)
-	if err != nil {
-		t.Fatalf("retried ColdStart: %v", err)
-	}
-	if *first != *second {
-		t.Errorf("retry got %+v, want the same sandbox %+v", second, first)
-	}
-	list, _ := fc.Sandboxes.AgentsV1beta1().Sandboxes(executortest.Namespace).List(context.Background(), metav1.ListOptions{})
-	if len(list.Items) != 1 {
-		t.Errorf("%d sandboxes after a retry, want 1", len(list.Items))
-	}
+	first := assertRetryAdopts(t, func() (*executor.Sandbox, error) {
+		return c.ColdStart(context.Background(), coldRequest(), executortest.Template)
+	}, func() int {
+		list, _ := fc.Sandboxes.AgentsV1beta1().Sandboxes(executortest.Namespace).List(context.Background(), metav1.ListOptions{})
+		return len(list.Items)
+	})
 	// run without prepare's state file finds it by name.
 	loaded, err := c.LoadSandbox(context.Background(), "", executortest.Namespace, first.SandboxName, []string{"gvisor"})
 	if err != nil || *loaded != *first {
@@ -175,23 +166,6 @@ func TestColdStartErrorsAreExplained(t *testing.T) {
 				t.Errorf("err = %v (kind %d), want one line of kind %d containing %q", err, executor.KindOf(err), tc.kind, tc.want)
 			}
 		})
-	}
-}
-
-func TestReleaseColdStartIsIdempotent(t *testing.T) {
-	fc := executortest.NewCluster(t)
-	c := &executor.Claimer{Clients: fc.Clients}
-	sbx, err := c.ColdStart(context.Background(), coldRequest(), executortest.Template)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for i := 0; i < 2; i++ {
-		if err := c.ReleaseColdStart(context.Background(), executortest.Namespace, sbx.SandboxName); err != nil {
-			t.Fatalf("ReleaseColdStart #%d: %v", i+1, err)
-		}
-	}
-	if _, err := fc.Sandboxes.AgentsV1beta1().Sandboxes(executortest.Namespace).Get(context.Background(), sbx.SandboxName, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
-		t.Errorf("Sandbox still there after ReleaseColdStart: %v", err)
 	}
 }
 

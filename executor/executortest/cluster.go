@@ -83,24 +83,23 @@ func NewCluster(t testing.TB, objects ...runtime.Object) *Cluster {
 		Extensions:   extfake.NewSimpleClientset(append([]runtime.Object{pool, HardenedTemplate()}, objects...)...),
 		RuntimeClass: "gvisor",
 	}
-	fc.Sandboxes.PrependWatchReactor("sandboxes", func(action k8stesting.Action) (bool, watch.Interface, error) {
-		w, err := fc.Sandboxes.Tracker().Watch(sandboxesGVR, action.GetNamespace())
-		if err != nil {
-			return true, nil, err
-		}
-		go fc.startSandboxes(t)
-		return true, w, nil
-	})
-	fc.Extensions.PrependWatchReactor("sandboxclaims", func(action k8stesting.Action) (bool, watch.Interface, error) {
-		w, err := fc.Extensions.Tracker().Watch(claimsGVR, action.GetNamespace())
-		if err != nil {
-			return true, nil, err
-		}
-		go fc.bindClaims(t)
-		return true, w, nil
-	})
+	reconcileOnWatch(&fc.Extensions.Fake, fc.Extensions.Tracker(), claimsGVR, func() { fc.bindClaims(t) })
+	reconcileOnWatch(&fc.Sandboxes.Fake, fc.Sandboxes.Tracker(), sandboxesGVR, func() { fc.startSandboxes(t) })
 	fc.Clients = &executor.Clients{Kube: fc.Kube, Sandboxes: fc.Sandboxes, Extensions: fc.Extensions}
 	return fc
+}
+
+// reconcileOnWatch serves watches of gvr from the fake's tracker and runs the fake controller's
+// reconcile alongside each, so that its updates reach the watcher.
+func reconcileOnWatch(fake *k8stesting.Fake, tracker k8stesting.ObjectTracker, gvr schema.GroupVersionResource, reconcile func()) {
+	fake.PrependWatchReactor(gvr.Resource, func(action k8stesting.Action) (bool, watch.Interface, error) {
+		w, err := tracker.Watch(gvr, action.GetNamespace())
+		if err != nil {
+			return true, nil, err
+		}
+		go reconcile()
+		return true, w, nil
+	})
 }
 
 // bindClaims makes every unbound claim Ready on a warm sandbox.

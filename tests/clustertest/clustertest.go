@@ -401,16 +401,6 @@ func (j *Job) PodObject(t testing.TB) *corev1.Pod {
 	return pod
 }
 
-// Sandbox is the job's Sandbox named like its claim (a cold start's) as the API server has it.
-func (j *Job) Sandbox(t testing.TB) *sandboxv1beta1.Sandbox {
-	t.Helper()
-	sbx, err := j.Admin.Sandboxes.AgentsV1beta1().Sandboxes(Namespace).Get(context.Background(), j.ClaimName(), metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return sbx
-}
-
 // Claim is the job's SandboxClaim as the API server has it.
 func (j *Job) Claim(t testing.TB) *extv1beta1.SandboxClaim {
 	t.Helper()

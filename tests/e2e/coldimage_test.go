@@ -41,11 +41,14 @@ func TestColdImageStartsASandboxFromTheTemplate(t *testing.T) {
 	mustContain(t, "prepare log", prep.Output(),
 		`Image sandbox-executor.local/posix:bookworm is served by no warm pool: cold start of a sandbox from template duo-gvisor (unknown_image = "cold")`,
 		"Sandbox ready: template duo-gvisor (cold start: no warm pool serves image sandbox-executor.local/posix:bookworm)", "runtime gvisor")
-	if _, err := j.Admin.Extensions.ExtensionsV1beta1().SandboxClaims(clustertest.Namespace).Get(context.Background(), j.ClaimName(), metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+	ctx := context.Background()
+	if _, err := j.Admin.Extensions.ExtensionsV1beta1().SandboxClaims(clustertest.Namespace).Get(ctx, j.ClaimName(), metav1.GetOptions{}); !apierrors.IsNotFound(err) {
 		t.Errorf("a cold start made a claim: %v", err)
 	}
-
-	sbx := j.Sandbox(t)
+	sbx, err := j.Admin.Sandboxes.AgentsV1beta1().Sandboxes(clustertest.Namespace).Get(ctx, j.ClaimName(), metav1.GetOptions{})
+	if err != nil {
+		t.Fatalf("the job's Sandbox: %v", err)
+	}
 	for k, v := range map[string]string{executor.LabelManagedBy: executor.ManagedByValue, executor.LabelRunner: executor.RunnerLabel(r.Name),
 		executor.LabelJobID: strconv.FormatInt(j.ID, 10), executor.LabelProjectID: "42", executor.LabelPipelineID: "4242"} {
 		if sbx.Labels[k] != v {
