@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 
@@ -48,6 +49,19 @@ func SavedSandbox(tmpDir, claimName string) (*Sandbox, error) {
 		return nil, nil
 	}
 	return &sbx, nil
+}
+
+// Origin says where the job's sandbox came from, for the job log ("pool duo-default (warm
+// start)"), and how the job got it ("claimed", or "created" for a cold start of its own).
+func (s *Sandbox) Origin() (origin, acquired string) {
+	if s.ColdTemplate != "" {
+		return fmt.Sprintf("template %s (cold start: no warm pool serves the image)", s.ColdTemplate), "created"
+	}
+	launch := "cold"
+	if s.Warm {
+		launch = "warm"
+	}
+	return fmt.Sprintf("pool %s (%s start)", s.Pool, launch), "claimed"
 }
 
 // JobObject names what the job owns: its claim, or its cold-started Sandbox (named like the

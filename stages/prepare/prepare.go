@@ -92,14 +92,7 @@ func Run(ctx context.Context, env *stages.Env) error {
 		return err
 	}
 	endSection()
-	origin, got := fmt.Sprintf("template %s (cold start: no warm pool serves image %s)", sbx.ColdTemplate, job.Image), "created"
-	if sbx.ColdTemplate == "" {
-		launch := "cold"
-		if sbx.Warm {
-			launch = "warm"
-		}
-		origin, got = fmt.Sprintf("pool %s (%s start)", sbx.Pool, launch), "claimed"
-	}
+	origin, acquired := sbx.Origin()
 	transport := "exec"
 	if sbx.AgentToken != "" {
 		transport = "pod network"
@@ -109,7 +102,7 @@ func Run(ctx context.Context, env *stages.Env) error {
 	}
 	log.Infof("Sandbox ready: %s, pod %s/%s, runtime %s, kernel %s, shell %s, stages over %s, %s in %s, ready in %s",
 		origin, sbx.Namespace, sbx.Pod, sbx.RuntimeClass, probe.KernelRelease, probe.Shell, transport,
-		got, executor.Millis(claimed), executor.Millis(env.Since(start)))
+		acquired, executor.Millis(claimed), executor.Millis(env.Since(start)))
 	return nil
 }
 
