@@ -8,6 +8,7 @@ import (
 	"os"
 	"path"
 	"reflect"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -51,6 +52,12 @@ type Config struct {
 	Pools        []Pool `toml:"pool"`
 	DefaultPool  string `toml:"default_pool"`
 	UnknownImage string `toml:"unknown_image"`
+
+	// ColdTemplate and ColdImages serve unknown_image = "cold": an image no pool serves but
+	// that matches a ColdImages pattern runs in a Sandbox created from the SandboxTemplate
+	// ColdTemplate with that image in its first container (a cold start).
+	ColdTemplate string   `toml:"cold_template"`
+	ColdImages   []string `toml:"cold_images"`
 
 	// DrainedPool is what prepare does when the job's pool has no ready sandbox: "cold" (the
 	// default: claim at once; agent-sandbox starts a sandbox from the pool's template, a cold
@@ -275,10 +282,8 @@ func (c *Config) validate() error {
 			return fail(key+".name", "pool %q is listed twice", p.Name)
 		}
 		seen[p.Name] = true
-		for _, pattern := range p.Images {
-			if _, err := path.Match(pattern, ""); err != nil || pattern == "" {
-				return fail(key+".images", "bad image pattern %q", pattern)
-			}
+		if bad, ok := badImagePattern(p.Images); ok {
+			return fail(key+".images", "bad image pattern %q", bad)
 		}
 		if p.EgressProxy != "" {
 			if u, err := url.Parse(p.EgressProxy); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.User != nil || u.RawQuery != "" || u.Fragment != "" {
@@ -297,8 +302,8 @@ func (c *Config) validate() error {
 	default:
 		return fail("unknown_image", "%q is not one of reject, cold", c.UnknownImage)
 	}
-	if c.UnknownImage == UnknownImageCold {
-		return fail("unknown_image", "cold starts for unlisted images are not supported yet; use reject")
+	if err := c.validateColdStart(fail); err != nil {
+		return err
 	}
 	if len(c.RuntimeClasses) == 0 {
 		return fail("runtime_classes", "must list at least one RuntimeClass (fail-closed isolation)")
@@ -328,6 +333,42 @@ func (c *Config) validate() error {
 		return fail("reconnects", "must not be negative")
 	}
 	return nil
+}
+
+// validateColdStart checks cold_template and cold_images: both required with unknown_image =
+// "cold", neither allowed without it (a forgotten policy switch must not go unnoticed).
+func (c *Config) validateColdStart(fail func(key, format string, args ...any) error) error {
+	if c.UnknownImage != UnknownImageCold {
+		switch {
+		case c.ColdTemplate != "":
+			return fail("cold_template", "is only used with unknown_image = \"cold\" (unknown_image is %q)", c.UnknownImage)
+		case len(c.ColdImages) > 0:
+			return fail("cold_images", "is only used with unknown_image = \"cold\" (unknown_image is %q)", c.UnknownImage)
+		}
+		return nil
+	}
+	switch {
+	case c.ColdTemplate == "":
+		return fail("cold_template", "is required with unknown_image = \"cold\": the SandboxTemplate cold starts are made from")
+	case !isDNSSubdomain(c.ColdTemplate):
+		return fail("cold_template", "%q is not a valid SandboxTemplate name", c.ColdTemplate)
+	case len(c.ColdImages) == 0:
+		return fail("cold_images", "is required with unknown_image = \"cold\": the image patterns that may be cold-started")
+	}
+	if bad, ok := badImagePattern(c.ColdImages); ok {
+		return fail("cold_images", "bad image pattern %q", bad)
+	}
+	return nil
+}
+
+// badImagePattern returns the first pattern that is empty or not path.Match syntax.
+func badImagePattern(patterns []string) (string, bool) {
+	for _, pattern := range patterns {
+		if _, err := path.Match(pattern, ""); err != nil || pattern == "" {
+			return pattern, true
+		}
+	}
+	return "", false
 }
 
 // checkExecutable accepts a path to an executable regular file; the message says what it is
@@ -401,10 +442,8 @@ func (c *Config) PoolFor(image string) (string, error) {
 		return c.DefaultPool, nil
 	}
 	for _, p := range c.Pools {
-		for _, pattern := range p.Images {
-			if ok, _ := path.Match(pattern, image); ok {
-				return p.Name, nil
-			}
+		if matchesAny(p.Images, image) {
+			return p.Name, nil
 		}
 	}
 	allowed := c.AllowedImages()
@@ -412,6 +451,42 @@ func (c *Config) PoolFor(image string) (string, error) {
 		return "", fmt.Errorf("%w: %q: no pool serves any image; remove image: from the job to use default_pool", ErrImageNotAllowed, image)
 	}
 	return "", fmt.Errorf("%w: %q: allowed images are %s", ErrImageNotAllowed, image, strings.Join(allowed, ", "))
+}
+
+// Placement is where a job runs: a warm pool, or a cold start from a template (unknown_image =
+// "cold"). Exactly one field is set.
+type Placement struct {
+	Pool         string
+	ColdTemplate string
+}
+
+// Place picks where image runs: the pool serving it (PoolFor), else, with unknown_image = "cold",
+// a cold start from cold_template if a cold_images pattern matches. An image allowed by neither
+// is ErrImageNotAllowed, naming both lists.
+func (c *Config) Place(image string) (Placement, error) {
+	pool, err := c.PoolFor(image)
+	if err == nil {
+		return Placement{Pool: pool}, nil
+	}
+	if c.UnknownImage != UnknownImageCold || image == "" {
+		return Placement{}, err
+	}
+	if matchesAny(c.ColdImages, image) {
+		return Placement{ColdTemplate: c.ColdTemplate}, nil
+	}
+	cold := slices.Sorted(slices.Values(c.ColdImages))
+	return Placement{}, fmt.Errorf("%w; cold starts (unknown_image = \"cold\") allow %s", err, strings.Join(cold, ", "))
+}
+
+// matchesAny reports whether image matches one of the patterns. Patterns use path.Match syntax,
+// where "*" does not cross "/".
+func matchesAny(patterns []string, image string) bool {
+	for _, pattern := range patterns {
+		if ok, _ := path.Match(pattern, image); ok {
+			return true
+		}
+	}
+	return false
 }
 
 func isDNSLabel(s string) bool {

@@ -38,6 +38,7 @@ func TestDefaults(t *testing.T) {
 func TestErrorsNameKeyAndFile(t *testing.T) {
 	base := "namespace = \"ns\"\n"
 	pool := "[[pool]]\nname = \"p\"\nimages = [\"ci:*\"]\n"
+	cold := base + "unknown_image = \"cold\"\n"
 	for _, tc := range []struct{ name, text, key string }{
 		{"unknown key", base + "namespcae = \"x\"\n" + pool, "namespcae: unknown key"},
 		{"key after pool", base + pool + "default_pool = \"p\"\n", "top-level keys must come before"},
@@ -55,6 +56,13 @@ func TestErrorsNameKeyAndFile(t *testing.T) {
 		{"egress proxy not a URL", base + pool + "egress_proxy = \"10.0.0.5:3129\"\n", "pool[0].egress_proxy: \"10.0.0.5:3129\" is not an http(s)://host:port URL"},
 		{"egress proxy without host", base + pool + "egress_proxy = \"http:///v1\"\n", "pool[0].egress_proxy:"},
 		{"egress proxy with credentials", base + pool + "egress_proxy = \"http://u:secret@10.0.0.5:3129\"\n", "pool[0].egress_proxy:"},
+		{"cold without template", cold + "cold_images = [\"x:*\"]\n" + pool, "cold_template: is required with unknown_image = \"cold\""},
+		{"cold without images", cold + "cold_template = \"t\"\n" + pool, "cold_images: is required with unknown_image = \"cold\""},
+		{"cold bad template name", cold + "cold_template = \"Bad_T\"\ncold_images = [\"x:*\"]\n" + pool, "cold_template: \"Bad_T\" is not a valid"},
+		{"cold bad pattern", cold + "cold_template = \"t\"\ncold_images = [\"[\"]\n" + pool, "cold_images: bad image pattern"},
+		{"cold empty pattern", cold + "cold_template = \"t\"\ncold_images = [\"\"]\n" + pool, "cold_images: bad image pattern"},
+		{"cold template without the policy", base + "cold_template = \"t\"\n" + pool, "cold_template: is only used with unknown_image = \"cold\""},
+		{"cold images without the policy", base + "cold_images = [\"x:*\"]\n" + pool, "cold_images: is only used with unknown_image = \"cold\""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := config.Parse("/etc/se.toml", []byte(tc.text))
@@ -111,6 +119,47 @@ images = ["registry.example.com/duo/ci:*"]
 		if !errors.Is(err, config.ErrImageNotAllowed) || !strings.Contains(err.Error(), "node:22*") {
 			t.Errorf("PoolFor(%q) = %v, want ErrImageNotAllowed listing allowed images", image, err)
 		}
+	}
+}
+
+func TestPlaceColdStarts(t *testing.T) {
+	cfg, err := config.Parse("c.toml", []byte(`namespace = "ns"
+unknown_image = "cold"
+cold_template = "duo-gvisor"
+cold_images = ["registry.example.com/tools/*:*", "alpine:3.*"]
+default_pool = "base"
+[[pool]]
+name = "base"
+images = ["registry.example.com/duo/ci:*"]
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for image, want := range map[string]config.Placement{
+		"":                                {Pool: "base"},
+		"registry.example.com/duo/ci:v1":  {Pool: "base"},
+		"registry.example.com/tools/jq:1": {ColdTemplate: "duo-gvisor"},
+		"alpine:3.20":                     {ColdTemplate: "duo-gvisor"},
+	} {
+		if got, err := cfg.Place(image); err != nil || got != want {
+			t.Errorf("Place(%q) = %+v, %v; want %+v", image, got, err, want)
+		}
+	}
+	// "*" does not cross "/": a pattern never widens to another registry path.
+	for _, image := range []string{"registry.example.com/tools/evil/jq:1", "evil/alpine:3.20", "alpine:edge"} {
+		_, err := cfg.Place(image)
+		if !errors.Is(err, config.ErrImageNotAllowed) || strings.Contains(err.Error(), "\n") ||
+			!strings.Contains(err.Error(), "allowed images are registry.example.com/duo/ci:*") ||
+			!strings.Contains(err.Error(), `cold starts (unknown_image = "cold") allow alpine:3.*, registry.example.com/tools/*:*`) {
+			t.Errorf("Place(%q) = %v, want one line naming the pools' and the cold patterns", image, err)
+		}
+	}
+	reject, err := config.Parse("c.toml", []byte("namespace = \"ns\"\n[[pool]]\nname = \"p\"\nimages = [\"ci:*\"]\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := reject.Place("alpine:3.20"); !errors.Is(err, config.ErrImageNotAllowed) || strings.Contains(err.Error(), "cold") {
+		t.Errorf("reject policy: Place = %v, want ErrImageNotAllowed without cold patterns", err)
 	}
 }
 

@@ -13,9 +13,9 @@ import (
 	"github.com/sandbox-executor/sandbox-executor/executor/agent"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/watch"
 	sandboxv1beta1 "sigs.k8s.io/agent-sandbox/api/v1beta1"
 	extv1beta1 "sigs.k8s.io/agent-sandbox/extensions/api/v1beta1"
@@ -51,6 +51,10 @@ type Sandbox struct {
 	Container    string `json:"container"`
 	RuntimeClass string `json:"runtimeClass"`
 	Warm         bool   `json:"warm"`
+	// ColdTemplate is set when the job owns a Sandbox cold-started from this SandboxTemplate
+	// (unknown_image = "cold") instead of a claim: Claim and Pool are then empty, and cleanup
+	// deletes the Sandbox SandboxName.
+	ColdTemplate string `json:"coldTemplate,omitempty"`
 	PodIP        string `json:"podIP,omitempty"`
 	// AgentToken authenticates the network path to the pod's stage daemon; empty: exec only.
 	// It lives in the runner's per-job TMPDIR (0600) and in the pod, nowhere else.
@@ -184,12 +188,12 @@ func (c *Claimer) WaitPoolReady(ctx context.Context, namespace, pool string, tim
 func (c *Claimer) Claim(ctx context.Context, req ClaimRequest) (*Sandbox, error) {
 	name := ClaimName(req.Runner, req.Job.ID)
 	claims := c.Clients.Extensions.ExtensionsV1beta1().SandboxClaims(req.Namespace)
-	shutdown := metav1.NewTime(c.now().Add(req.Job.Timeout + req.Grace).Truncate(time.Second))
+	shutdown := c.shutdownTime(req)
 	want := &extv1beta1.SandboxClaim{
 		ObjectMeta: metav1.ObjectMeta{
 			Name:      name,
 			Namespace: req.Namespace,
-			Labels:    claimLabels(req),
+			Labels:    jobLabels(req),
 		},
 		Spec: extv1beta1.SandboxClaimSpec{
 			WarmPoolRef: extv1beta1.SandboxWarmPoolRef{Name: req.Pool},
@@ -198,27 +202,52 @@ func (c *Claimer) Claim(ctx context.Context, req ClaimRequest) (*Sandbox, error)
 			Lifecycle: &extv1beta1.Lifecycle{ShutdownTime: &shutdown, ShutdownPolicy: extv1beta1.ShutdownPolicyDelete},
 		},
 	}
-	claim, err := claims.Create(ctx, want, metav1.CreateOptions{})
-	if apierrors.IsAlreadyExists(err) {
-		claim, err = claims.Get(ctx, name, metav1.GetOptions{})
-		if err == nil && claim.Labels[LabelJobID] != want.Labels[LabelJobID] {
-			return nil, PermanentError(nil, "SandboxClaim %s/%s exists but belongs to another job", req.Namespace, name)
-		}
-		if err == nil && claim.DeletionTimestamp != nil {
-			return nil, SystemError(nil, "SandboxClaim %s/%s from an earlier attempt is still being deleted", req.Namespace, name)
-		}
-	}
+	claim, err := createOrAdopt(ctx, claims, want, "SandboxClaim", resourceClaims)
 	if err != nil {
-		return nil, explainAPIError(err, apiCall{"create", resourceClaims, req.Namespace, name})
+		return nil, err
 	}
-	ready, err := c.waitReady(ctx, claim, req.ReadyTimeout)
+	ready, err := c.waitClaimReady(ctx, claim, req.ReadyTimeout)
 	if err != nil {
 		return nil, err
 	}
 	return c.Resolve(ctx, ready, req.RuntimeClasses)
 }
 
-func claimLabels(req ClaimRequest) map[string]string {
+// creator is the part of a typed client that createOrAdopt uses.
+type creator[T any] interface {
+	Create(ctx context.Context, obj T, opts metav1.CreateOptions) (T, error)
+	Get(ctx context.Context, name string, opts metav1.GetOptions) (T, error)
+}
+
+// createOrAdopt creates the job's object, or adopts the one a retried prepare already made: it
+// must carry this job's label and not be on its way out.
+func createOrAdopt[T metav1.Object](ctx context.Context, client creator[T], want T, kind, resource string) (T, error) {
+	var none T
+	ns, name := want.GetNamespace(), want.GetName()
+	got, err := client.Create(ctx, want, metav1.CreateOptions{})
+	if apierrors.IsAlreadyExists(err) {
+		got, err = client.Get(ctx, name, metav1.GetOptions{})
+		if err == nil && got.GetLabels()[LabelJobID] != want.GetLabels()[LabelJobID] {
+			return none, PermanentError(nil, "%s %s/%s exists but belongs to another job", kind, ns, name)
+		}
+		if err == nil && got.GetDeletionTimestamp() != nil {
+			return none, SystemError(nil, "%s %s/%s from an earlier attempt is still being deleted", kind, ns, name)
+		}
+	}
+	if err != nil {
+		return none, explainAPIError(err, apiCall{"create", resource, ns, name})
+	}
+	return got, nil
+}
+
+// shutdownTime is when agent-sandbox deletes what the job made even if cleanup never runs: the
+// job's timeout plus claim_grace from now.
+func (c *Claimer) shutdownTime(req ClaimRequest) metav1.Time {
+	return metav1.NewTime(c.now().Add(req.Job.Timeout + req.Grace).Truncate(time.Second))
+}
+
+// jobLabels are put on everything prepare creates for a job.
+func jobLabels(req ClaimRequest) map[string]string {
 	labels := map[string]string{
 		LabelManagedBy: ManagedByValue,
 		LabelRunner:    RunnerLabel(req.Runner),
@@ -239,106 +268,30 @@ func ClaimReady(claim *extv1beta1.SandboxClaim) bool { ok, _ := claimReady(claim
 // claimReady reports whether the claim is Ready with a sandbox, and a description of where it
 // stands otherwise.
 func claimReady(claim *extv1beta1.SandboxClaim) (bool, string) {
-	cond := meta.FindStatusCondition(claim.Status.Conditions, string(sandboxv1beta1.SandboxConditionReady))
-	if cond == nil {
-		return false, "no Ready condition yet"
-	}
-	if cond.Status == metav1.ConditionTrue && claim.Status.SandboxStatus.Name != "" {
-		return true, ""
-	}
-	return false, fmt.Sprintf("Ready=%s reason=%s message=%q", cond.Status, cond.Reason, cond.Message)
+	ready, _, why := claimState(claim)
+	return ready, why
 }
 
 // permanentClaimReasons are Ready=False reasons that waiting cannot fix.
 var permanentClaimReasons = []string{"TemplateNotFound", "WarmPoolNotFound", "VolumeClaimTemplatesError"}
 
-// waitReady watches the claim until Ready. It re-establishes the watch when the API server ends
-// it, never polls on a timer, and gives up after timeout naming the last condition seen.
-func (c *Claimer) waitReady(ctx context.Context, claim *extv1beta1.SandboxClaim, timeout time.Duration) (*extv1beta1.SandboxClaim, error) {
-	ctx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
-	claims := c.Clients.Extensions.ExtensionsV1beta1().SandboxClaims(claim.Namespace)
-	last := "no status yet"
-	rewatchDelay := 50 * time.Millisecond
-	for {
-		if ok, why := claimReady(claim); ok {
-			return claim, nil
-		} else if why != "" {
-			last = why
-		}
-		if cond := meta.FindStatusCondition(claim.Status.Conditions, string(sandboxv1beta1.SandboxConditionReady)); cond != nil && slices.Contains(permanentClaimReasons, cond.Reason) {
-			return nil, PermanentError(nil, "SandboxClaim %s/%s cannot become Ready: %s", claim.Namespace, claim.Name, last)
-		}
-		w, err := claims.Watch(ctx, metav1.ListOptions{
-			FieldSelector:   fields.OneTermEqualSelector("metadata.name", claim.Name).String(),
-			ResourceVersion: claim.ResourceVersion,
-		})
-		if err != nil {
-			if ctx.Err() != nil {
-				return nil, c.readyTimeout(ctx, claim, timeout, last)
-			}
-			return nil, explainAPIError(err, apiCall{"watch", resourceClaims, claim.Namespace, claim.Name})
-		}
-		next, err := nextClaimUpdate(ctx, w, claim.Name)
-		w.Stop()
-		switch {
-		case ctx.Err() != nil:
-			return nil, c.readyTimeout(ctx, claim, timeout, last)
-		case err != nil:
-			return nil, err
-		case next != nil:
-			claim = next
-		default:
-			// The watch ended (API server timeout or restart, conversion webhook down): re-read
-			// and watch again, backing off so a watch that keeps failing does not spin.
-			select {
-			case <-time.After(rewatchDelay):
-			case <-ctx.Done():
-				return nil, c.readyTimeout(ctx, claim, timeout, last)
-			}
-			rewatchDelay = min(2*rewatchDelay, 2*time.Second)
-			fresh, err := claims.Get(ctx, claim.Name, metav1.GetOptions{})
-			if err != nil {
-				if ctx.Err() != nil {
-					return nil, c.readyTimeout(ctx, claim, timeout, last)
-				}
-				return nil, explainAPIError(err, apiCall{"get", resourceClaims, claim.Namespace, claim.Name})
-			}
-			claim = fresh
-		}
+func claimState(claim *extv1beta1.SandboxClaim) (ready, hopeless bool, why string) {
+	ready, hopeless, why = readyState(claim.Status.Conditions, permanentClaimReasons)
+	if ready && claim.Status.SandboxStatus.Name == "" {
+		return false, false, "Ready=True but no sandbox named yet"
 	}
+	return ready, hopeless, why
 }
 
-// nextClaimUpdate returns the next version of the claim, or nil when the watch closed.
-func nextClaimUpdate(ctx context.Context, w watch.Interface, name string) (*extv1beta1.SandboxClaim, error) {
-	for {
-		select {
-		case <-ctx.Done():
-			return nil, nil
-		case ev, open := <-w.ResultChan():
-			if !open {
-				return nil, nil
-			}
-			switch ev.Type {
-			case watch.Deleted:
-				return nil, SystemError(nil, "SandboxClaim %s was deleted while waiting for it to become Ready", name)
-			case watch.Error:
-				// Typically "resource version too old": re-read and watch again.
-				return nil, nil
-			}
-			if claim, ok := ev.Object.(*extv1beta1.SandboxClaim); ok && claim.Name == name {
-				return claim, nil
-			}
-		}
-	}
-}
-
-func (c *Claimer) readyTimeout(ctx context.Context, claim *extv1beta1.SandboxClaim, timeout time.Duration, last string) error {
-	if ctx.Err() == context.DeadlineExceeded {
-		return SystemError(nil, "SandboxClaim %s/%s (pool %s) not Ready within ready_timeout %s; last condition: %s",
-			claim.Namespace, claim.Name, claim.Spec.WarmPoolRef.Name, timeout, last)
-	}
-	return SystemError(ctx.Err(), "waiting for SandboxClaim %s/%s", claim.Namespace, claim.Name)
+// waitClaimReady watches the claim until Ready (waitReady).
+func (c *Claimer) waitClaimReady(ctx context.Context, claim *extv1beta1.SandboxClaim, timeout time.Duration) (*extv1beta1.SandboxClaim, error) {
+	return waitReady(ctx, readyWatch[*extv1beta1.SandboxClaim]{
+		kind:     "SandboxClaim",
+		resource: resourceClaims,
+		origin:   "pool " + claim.Spec.WarmPoolRef.Name,
+		client:   c.Clients.Extensions.ExtensionsV1beta1().SandboxClaims(claim.Namespace),
+		state:    claimState,
+	}, claim, timeout)
 }
 
 // Resolve finds the pod behind a Ready claim and fails closed unless it runs an allowed
@@ -349,6 +302,18 @@ func (c *Claimer) Resolve(ctx context.Context, claim *extv1beta1.SandboxClaim, r
 	if err != nil {
 		return nil, explainAPIError(err, apiCall{"get", resourceSandboxes, ns, claim.Status.SandboxStatus.Name})
 	}
+	out, err := c.verifiedSandbox(ctx, sbx, podOwner{claimUID: claim.UID, template: "the SandboxTemplate of pool " + claim.Spec.WarmPoolRef.Name}, runtimeClasses)
+	if err != nil {
+		return nil, err
+	}
+	out.Claim = claim.Name
+	out.Pool = claim.Spec.WarmPoolRef.Name
+	return out, nil
+}
+
+// verifiedSandbox reads the sandbox's pod, refuses it unless verifyPod passes, and describes it.
+func (c *Claimer) verifiedSandbox(ctx context.Context, sbx *sandboxv1beta1.Sandbox, owner podOwner, runtimeClasses []string) (*Sandbox, error) {
+	ns := sbx.Namespace
 	podName := sbx.Annotations[sandboxv1beta1.SandboxPodNameAnnotation]
 	if podName == "" {
 		podName = sbx.Name
@@ -357,13 +322,11 @@ func (c *Claimer) Resolve(ctx context.Context, claim *extv1beta1.SandboxClaim, r
 	if err != nil {
 		return nil, explainAPIError(err, apiCall{"get", resourcePods, ns, podName})
 	}
-	if err := verifyPod(pod, claim, runtimeClasses); err != nil {
+	if err := verifyPod(pod, owner, runtimeClasses); err != nil {
 		return nil, err
 	}
 	out := &Sandbox{
 		Namespace:    ns,
-		Claim:        claim.Name,
-		Pool:         claim.Spec.WarmPoolRef.Name,
 		SandboxName:  sbx.Name,
 		Pod:          pod.Name,
 		PodUID:       string(pod.UID),
@@ -383,8 +346,20 @@ func agentBaked(c *corev1.Container) bool {
 	return len(c.Command) > 0 && c.Command[0] == agent.PodAgentPath && c.Stdin
 }
 
+// podOwner is what a job pod must belong to, and the template that decides its isolation.
+type podOwner struct {
+	// claimUID: a claimed pod is labelled with its claim's UID.
+	claimUID types.UID
+	// coldStart: there is no claim; the pod is controlled by the job's own Sandbox sandboxUID
+	// and labelled with no claim.
+	coldStart  bool
+	sandboxUID types.UID
+	// template names the template to fix, for the refusal: "the SandboxTemplate of pool x".
+	template string
+}
+
 // verifyPod is the fail-closed gate: no script runs in a pod that is not isolated as configured.
-func verifyPod(pod *corev1.Pod, claim *extv1beta1.SandboxClaim, runtimeClasses []string) error {
+func verifyPod(pod *corev1.Pod, owner podOwner, runtimeClasses []string) error {
 	rc := ""
 	if pod.Spec.RuntimeClassName != nil {
 		rc = *pod.Spec.RuntimeClassName
@@ -394,10 +369,15 @@ func verifyPod(pod *corev1.Pod, claim *extv1beta1.SandboxClaim, runtimeClasses [
 		if shown == "" {
 			shown = "none (the node's default runtime)"
 		}
-		return PermanentError(nil, "refusing pod %s/%s: runtimeClassName is %s, allowed: %s; fix the SandboxTemplate of pool %s",
-			pod.Namespace, pod.Name, shown, strings.Join(runtimeClasses, ", "), claim.Spec.WarmPoolRef.Name)
+		return PermanentError(nil, "refusing pod %s/%s: runtimeClassName is %s, allowed: %s; fix %s",
+			pod.Namespace, pod.Name, shown, strings.Join(runtimeClasses, ", "), owner.template)
 	}
-	if uid := pod.Labels[extv1beta1.SandboxIDLabel]; uid != "" && uid != string(claim.UID) {
+	claimUID := pod.Labels[extv1beta1.SandboxIDLabel]
+	if owner.coldStart {
+		if ref := metav1.GetControllerOf(pod); claimUID != "" || ref == nil || ref.UID != owner.sandboxUID {
+			return SystemError(nil, "pod %s/%s is not the pod of the job's Sandbox", pod.Namespace, pod.Name)
+		}
+	} else if claimUID != "" && claimUID != string(owner.claimUID) {
 		return SystemError(nil, "pod %s/%s belongs to another claim", pod.Namespace, pod.Name)
 	}
 	if pod.DeletionTimestamp != nil || pod.Status.Phase != corev1.PodRunning {
@@ -427,12 +407,23 @@ func podState(pod *corev1.Pod) string {
 // Release deletes the job's claim; the Sandbox and its pod are garbage-collected with it.
 // A claim already gone is success, so cleanup may run any number of times.
 func (c *Claimer) Release(ctx context.Context, namespace, claim string) error {
+	return deleteIgnoringNotFound(ctx, c.Clients.Extensions.ExtensionsV1beta1().SandboxClaims(namespace), claim, apiCall{"delete", resourceClaims, namespace, claim})
+}
+
+// deleter is the part of a typed client that deleteIgnoringNotFound uses.
+type deleter interface {
+	Delete(ctx context.Context, name string, opts metav1.DeleteOptions) error
+}
+
+// deleteIgnoringNotFound deletes the named object and what it owns (in the background); an object
+// already gone is success.
+func deleteIgnoringNotFound(ctx context.Context, client deleter, name string, call apiCall) error {
 	policy := metav1.DeletePropagationBackground
-	err := c.Clients.Extensions.ExtensionsV1beta1().SandboxClaims(namespace).Delete(ctx, claim, metav1.DeleteOptions{PropagationPolicy: &policy})
+	err := client.Delete(ctx, name, metav1.DeleteOptions{PropagationPolicy: &policy})
 	if err == nil || isObjectNotFound(err) {
 		return nil
 	}
-	return explainAPIError(err, apiCall{"delete", resourceClaims, namespace, claim})
+	return explainAPIError(err, call)
 }
 
 // PodGone explains why a pod can no longer run stages, or returns "" while it still can.
@@ -510,27 +501,56 @@ func limitHint(pod *corev1.Pod, container, reason string) string {
 	return ": the job ran out of memory"
 }
 
-// ClaimInfo is what gc needs to know of a claim.
+// ClaimInfo is what gc needs to know of a claim, or of a cold-started Sandbox.
 type ClaimInfo struct {
 	Namespace, Name, JobID string
 	Created, ShutdownTime  time.Time
 	Deleting               bool
+	// ColdStart: a Sandbox of unknown_image = "cold" (ReleaseColdStart), not a claim.
+	ColdStart bool
+}
+
+func jobObjectInfo(meta metav1.ObjectMeta, shutdown *metav1.Time, coldStart bool) ClaimInfo {
+	info := ClaimInfo{Namespace: meta.Namespace, Name: meta.Name, JobID: meta.Labels[LabelJobID], Created: meta.CreationTimestamp.Time,
+		Deleting: meta.DeletionTimestamp != nil, ColdStart: coldStart}
+	if shutdown != nil {
+		info.ShutdownTime = shutdown.Time
+	}
+	return info
+}
+
+func runnerSelector(runner string) metav1.ListOptions {
+	return metav1.ListOptions{LabelSelector: LabelManagedBy + "=" + ManagedByValue + "," + LabelRunner + "=" + RunnerLabel(runner)}
 }
 
 // RunnerClaims lists the claims this executor made for runner.
 func (c *Claimer) RunnerClaims(ctx context.Context, namespace, runner string) ([]ClaimInfo, error) {
-	selector := LabelManagedBy + "=" + ManagedByValue + "," + LabelRunner + "=" + RunnerLabel(runner)
-	list, err := c.Clients.Extensions.ExtensionsV1beta1().SandboxClaims(namespace).List(ctx, metav1.ListOptions{LabelSelector: selector})
+	list, err := c.Clients.Extensions.ExtensionsV1beta1().SandboxClaims(namespace).List(ctx, runnerSelector(runner))
 	if err != nil {
 		return nil, explainAPIError(err, apiCall{"list", resourceClaims, namespace, ""})
 	}
 	out := make([]ClaimInfo, 0, len(list.Items))
 	for _, cl := range list.Items {
-		info := ClaimInfo{Namespace: cl.Namespace, Name: cl.Name, JobID: cl.Labels[LabelJobID], Created: cl.CreationTimestamp.Time, Deleting: cl.DeletionTimestamp != nil}
-		if cl.Spec.Lifecycle != nil && cl.Spec.Lifecycle.ShutdownTime != nil {
-			info.ShutdownTime = cl.Spec.Lifecycle.ShutdownTime.Time
+		var shutdown *metav1.Time
+		if cl.Spec.Lifecycle != nil {
+			shutdown = cl.Spec.Lifecycle.ShutdownTime
 		}
-		out = append(out, info)
+		out = append(out, jobObjectInfo(cl.ObjectMeta, shutdown, false))
+	}
+	return out, nil
+}
+
+// RunnerColdStarts lists the Sandboxes this executor cold-started for runner.
+func (c *Claimer) RunnerColdStarts(ctx context.Context, namespace, runner string) ([]ClaimInfo, error) {
+	list, err := c.Clients.Sandboxes.AgentsV1beta1().Sandboxes(namespace).List(ctx, runnerSelector(runner))
+	if err != nil {
+		return nil, explainAPIError(err, apiCall{"list", resourceSandboxes, namespace, ""})
+	}
+	var out []ClaimInfo
+	for i := range list.Items {
+		if sbx := &list.Items[i]; isColdStart(sbx) {
+			out = append(out, jobObjectInfo(sbx.ObjectMeta, sbx.Spec.ShutdownTime, true))
+		}
 	}
 	return out, nil
 }

@@ -59,21 +59,31 @@ func TestClaimCreatesLabelledClaimWithLifecycle(t *testing.T) {
 func TestClaimAdoptsItsOwnClaimOnRetry(t *testing.T) {
 	fc := executortest.NewCluster(t)
 	c := &executor.Claimer{Clients: fc.Clients}
-	first, err := c.Claim(context.Background(), testRequest())
+	assertRetryAdopts(t, func() (*executor.Sandbox, error) { return c.Claim(context.Background(), testRequest()) }, func() int {
+		list, _ := fc.Extensions.ExtensionsV1beta1().SandboxClaims(executortest.Namespace).List(context.Background(), metav1.ListOptions{})
+		return len(list.Items)
+	})
+}
+
+// assertRetryAdopts runs a prepare's acquire twice, as a retried prepare does: the second adopts
+// what the first made (count objects in all), and gets the same sandbox.
+func assertRetryAdopts(t *testing.T, acquire func() (*executor.Sandbox, error), count func() int) *executor.Sandbox {
+	t.Helper()
+	first, err := acquire()
 	if err != nil {
 		t.Fatal(err)
 	}
-	second, err := c.Claim(context.Background(), testRequest())
+	second, err := acquire()
 	if err != nil {
-		t.Fatalf("retried Claim: %v", err)
+		t.Fatalf("retry: %v", err)
 	}
 	if *first != *second {
 		t.Errorf("retry got %+v, want the same sandbox %+v", second, first)
 	}
-	list, _ := fc.Extensions.ExtensionsV1beta1().SandboxClaims(executortest.Namespace).List(context.Background(), metav1.ListOptions{})
-	if len(list.Items) != 1 {
-		t.Errorf("%d claims after a retry, want 1", len(list.Items))
+	if n := count(); n != 1 {
+		t.Errorf("%d objects after a retry, want 1", n)
 	}
+	return first
 }
 
 func TestClaimFailsClosedOnRuntimeClass(t *testing.T) {
@@ -135,20 +145,50 @@ func TestAPIErrorsAreExplained(t *testing.T) {
 	}
 }
 
+// Release (a claim) and ReleaseColdStart (a cold start's Sandbox) may run any number of times.
 func TestReleaseIsIdempotent(t *testing.T) {
-	fc := executortest.NewCluster(t)
-	c := &executor.Claimer{Clients: fc.Clients}
-	sbx, err := c.Claim(context.Background(), testRequest())
-	if err != nil {
-		t.Fatal(err)
-	}
-	for i := 0; i < 2; i++ {
-		if err := c.Release(context.Background(), executortest.Namespace, sbx.Claim); err != nil {
-			t.Fatalf("Release #%d: %v", i+1, err)
+	ctx := context.Background()
+	for _, tc := range []struct {
+		kind    string
+		acquire func(c *executor.Claimer) (*executor.Sandbox, error)
+		release func(c *executor.Claimer, sbx *executor.Sandbox) error
+		gone    func(fc *executortest.Cluster, sbx *executor.Sandbox) error
+	}{
+		{"claim",
+			func(c *executor.Claimer) (*executor.Sandbox, error) { return c.Claim(ctx, testRequest()) },
+			func(c *executor.Claimer, sbx *executor.Sandbox) error {
+				return c.Release(ctx, sbx.Namespace, sbx.Claim)
+			},
+			func(fc *executortest.Cluster, sbx *executor.Sandbox) error {
+				_, err := fc.Extensions.ExtensionsV1beta1().SandboxClaims(sbx.Namespace).Get(ctx, sbx.Claim, metav1.GetOptions{})
+				return err
+			}},
+		{"cold start",
+			func(c *executor.Claimer) (*executor.Sandbox, error) {
+				return c.ColdStart(ctx, coldRequest(), executortest.Template)
+			},
+			func(c *executor.Claimer, sbx *executor.Sandbox) error {
+				return c.ReleaseColdStart(ctx, sbx.Namespace, sbx.SandboxName)
+			},
+			func(fc *executortest.Cluster, sbx *executor.Sandbox) error {
+				_, err := fc.Sandboxes.AgentsV1beta1().Sandboxes(sbx.Namespace).Get(ctx, sbx.SandboxName, metav1.GetOptions{})
+				return err
+			}},
+	} {
+		fc := executortest.NewCluster(t)
+		c := &executor.Claimer{Clients: fc.Clients}
+		sbx, err := tc.acquire(c)
+		if err != nil {
+			t.Fatal(err)
 		}
-	}
-	if _, err := fc.Extensions.ExtensionsV1beta1().SandboxClaims(executortest.Namespace).Get(context.Background(), sbx.Claim, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
-		t.Errorf("claim still there after Release: %v", err)
+		for i := 0; i < 2; i++ {
+			if err := tc.release(c, sbx); err != nil {
+				t.Fatalf("%s: release #%d: %v", tc.kind, i+1, err)
+			}
+		}
+		if err := tc.gone(fc, sbx); !apierrors.IsNotFound(err) {
+			t.Errorf("%s still there after release: %v", tc.kind, err)
+		}
 	}
 }
 

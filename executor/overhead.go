@@ -27,12 +27,9 @@ func (o *Overhead) Total() time.Duration { return o.Prepare + o.StageTotal }
 
 // Summary is the job log's closing line.
 func (o *Overhead) Summary(sbx *Sandbox) string {
-	launch := "cold"
-	if sbx.Warm {
-		launch = "warm"
-	}
-	return fmt.Sprintf("Sandbox summary: pool %s, %s start, claimed in %s; executor overhead %s (prepare %s, %d stages %s)",
-		sbx.Pool, launch, Millis(o.Claim), Millis(o.Total()), Millis(o.Prepare), o.Stages, Millis(o.StageTotal))
+	origin, acquired := sbx.Origin()
+	return fmt.Sprintf("Sandbox summary: %s, %s in %s; executor overhead %s (prepare %s, %d stages %s)",
+		origin, acquired, Millis(o.Claim), Millis(o.Total()), Millis(o.Prepare), o.Stages, Millis(o.StageTotal))
 }
 
 // FinalStage reports whether stage is the last one the runner runs for a job, after which the

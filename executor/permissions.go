@@ -38,8 +38,8 @@ var RequiredPermissions = []Permission{
 	{groupExtensions, "sandboxclaims", "watch", "prepare: wait for the claim to become Ready"},
 	{groupExtensions, "sandboxclaims", "list", "gc: this runner's claims (RunnerClaims)"},
 	{groupExtensions, "sandboxclaims", "delete", "cleanup, gc: release a claim (Release)"},
-	{groupExtensions, "sandboxtemplates", "get", "doctor: check the pools' templates are hardened"},
-	{groupAgents, "sandboxes", "get", "prepare: the claimed sandbox and its pod's name (Resolve)"},
+	{groupExtensions, "sandboxtemplates", "get", "doctor: check the pools' templates are hardened; prepare: unknown_image = cold, read cold_template (ColdStart)"},
+	{groupAgents, "sandboxes", "get", "prepare: the claimed sandbox and its pod's name (Resolve); adopt a retried cold start; run: load a cold-started Sandbox"},
 	{"", "pods", "get", "prepare: verify the pod's RuntimeClass (Resolve); run: is the pod still there (PodGone)"},
 	// The exec API is a POST (SPDY, verb create) or a GET upgraded to WebSocket (verb get on
 	// older API servers, create where AuthorizePodWebsocketUpgradeCreatePermission is on).
@@ -48,6 +48,17 @@ var RequiredPermissions = []Permission{
 	// Attach follows the same POST/WebSocket rules as exec.
 	{"", "pods/attach", "create", "prepare: hand the job's token to a baked-in agent (ConnectAgent)"},
 	{"", "pods/attach", "get", "prepare: hand the job's token to a baked-in agent (WebSocket)"},
+}
+
+// ColdStartPermissions is what unknown_image = "cold" needs beyond RequiredPermissions: creating
+// Sandboxes from a template is a wider right than claiming from a pool, so the default Role does
+// not grant it. deploy/components/cold-images grants exactly this list (a unit test holds the two
+// together), and doctor checks it only when the config sets unknown_image = "cold".
+var ColdStartPermissions = []Permission{
+	{groupAgents, "sandboxes", "create", "prepare: unknown_image = cold, the job's Sandbox from cold_template (ColdStart)"},
+	{groupAgents, "sandboxes", "watch", "prepare: unknown_image = cold, wait for the Sandbox to become Ready (ColdStart)"},
+	{groupAgents, "sandboxes", "delete", "cleanup, gc: delete a cold-started Sandbox (ReleaseColdStart)"},
+	{groupAgents, "sandboxes", "list", "gc: this runner's cold-started Sandboxes (RunnerColdStarts)"},
 }
 
 // ClusterPermissions is what doctor reads outside the namespace. Jobs never need it; without it

@@ -93,6 +93,18 @@ func TestRoleGrantsExactlyRequiredPermissions(t *testing.T) {
 	}
 }
 
+// The cold-images component grants exactly what unknown_image = "cold" adds, and nothing else;
+// the default Role grants none of it (creating Sandboxes is opt-in).
+func TestColdImagesComponentGrantsExactlyColdStartPermissions(t *testing.T) {
+	roles, clusterRoles := rbacObjects(t, "../deploy/components/cold-images/rbac.yaml")
+	role, ok := roles["sandbox-executor-cold-images"]
+	if !ok || len(roles) != 1 || len(clusterRoles) != 0 {
+		t.Fatalf("deploy/components/cold-images/rbac.yaml must define exactly the Role sandbox-executor-cold-images: %d roles, %d cluster roles", len(roles), len(clusterRoles))
+	}
+	// TestPermissionsAreUniqueAndExplained keeps these out of RequiredPermissions, the default Role.
+	assertSameGrants(t, "Role sandbox-executor-cold-images", granted(t, "Role", role.Rules), "executor.ColdStartPermissions", wanted(executor.ColdStartPermissions))
+}
+
 func assertSameGrants(t *testing.T, role string, got []string, list string, want []string) {
 	t.Helper()
 	for _, g := range got {
@@ -109,7 +121,7 @@ func assertSameGrants(t *testing.T, role string, got []string, list string, want
 
 func TestPermissionsAreUniqueAndExplained(t *testing.T) {
 	seen := map[string]bool{}
-	for _, p := range append(slices.Clone(executor.RequiredPermissions), executor.ClusterPermissions...) {
+	for _, p := range slices.Concat(executor.RequiredPermissions, executor.ColdStartPermissions, executor.ClusterPermissions) {
 		if seen[p.String()] {
 			t.Errorf("%s listed twice", p)
 		}

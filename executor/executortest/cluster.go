@@ -2,6 +2,7 @@ package executortest
 
 import (
 	"context"
+	"maps"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
@@ -9,6 +10,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/watch"
 	kubefake "k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
@@ -30,10 +32,17 @@ const Pool = "duo-default"
 // is refused at once and falls back to exec, whatever runs on the machine's pod network.
 const PodIP = "127.0.0.9"
 
-var claimsGVR = schema.GroupVersionResource{Group: "extensions.agents.x-k8s.io", Version: "v1beta1", Resource: "sandboxclaims"}
+// Template is the fake cluster's SandboxTemplate, for cold starts.
+const Template = "duo-gvisor"
+
+var (
+	claimsGVR    = schema.GroupVersionResource{Group: "extensions.agents.x-k8s.io", Version: "v1beta1", Resource: "sandboxclaims"}
+	sandboxesGVR = schema.GroupVersionResource{Group: "agents.x-k8s.io", Version: "v1beta1", Resource: "sandboxes"}
+)
 
 // Cluster is the fake clientsets plus a stand-in for the agent-sandbox controller: when a
-// claim is watched it binds the claim to a warm sandbox and pod, as the real controller does.
+// claim is watched it binds the claim to a warm sandbox and pod, and when a Sandbox is watched it
+// starts the pod of every Sandbox without one, as the real controller does.
 type Cluster struct {
 	Kube       *kubefake.Clientset
 	Sandboxes  *sandboxfake.Clientset
@@ -41,8 +50,23 @@ type Cluster struct {
 	Clients    *executor.Clients
 	// RuntimeClass of the pods the controller hands out; "" for none.
 	RuntimeClass string
-	// ReadyReason, when set, makes claims Ready=False with this reason instead of Ready.
+	// ReadyReason, when set, makes claims and Sandboxes Ready=False with this reason instead of
+	// Ready.
 	ReadyReason string
+}
+
+// HardenedTemplate is a SandboxTemplate as deploy/base has it: gVisor, no token, one job
+// container.
+func HardenedTemplate() *extv1beta1.SandboxTemplate {
+	rc, no := "gvisor", false
+	t := &extv1beta1.SandboxTemplate{ObjectMeta: metav1.ObjectMeta{Name: Template, Namespace: Namespace, UID: "template-uid"}}
+	t.Spec.PodTemplate = sandboxv1beta1.PodTemplate{
+		ObjectMeta: sandboxv1beta1.PodMetadata{Labels: map[string]string{"app.kubernetes.io/name": "sandbox-executor-job"}},
+		Spec: corev1.PodSpec{RuntimeClassName: &rc, AutomountServiceAccountToken: &no,
+			Containers: []corev1.Container{{Name: "job", Image: "ci:bookworm"}}},
+	}
+	t.Spec.NetworkPolicy = &extv1beta1.NetworkPolicySpec{}
+	return t
 }
 
 func NewCluster(t testing.TB, objects ...runtime.Object) *Cluster {
@@ -56,19 +80,26 @@ func NewCluster(t testing.TB, objects ...runtime.Object) *Cluster {
 	fc := &Cluster{
 		Kube:         kubefake.NewSimpleClientset(),
 		Sandboxes:    sandboxfake.NewSimpleClientset(),
-		Extensions:   extfake.NewSimpleClientset(append([]runtime.Object{pool}, objects...)...),
+		Extensions:   extfake.NewSimpleClientset(append([]runtime.Object{pool, HardenedTemplate()}, objects...)...),
 		RuntimeClass: "gvisor",
 	}
-	fc.Extensions.PrependWatchReactor("sandboxclaims", func(action k8stesting.Action) (bool, watch.Interface, error) {
-		w, err := fc.Extensions.Tracker().Watch(claimsGVR, action.GetNamespace())
+	reconcileOnWatch(&fc.Extensions.Fake, fc.Extensions.Tracker(), claimsGVR, func() { fc.bindClaims(t) })
+	reconcileOnWatch(&fc.Sandboxes.Fake, fc.Sandboxes.Tracker(), sandboxesGVR, func() { fc.startSandboxes(t) })
+	fc.Clients = &executor.Clients{Kube: fc.Kube, Sandboxes: fc.Sandboxes, Extensions: fc.Extensions}
+	return fc
+}
+
+// reconcileOnWatch serves watches of gvr from the fake's tracker and runs the fake controller's
+// reconcile alongside each, so that its updates reach the watcher.
+func reconcileOnWatch(fake *k8stesting.Fake, tracker k8stesting.ObjectTracker, gvr schema.GroupVersionResource, reconcile func()) {
+	fake.PrependWatchReactor(gvr.Resource, func(action k8stesting.Action) (bool, watch.Interface, error) {
+		w, err := tracker.Watch(gvr, action.GetNamespace())
 		if err != nil {
 			return true, nil, err
 		}
-		go fc.bindClaims(t)
+		go reconcile()
 		return true, w, nil
 	})
-	fc.Clients = &executor.Clients{Kube: fc.Kube, Sandboxes: fc.Sandboxes, Extensions: fc.Extensions}
-	return fc
 }
 
 // bindClaims makes every unbound claim Ready on a warm sandbox.
@@ -118,5 +149,52 @@ func (fc *Cluster) addWarmSandbox(t testing.TB, claim *extv1beta1.SandboxClaim, 
 	}
 	if _, err := fc.Kube.CoreV1().Pods(Namespace).Create(ctx, pod, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 		t.Errorf("fake controller: %v", err)
+	}
+}
+
+// startSandboxes gives every Sandbox without a Ready condition its pod, controlled by the
+// Sandbox and labelled from its pod template (the template ref-hash label from the Sandbox's own
+// labels, as the real controller does for Sandboxes controlled by extensions objects), and makes
+// it Ready. The fake clientsets set no UIDs: it gives the Sandbox one.
+func (fc *Cluster) startSandboxes(t testing.TB) {
+	ctx := context.Background()
+	sandboxes := fc.Sandboxes.AgentsV1beta1().Sandboxes(Namespace)
+	list, err := sandboxes.List(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Errorf("fake controller: %v", err)
+		return
+	}
+	for i := range list.Items {
+		sbx := &list.Items[i]
+		if len(sbx.Status.Conditions) > 0 || sbx.Annotations[sandboxv1beta1.SandboxPodNameAnnotation] != "" {
+			continue // started already, or a claim's warm sandbox
+		}
+		cond := metav1.Condition{Type: "Ready", Status: metav1.ConditionTrue, Reason: "DependenciesReady"}
+		if fc.ReadyReason != "" {
+			cond = metav1.Condition{Type: "Ready", Status: metav1.ConditionFalse, Reason: fc.ReadyReason, Message: "waiting for " + fc.ReadyReason}
+		} else {
+			sbx.UID = types.UID("uid-" + sbx.Name)
+			labels := map[string]string{sandboxv1beta1.SandboxTemplateRefHashLabel: sbx.Labels[sandboxv1beta1.SandboxTemplateRefHashLabel]}
+			maps.Copy(labels, sbx.Spec.PodTemplate.ObjectMeta.Labels)
+			isController := true
+			pod := &corev1.Pod{
+				ObjectMeta: metav1.ObjectMeta{Name: sbx.Name, Namespace: Namespace, Labels: labels, OwnerReferences: []metav1.OwnerReference{{
+					APIVersion: "agents.x-k8s.io/v1beta1", Kind: "Sandbox", Name: sbx.Name, UID: sbx.UID, Controller: &isController}}},
+				Spec:   *sbx.Spec.PodTemplate.Spec.DeepCopy(),
+				Status: corev1.PodStatus{Phase: corev1.PodRunning, PodIP: PodIP},
+			}
+			pod.Spec.RuntimeClassName = nil
+			if fc.RuntimeClass != "" {
+				pod.Spec.RuntimeClassName = &fc.RuntimeClass
+			}
+			if _, err := fc.Kube.CoreV1().Pods(Namespace).Create(ctx, pod, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+				t.Errorf("fake controller: %v", err)
+			}
+		}
+		// One write: the fake's watches do not replay what happened between two of them.
+		sbx.Status.Conditions = []metav1.Condition{cond}
+		if _, err := sandboxes.UpdateStatus(ctx, sbx, metav1.UpdateOptions{}); err != nil {
+			t.Errorf("fake controller: %v", err)
+		}
 	}
 }

@@ -1,15 +1,16 @@
-// Package cleanup implements cleanup_exec: it releases the job's claim, which deletes its
-// sandbox and pod. It is idempotent and bounded in time.
+// Package cleanup implements cleanup_exec: it releases the job's claim (or deletes its
+// cold-started Sandbox), which deletes its sandbox and pod. It is idempotent and bounded in time.
 package cleanup
 
 import (
 	"context"
 
+	"github.com/sandbox-executor/sandbox-executor/config"
 	"github.com/sandbox-executor/sandbox-executor/executor"
 	"github.com/sandbox-executor/sandbox-executor/stages"
 )
 
-// Run deletes the job's claim. Its output goes to the runner's log, not the job log.
+// Run deletes what the job owns. Its output goes to the runner's log, not the job log.
 func Run(ctx context.Context, env *stages.Env) error {
 	job, err := env.Job()
 	if err != nil {
@@ -22,13 +23,33 @@ func Run(ctx context.Context, env *stages.Env) error {
 		return err
 	}
 	name := env.ClaimName(job)
-	if err := claimer.Release(ctx, env.Config.Namespace, name); err != nil {
-		if ctx.Err() != nil {
-			return executor.SystemError(nil, "releasing SandboxClaim %s/%s: no answer within cleanup_timeout %s; its shutdownTime will reap it", env.Config.Namespace, name, env.Config.CleanupTimeout.Duration)
-		}
+	saved, err := executor.SavedSandbox(env.Runner.TmpDir, name)
+	if err != nil {
 		return err
 	}
+	// Prepare's state says what the job owns. Without it (prepare failed half-way, or an old
+	// runner without TMPDIR) a cold start may have made a Sandbox: delete both kinds.
+	releaseClaim := saved == nil || saved.ColdTemplate == ""
+	releaseColdStart := saved != nil && saved.ColdTemplate != "" || saved == nil && env.Config.UnknownImage == config.UnknownImageCold
+	for _, release := range []struct {
+		wanted bool
+		kind   string
+		delete func(ctx context.Context, namespace, name string) error
+	}{
+		{releaseClaim, "SandboxClaim", claimer.Release},
+		{releaseColdStart, "Sandbox", claimer.ReleaseColdStart},
+	} {
+		if !release.wanted {
+			continue
+		}
+		if err := release.delete(ctx, env.Config.Namespace, name); err != nil {
+			if ctx.Err() != nil {
+				return executor.SystemError(nil, "releasing %s %s/%s: no answer within cleanup_timeout %s; its shutdownTime will reap it", release.kind, env.Config.Namespace, name, env.Config.CleanupTimeout.Duration)
+			}
+			return err
+		}
+		env.Log().Debugf("Released %s %s/%s", release.kind, env.Config.Namespace, name)
+	}
 	executor.ForgetSandbox(env.Runner.TmpDir)
-	env.Log().Debugf("Released SandboxClaim %s/%s", env.Config.Namespace, name)
 	return nil
 }

@@ -182,7 +182,20 @@ func (c *Checker) checkCRDs() []Result {
 func (c *Checker) checkRBAC(ctx context.Context) []Result {
 	ns := c.Config.Namespace
 	var out []Result
+	type permission struct {
+		executor.Permission
+		fix string
+	}
+	var perms []permission
 	for _, p := range executor.RequiredPermissions {
+		perms = append(perms, permission{p, "bind the executor's identity to Role sandbox-executor (kubectl apply -k deploy/base, rbac.yaml)"})
+	}
+	if c.Config.UnknownImage == config.UnknownImageCold {
+		for _, p := range executor.ColdStartPermissions {
+			perms = append(perms, permission{p, "add the component deploy/components/cold-images to your overlay (unknown_image = \"cold\")"})
+		}
+	}
+	for _, p := range perms {
 		check := "rbac " + p.String()
 		resource, sub, _ := strings.Cut(p.Resource, "/")
 		review := &authorizationv1.SelfSubjectAccessReview{Spec: authorizationv1.SelfSubjectAccessReviewSpec{
@@ -197,7 +210,7 @@ func (c *Checker) checkRBAC(ctx context.Context) []Result {
 			if got.Status.Reason != "" {
 				detail += ": " + got.Status.Reason
 			}
-			out = append(out, Result{Fail, check, detail, "bind the executor's identity to Role sandbox-executor (kubectl apply -k deploy/base, rbac.yaml)"})
+			out = append(out, Result{Fail, check, detail, p.fix})
 		default:
 			out = append(out, Result{OK, check, "allowed in namespace " + ns, ""})
 		}
@@ -228,12 +241,19 @@ func (c *Checker) checkRuntimeClasses(ctx context.Context) []Result {
 	return out
 }
 
-// checkPools checks each configured pool, then the template of each pool that exists.
+// checkPools checks each configured pool, then the template of each pool that exists, and
+// cold_template.
 func (c *Checker) checkPools(ctx context.Context) []Result {
 	ns := c.Config.Namespace
 	var out []Result
-	templates := map[string][]string{} // template -> pools using it
+	templates := map[string][]string{} // template -> what uses it: "pool x", "cold_template"
 	var order []string
+	useTemplate := func(template, user string) {
+		if _, seen := templates[template]; !seen {
+			order = append(order, template)
+		}
+		templates[template] = append(templates[template], user)
+	}
 	for _, p := range c.Config.Pools {
 		check := "pool " + p.Name
 		pool, err := c.Clients.Extensions.ExtensionsV1beta1().SandboxWarmPools(ns).Get(ctx, p.Name, metav1.GetOptions{})
@@ -247,11 +267,10 @@ func (c *Checker) checkPools(ctx context.Context) []Result {
 			continue
 		}
 		out = append(out, poolResult(pool))
-		t := pool.Spec.TemplateRef.Name
-		if _, seen := templates[t]; !seen {
-			order = append(order, t)
-		}
-		templates[t] = append(templates[t], p.Name)
+		useTemplate(pool.Spec.TemplateRef.Name, "pool "+p.Name)
+	}
+	if c.Config.UnknownImage == config.UnknownImageCold {
+		useTemplate(c.Config.ColdTemplate, "cold_template")
 	}
 	for _, t := range order {
 		out = append(out, c.checkTemplate(ctx, t, templates[t]))
@@ -278,14 +297,14 @@ func poolResult(pool *extv1beta1.SandboxWarmPool) Result {
 	return Result{OK, check, detail, ""}
 }
 
-func (c *Checker) checkTemplate(ctx context.Context, name string, pools []string) Result {
-	check := fmt.Sprintf("template %s (pool %s)", name, strings.Join(pools, ", "))
+func (c *Checker) checkTemplate(ctx context.Context, name string, users []string) Result {
+	check := fmt.Sprintf("template %s (%s)", name, strings.Join(users, ", "))
 	t, err := c.Clients.Extensions.ExtensionsV1beta1().SandboxTemplates(c.Config.Namespace).Get(ctx, name, metav1.GetOptions{})
 	switch {
 	case apierrors.IsForbidden(err):
 		return Result{Warn, check, "cannot verify: this identity may not get sandboxtemplates", "apply Role sandbox-executor (deploy/base/rbac.yaml)"}
 	case apierrors.IsNotFound(err):
-		return Result{Fail, check, "SandboxTemplate not found: the pool cannot make sandboxes", "apply the template (deploy/base/sandboxtemplate.yaml) or fix the pool's sandboxTemplateRef"}
+		return Result{Fail, check, "SandboxTemplate not found: no sandbox can be made from it", "apply the template (deploy/base/sandboxtemplate.yaml), or fix the pool's sandboxTemplateRef or cold_template"}
 	case err != nil:
 		return Result{Fail, check, oneLine(err), "check the API server"}
 	}

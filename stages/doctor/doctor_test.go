@@ -249,6 +249,29 @@ func TestRBACDeniedVerbFails(t *testing.T) {
 	expect(t, results, "rbac create sandboxclaims.extensions.agents.x-k8s.io", doctor.OK)
 }
 
+// With unknown_image = "cold", doctor also checks the cold-start permissions (they are not in the
+// default Role) and cold_template; without it, it checks neither.
+func TestColdStartChecks(t *testing.T) {
+	f := newFixture(t)
+	f.cfg.UnknownImage, f.cfg.ColdTemplate, f.cfg.ColdImages = config.UnknownImageCold, "duo-gvisor", []string{"alpine:*"}
+	f.denied["create sandboxes"] = true
+	results := f.checker(t, nil).Run(context.Background())
+	expect(t, results, "rbac create sandboxes.agents.x-k8s.io", doctor.Fail, "ColdStart", "deploy/components/cold-images")
+	expect(t, results, "rbac delete sandboxes.agents.x-k8s.io", doctor.OK)
+	expect(t, results, "template duo-gvisor (pool duo-default, cold_template)", doctor.OK, "runtimeClassName gvisor")
+
+	f.cfg.ColdTemplate = "no-such-template"
+	expect(t, f.checker(t, nil).Run(context.Background()), "template no-such-template (cold_template)", doctor.Fail, "not found", "cold_template")
+
+	reject := newFixture(t)
+	reject.denied["create sandboxes"] = true
+	for _, r := range reject.checker(t, nil).Run(context.Background()) {
+		if strings.Contains(r.Check, "create sandboxes") || strings.Contains(r.Check, "cold_template") {
+			t.Errorf("unknown_image = reject: doctor checks %s", r.Check)
+		}
+	}
+}
+
 func TestRuntimeClass(t *testing.T) {
 	t.Run("missing", func(t *testing.T) {
 		f := newFixture(t)

@@ -1,7 +1,8 @@
-// Package gc implements the gc command: it finds this runner's claims whose jobs must be over and
-// deletes them. A runner that dies never runs cleanup; the claim's shutdownTime lets
-// agent-sandbox reap it, and gc is the second net (controller down, policy changed, claims from
-// before a config change). Dry-run unless asked to delete.
+// Package gc implements the gc command: it finds this runner's claims (and, with unknown_image =
+// "cold", its cold-started Sandboxes) whose jobs must be over and deletes them. A runner that dies
+// never runs cleanup; the shutdownTime lets agent-sandbox reap them, and gc is the second net
+// (controller down, policy changed, objects from before a config change). Dry-run unless asked to
+// delete.
 package gc
 
 import (
@@ -9,6 +10,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/sandbox-executor/sandbox-executor/config"
 	"github.com/sandbox-executor/sandbox-executor/executor"
 	"github.com/sandbox-executor/sandbox-executor/stages"
 )
@@ -21,15 +23,26 @@ type Options struct {
 	OlderThan time.Duration
 }
 
-// Run lists this runner's claims and reaps the expired ones, one line each on stdout.
+// Run lists this runner's claims and cold starts and reaps the expired ones, one line each on
+// stdout.
 func Run(ctx context.Context, env *stages.Env, opts Options) error {
 	claimer, err := env.Claimer()
 	if err != nil {
 		return err
 	}
-	claims, err := claimer.RunnerClaims(ctx, env.Config.Namespace, env.Config.RunnerName)
+	owned, err := claimer.RunnerClaims(ctx, env.Config.Namespace, env.Config.RunnerName)
 	if err != nil {
 		return err
+	}
+	what := "claims"
+	// Listing Sandboxes needs deploy/components/cold-images, granted only with this policy.
+	if env.Config.UnknownImage == config.UnknownImageCold {
+		cold, err := claimer.RunnerColdStarts(ctx, env.Config.Namespace, env.Config.RunnerName)
+		if err != nil {
+			return err
+		}
+		owned = append(owned, cold...)
+		what = "claims and cold-started Sandboxes"
 	}
 	now := env.Clock()
 	verb := "would delete"
@@ -37,20 +50,24 @@ func Run(ctx context.Context, env *stages.Env, opts Options) error {
 		verb = "deleted"
 	}
 	reaped := 0
-	for _, c := range claims {
+	for _, c := range owned {
 		why := expired(c, now, opts.OlderThan)
 		if why == "" {
 			continue
 		}
+		release, kind := claimer.Release, ""
+		if c.ColdStart {
+			release, kind = claimer.ReleaseColdStart, "cold-started Sandbox, "
+		}
 		if opts.Delete {
-			if err := claimer.Release(ctx, c.Namespace, c.Name); err != nil {
+			if err := release(ctx, c.Namespace, c.Name); err != nil {
 				return err
 			}
 		}
 		reaped++
-		fmt.Fprintf(env.Stdout, "%s %s/%s (job %s, age %s): %s\n", verb, c.Namespace, c.Name, c.JobID, now.Sub(c.Created).Round(time.Second), why)
+		fmt.Fprintf(env.Stdout, "%s %s/%s (%sjob %s, age %s): %s\n", verb, c.Namespace, c.Name, kind, c.JobID, now.Sub(c.Created).Round(time.Second), why)
 	}
-	fmt.Fprintf(env.Stdout, "%d of %d claims of runner %q %s\n", reaped, len(claims), env.Config.RunnerName, map[bool]string{true: "deleted", false: "to delete (dry run: pass --delete)"}[opts.Delete])
+	fmt.Fprintf(env.Stdout, "%d of %d %s of runner %q %s\n", reaped, len(owned), what, env.Config.RunnerName, map[bool]string{true: "deleted", false: "to delete (dry run: pass --delete)"}[opts.Delete])
 	return nil
 }
 

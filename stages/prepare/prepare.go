@@ -1,5 +1,6 @@
 // Package prepare implements prepare_exec: it claims a gVisor pod for the job from the warm pool
-// that serves the job's image, verifies its isolation, and installs the stage agent in it.
+// that serves the job's image (or, with unknown_image = "cold", cold-starts one from
+// cold_template), verifies its isolation, and installs the stage agent in it.
 package prepare
 
 import (
@@ -7,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"time"
 
 	"github.com/sandbox-executor/sandbox-executor/config"
 	"github.com/sandbox-executor/sandbox-executor/executor"
@@ -22,7 +24,7 @@ func Run(ctx context.Context, env *stages.Env) error {
 	if err != nil {
 		return err
 	}
-	pool, err := env.Config.PoolFor(job.Image)
+	placement, err := env.Config.Place(job.Image)
 	if errors.Is(err, config.ErrImageNotAllowed) {
 		return executor.PermanentError(nil, "%s", err)
 	}
@@ -37,33 +39,25 @@ func Run(ctx context.Context, env *stages.Env) error {
 	if err != nil {
 		return err
 	}
-	endSection := log.Section("sandbox_claim", "Claiming a gVisor sandbox from pool "+pool)
-	status, err := claimer.CheckPool(ctx, env.Config.Namespace, pool)
-	if err != nil {
-		endSection()
-		return err
-	}
-	if status.Ready == 0 {
-		if env.Config.DrainedPool == config.DrainedPoolWait {
-			log.Warnf("Warm pool %s is drained (0 of %d ready): waiting for a warm sandbox (drained_pool = \"wait\")", pool, status.Replicas)
-			if err := claimer.WaitPoolReady(ctx, env.Config.Namespace, pool, env.Config.ReadyTimeout.Duration); err != nil {
-				endSection()
-				return err
-			}
-			log.Infof("Warm pool %s has a ready sandbox after %s", pool, executor.Millis(env.Since(start)))
-		} else {
-			log.Warnf("Warm pool %s is drained (0 of %d ready): this job gets a cold start (drained_pool = \"cold\")", pool, status.Replicas)
-		}
-	}
-	sbx, err := claimer.Claim(ctx, executor.ClaimRequest{
+	req := executor.ClaimRequest{
 		Namespace:      env.Config.Namespace,
-		Pool:           pool,
+		Pool:           placement.Pool,
 		Runner:         env.Config.RunnerName,
 		Job:            job,
 		Grace:          env.Config.ClaimGrace.Duration,
 		ReadyTimeout:   env.Config.ReadyTimeout.Duration,
 		RuntimeClasses: env.Config.RuntimeClasses,
-	})
+	}
+	var sbx *executor.Sandbox
+	var endSection func()
+	if placement.ColdTemplate != "" {
+		endSection = log.Section("sandbox_claim", "Cold-starting a gVisor sandbox from template "+placement.ColdTemplate)
+		log.Warnf("Image %s is served by no warm pool: cold start of a sandbox from template %s (unknown_image = \"cold\")", job.Image, placement.ColdTemplate)
+		sbx, err = claimer.ColdStart(ctx, req, placement.ColdTemplate)
+	} else {
+		endSection = log.Section("sandbox_claim", "Claiming a gVisor sandbox from pool "+placement.Pool)
+		sbx, err = claimFromPool(ctx, env, claimer, req, start)
+	}
 	if err != nil {
 		endSection()
 		return err
@@ -98,10 +92,7 @@ func Run(ctx context.Context, env *stages.Env) error {
 		return err
 	}
 	endSection()
-	launch := "cold"
-	if sbx.Warm {
-		launch = "warm"
-	}
+	origin, acquired := sbx.Origin()
 	transport := "exec"
 	if sbx.AgentToken != "" {
 		transport = "pod network"
@@ -109,10 +100,33 @@ func Run(ctx context.Context, env *stages.Env) error {
 	if token != "" && sbx.AgentToken == "" {
 		log.Warnf("The runner cannot reach pod %s at %s:%d: stages go over exec (slower)", sbx.Pod, sbx.PodIP, agent.NetworkPort)
 	}
-	log.Infof("Sandbox ready: pool %s (%s start), pod %s/%s, runtime %s, kernel %s, shell %s, stages over %s, claimed in %s, ready in %s",
-		pool, launch, sbx.Namespace, sbx.Pod, sbx.RuntimeClass, probe.KernelRelease, probe.Shell, transport,
-		executor.Millis(claimed), executor.Millis(env.Since(start)))
+	log.Infof("Sandbox ready: %s, pod %s/%s, runtime %s, kernel %s, shell %s, stages over %s, %s in %s, ready in %s",
+		origin, sbx.Namespace, sbx.Pod, sbx.RuntimeClass, probe.KernelRelease, probe.Shell, transport,
+		acquired, executor.Millis(claimed), executor.Millis(env.Since(start)))
 	return nil
+}
+
+// claimFromPool claims the job's sandbox from its warm pool, first saying (or, with drained_pool
+// = "wait", waiting out) a drained pool.
+func claimFromPool(ctx context.Context, env *stages.Env, claimer *executor.Claimer, req executor.ClaimRequest, start time.Time) (*executor.Sandbox, error) {
+	log := env.Log()
+	pool := req.Pool
+	status, err := claimer.CheckPool(ctx, req.Namespace, pool)
+	if err != nil {
+		return nil, err
+	}
+	if status.Ready == 0 {
+		if env.Config.DrainedPool == config.DrainedPoolWait {
+			log.Warnf("Warm pool %s is drained (0 of %d ready): waiting for a warm sandbox (drained_pool = \"wait\")", pool, status.Replicas)
+			if err := claimer.WaitPoolReady(ctx, req.Namespace, pool, req.ReadyTimeout); err != nil {
+				return nil, err
+			}
+			log.Infof("Warm pool %s has a ready sandbox after %s", pool, executor.Millis(env.Since(start)))
+		} else {
+			log.Warnf("Warm pool %s is drained (0 of %d ready): this job gets a cold start (drained_pool = \"cold\")", pool, status.Replicas)
+		}
+	}
+	return claimer.Claim(ctx, req)
 }
 
 func readAgent(cfg *config.Config) ([]byte, error) {

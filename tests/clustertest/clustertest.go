@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -348,18 +349,23 @@ func (j *Job) MustRun(t testing.TB, body string) Result {
 // ClaimName is the job's SandboxClaim.
 func (j *Job) ClaimName() string { return executor.ClaimName(j.Runner.Name, j.ID) }
 
-// findPod follows the job's claim to its sandbox and pod, with admin rights and without the
-// executor's checks, so that it also finds pods the executor refused.
+// findPod follows the job's claim (or, for a cold start of unknown_image = "cold", its Sandbox of
+// the claim's name) to its sandbox and pod, with admin rights and without the executor's checks,
+// so that it also finds pods the executor refused.
 func (j *Job) findPod(t testing.TB) {
 	t.Helper()
 	ctx := context.Background()
+	sandboxName := j.ClaimName()
 	claim, err := j.Admin.Extensions.ExtensionsV1beta1().SandboxClaims(Namespace).Get(ctx, j.ClaimName(), metav1.GetOptions{})
-	if err != nil {
+	switch {
+	case err == nil:
+		sandboxName = claim.Status.SandboxStatus.Name
+	case !apierrors.IsNotFound(err):
 		t.Fatalf("job %d: its claim: %v", j.ID, err)
 	}
-	sbx, err := j.Admin.Sandboxes.AgentsV1beta1().Sandboxes(Namespace).Get(ctx, claim.Status.SandboxStatus.Name, metav1.GetOptions{})
+	sbx, err := j.Admin.Sandboxes.AgentsV1beta1().Sandboxes(Namespace).Get(ctx, sandboxName, metav1.GetOptions{})
 	if err != nil {
-		t.Fatalf("job %d: sandbox of claim %s: %v", j.ID, claim.Name, err)
+		t.Fatalf("job %d: its sandbox %s (no claim: a cold start): %v", j.ID, sandboxName, err)
 	}
 	name := sbx.Annotations[sandboxv1beta1.SandboxPodNameAnnotation]
 	if name == "" {
@@ -455,10 +461,11 @@ func (j *Job) leftovers(t testing.TB, ctx context.Context) []string {
 		t.Fatal(err)
 	}
 	for _, s := range sandboxes.Items {
-		for _, o := range s.OwnerReferences {
-			if o.Kind == "SandboxClaim" && o.Name == j.ClaimName() {
-				left = append(left, "sandbox/"+s.Name)
-			}
+		// The claim's sandboxes, and a cold start's Sandbox, which is named like the claim.
+		if s.Name == j.ClaimName() || slices.ContainsFunc(s.OwnerReferences, func(o metav1.OwnerReference) bool {
+			return o.Kind == "SandboxClaim" && o.Name == j.ClaimName()
+		}) {
+			left = append(left, "sandbox/"+s.Name)
 		}
 	}
 	if j.Pod != "" {

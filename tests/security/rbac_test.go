@@ -4,6 +4,7 @@ package security
 
 import (
 	"context"
+	"slices"
 	"strings"
 	"testing"
 
@@ -44,7 +45,8 @@ const (
 )
 
 // TestExecutorCanDoOnlyItsJob: the executor's ServiceAccount (executor.kubeconfig) may do what a
-// job needs in its namespace (claims; get pools, templates, sandboxes and pods; pods/exec) and
+// job needs in its namespace (claims; get pools, templates, sandboxes and pods; pods/exec; with
+// deploy/local's cold-images component, create and delete sandboxes) and
 // nothing that would widen a job's reach or read the cluster's secrets; a real attempt to list
 // secrets or create a pod is refused with 403.
 func TestExecutorCanDoOnlyItsJob(t *testing.T) {
@@ -55,9 +57,10 @@ func TestExecutorCanDoOnlyItsJob(t *testing.T) {
 		t.Fatal(err)
 	}
 	ns := clustertest.Namespace
-	// What the executor needs is executor.RequiredPermissions, which deploy/base/rbac.yaml grants.
+	// What the executor needs is executor.RequiredPermissions, which deploy/base/rbac.yaml grants,
+	// and executor.ColdStartPermissions, which deploy/local adds (deploy/components/cold-images).
 	var allowed []access
-	for _, p := range executor.RequiredPermissions {
+	for _, p := range slices.Concat(executor.RequiredPermissions, executor.ColdStartPermissions) {
 		resource, sub, _ := strings.Cut(p.Resource, "/")
 		allowed = append(allowed, access{p.Verb, p.Group, resource, sub, ns})
 	}
@@ -75,9 +78,10 @@ func TestExecutorCanDoOnlyItsJob(t *testing.T) {
 		{"get", "", "secrets", "", ns}, {"list", "", "secrets", "", ns}, {"watch", "", "secrets", "", ns}, {"list", "", "secrets", "", ""},
 		{"get", "", "secrets", "", "kube-system"}, {"create", "", "serviceaccounts", "token", ns}, {"get", "", "configmaps", "", ns},
 		{"create", "", "serviceaccounts", "", ns},
-		// The sandbox machinery: no sandboxes made by hand, no changing templates, pools or
-		// claims (a template decides the runtime and the network policy).
-		{"create", sandboxGroup, "sandboxes", "", ns}, {"update", sandboxGroup, "sandboxes", "", ns}, {"delete", sandboxGroup, "sandboxes", "", ns},
+		// The sandbox machinery: no changing sandboxes, templates, pools or claims (a template
+		// decides the runtime and the network policy). Creating sandboxes (cold-images) is
+		// allowed, and held to gVisor by the component's admission policy (TestColdImageAdmissionPolicy).
+		{"update", sandboxGroup, "sandboxes", "", ns}, {"patch", sandboxGroup, "sandboxes", "", ns}, {"create", sandboxGroup, "sandboxes", "", "default"},
 		{"create", extGroup, "sandboxtemplates", "", ns}, {"update", extGroup, "sandboxtemplates", "", ns}, {"patch", extGroup, "sandboxtemplates", "", ns},
 		{"delete", extGroup, "sandboxtemplates", "", ns},
 		{"create", extGroup, "sandboxwarmpools", "", ns}, {"update", extGroup, "sandboxwarmpools", "", ns}, {"patch", extGroup, "sandboxwarmpools", "", ns},

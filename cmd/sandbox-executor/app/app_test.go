@@ -13,6 +13,7 @@ import (
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	sandboxv1beta1 "sigs.k8s.io/agent-sandbox/api/v1beta1"
 	extv1beta1 "sigs.k8s.io/agent-sandbox/extensions/api/v1beta1"
 
 	"github.com/sandbox-executor/sandbox-executor/cmd/sandbox-executor/app"
@@ -41,7 +42,15 @@ type harness struct {
 	tmp     string
 }
 
-func newHarness(t *testing.T, image string) *harness {
+func newHarness(t *testing.T, image string) *harness { return newHarnessWithConfig(t, image, "") }
+
+// coldConfig cold-starts tools/* images (unknown_image = "cold").
+const coldConfig = `unknown_image = "cold"
+cold_template = "` + executortest.Template + `"
+cold_images = ["tools/*:*"]`
+
+// newHarnessWithConfig adds extra to the top-level keys of the executor's config.
+func newHarnessWithConfig(t *testing.T, image, extra string) *harness {
 	t.Helper()
 	tmp := t.TempDir()
 	agentBin := filepath.Join(tmp, "agent-binary")
@@ -51,10 +60,11 @@ func newHarness(t *testing.T, image string) *harness {
 runner_name = "test-runner"
 default_pool = %q
 agent_binary = %q
+%s
 [[pool]]
 name = %q
 images = ["ci:*"]
-`, executortest.Namespace, executortest.Pool, agentBin, executortest.Pool)), 0o600)
+`, executortest.Namespace, executortest.Pool, agentBin, extra, executortest.Pool)), 0o600)
 	job := map[string]any{
 		"id": 777, "token": "glcbt-64_s3cr3tJobT0ken",
 		"job_info":    map[string]any{"project_id": 12},
@@ -133,7 +143,7 @@ func TestJobLifecycleAndExitCodes(t *testing.T) {
 		t.Errorf("summary printed before the last stage:\n%s", all.String())
 	}
 	summary := step(0, "run", h.script("true\n"), "cleanup_file_variables")
-	if !regexp.MustCompile(`Sandbox summary: pool duo-default, warm start, claimed in \d+ ms; executor overhead \d+ ms \(prepare \d+ ms, 3 stages \d+ ms\)`).MatchString(summary) {
+	if !regexp.MustCompile(`Sandbox summary: pool duo-default \(warm start\), claimed in \d+ ms; executor overhead \d+ ms \(prepare \d+ ms, 3 stages \d+ ms\)`).MatchString(summary) {
 		t.Errorf("last stage's log lacks the summary line:\n%s", summary)
 	}
 
@@ -246,5 +256,111 @@ func TestGCReapsOnlyThisRunnersExpiredClaims(t *testing.T) {
 	}
 	if exists("expired") || !exists("running") || !exists("other-runner") {
 		t.Errorf("after gc --delete: expired=%v running=%v other-runner=%v; want only expired gone", exists("expired"), exists("running"), exists("other-runner"))
+	}
+}
+
+// unknown_image = "cold": an image no pool serves but cold_images allows runs in a Sandbox made
+// from cold_template; the job log says so; cleanup deletes the Sandbox, with or without prepare's
+// state; an image allowed by neither list is a build failure naming both.
+func TestColdStartJobLifecycle(t *testing.T) {
+	h := newHarnessWithConfig(t, "tools/jq:1", coldConfig)
+	name := executor.ClaimName("test-runner", 777)
+	sandboxes := h.cluster.Sandboxes.AgentsV1beta1().Sandboxes(executortest.Namespace)
+	exists := func() bool {
+		_, err := sandboxes.Get(context.Background(), name, metav1.GetOptions{})
+		return err == nil
+	}
+	step := func(want int, args ...string) string {
+		t.Helper()
+		code, out, errOut := h.run(args...)
+		if code != want {
+			t.Fatalf("%v: exit %d, want %d\nstdout: %s\nstderr: %s", args, code, want, out, errOut)
+		}
+		return out + errOut
+	}
+	log := step(0, "prepare")
+	for _, want := range []string{
+		`Image tools/jq:1 is served by no warm pool: cold start of a sandbox from template duo-gvisor (unknown_image = "cold")`,
+		"Sandbox ready: template duo-gvisor (cold start: no warm pool serves the image), pod sandbox-executor/" + name, "runtime gvisor",
+	} {
+		if !strings.Contains(log, want) {
+			t.Errorf("prepare log lacks %q:\n%s", want, log)
+		}
+	}
+	sbx, err := sandboxes.Get(context.Background(), name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sbxJSON, _ := json.Marshal(sbx)
+	for key, value := range secrets {
+		if strings.Contains(string(sbxJSON), value) {
+			t.Errorf("%s value appears in the Sandbox", key)
+		}
+	}
+	if out := step(0, "run", h.script("echo from the cold pod\n"), "build_script"); !strings.Contains(out, "from the cold pod") {
+		t.Errorf("run output = %q", out)
+	}
+	step(0, "cleanup")
+	step(0, "cleanup") // idempotent
+	if exists() {
+		t.Error("Sandbox still exists after cleanup")
+	}
+	if claims, _ := h.cluster.Extensions.ExtensionsV1beta1().SandboxClaims(executortest.Namespace).List(context.Background(), metav1.ListOptions{}); len(claims.Items) != 0 {
+		t.Errorf("a cold start made %d claims", len(claims.Items))
+	}
+
+	// No state file (prepare's TMPDIR gone, or an old runner): run and cleanup find it by name.
+	step(0, "prepare")
+	delete(h.env, "TMPDIR")
+	if out := step(0, "run", h.script("echo without state\n"), "build_script"); !strings.Contains(out, "without state") {
+		t.Errorf("run without state: %q", out)
+	}
+	step(0, "cleanup")
+	if exists() {
+		t.Error("Sandbox still exists after a cleanup without prepare's state")
+	}
+
+	refused := newHarnessWithConfig(t, "evil/tools:1", coldConfig)
+	code, out, errOut := refused.run("prepare")
+	if code != 1 || out != "" || strings.Count(strings.TrimSpace(errOut), "\n") > 0 ||
+		!strings.Contains(errOut, `image not allowed: "evil/tools:1": allowed images are ci:*; cold starts (unknown_image = "cold") allow tools/*:*`) {
+		t.Errorf("an image in neither list: exit %d, stderr %q; want BUILD_FAILURE (1) with one line naming both lists", code, errOut)
+	}
+	if list, _ := refused.cluster.Sandboxes.AgentsV1beta1().Sandboxes(executortest.Namespace).List(context.Background(), metav1.ListOptions{}); len(list.Items) != 0 {
+		t.Errorf("a refused image got %d Sandboxes", len(list.Items))
+	}
+}
+
+func TestGCReapsOnlyThisRunnersExpiredColdStarts(t *testing.T) {
+	h := newHarnessWithConfig(t, "ci:1", coldConfig)
+	ctx := context.Background()
+	sandboxes := h.cluster.Sandboxes.AgentsV1beta1().Sandboxes(executortest.Namespace)
+	isController := true
+	mk := func(name, runner, owner string, shutdown time.Time) {
+		t.Helper()
+		ts := metav1.NewTime(shutdown)
+		sbx := &sandboxv1beta1.Sandbox{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: executortest.Namespace,
+			Labels:          map[string]string{executor.LabelManagedBy: executor.ManagedByValue, executor.LabelRunner: runner, executor.LabelJobID: name},
+			OwnerReferences: []metav1.OwnerReference{{APIVersion: "extensions.agents.x-k8s.io/v1beta1", Kind: owner, Name: "x", Controller: &isController}}}}
+		sbx.Spec.ShutdownTime = &ts
+		if _, err := sandboxes.Create(ctx, sbx, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mk("expired", "test-runner", "SandboxTemplate", time.Now().Add(-time.Hour))
+	mk("running", "test-runner", "SandboxTemplate", time.Now().Add(time.Hour))
+	mk("other-runner", "someone-else", "SandboxTemplate", time.Now().Add(-time.Hour))
+	mk("a-claims", "test-runner", "SandboxClaim", time.Now().Add(-time.Hour)) // not ours to delete: its claim's
+	exists := func(name string) bool {
+		_, err := sandboxes.Get(ctx, name, metav1.GetOptions{})
+		return err == nil
+	}
+	code, out, errOut := h.run("gc", "--delete")
+	if code != 0 || !strings.Contains(out, "deleted sandbox-executor/expired (cold-started Sandbox, job expired") || !strings.Contains(out, "1 of 2 claims and cold-started Sandboxes") {
+		t.Fatalf("gc --delete: exit %d\n%s%s", code, out, errOut)
+	}
+	if exists("expired") || !exists("running") || !exists("other-runner") || !exists("a-claims") {
+		t.Errorf("after gc --delete: expired=%v running=%v other-runner=%v a-claims=%v; want only expired gone",
+			exists("expired"), exists("running"), exists("other-runner"), exists("a-claims"))
 	}
 }

@@ -1,0 +1,154 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"context"
+	"strconv"
+	"strings"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	sandboxv1beta1 "sigs.k8s.io/agent-sandbox/api/v1beta1"
+	sandboxclient "sigs.k8s.io/agent-sandbox/clients/k8s/clientset/versioned"
+
+	"github.com/sandbox-executor/sandbox-executor/executor"
+	"github.com/sandbox-executor/sandbox-executor/tests/clustertest"
+	"github.com/sandbox-executor/sandbox-executor/tests/localcluster"
+)
+
+// coldRunner serves the CI image from its warm pool and nothing else; unknown_image = "cold"
+// cold-starts the POSIX image (served by no pool here) from the CI pool's template.
+func coldRunner(t *testing.T) *clustertest.Runner {
+	t.Helper()
+	c := clustertest.Connect(t)
+	return c.NewRunner(t, "e2e-cold", `unknown_image = "cold"
+cold_template = "`+localcluster.Template+`"
+cold_images = ["sandbox-executor.local/posix:*"]`,
+		clustertest.Pool{Name: localcluster.Pool, Images: []string{"sandbox-executor.local/ci:*"}})
+}
+
+// An image no pool serves but cold_images allows runs in a Sandbox created from cold_template with
+// that image, under gVisor and the template's NetworkPolicy; the job log says it is a cold start;
+// cleanup removes the Sandbox and its pod.
+func TestColdImageStartsASandboxFromTheTemplate(t *testing.T) {
+	r := coldRunner(t)
+	j := r.NewJob(t, clustertest.JobSpec{Image: localcluster.PosixImage})
+	prep := j.Prepare(t)
+	t.Log(prep.Output())
+	mustContain(t, "prepare log", prep.Output(),
+		`Image sandbox-executor.local/posix:bookworm is served by no warm pool: cold start of a sandbox from template duo-gvisor (unknown_image = "cold")`,
+		"Sandbox ready: template duo-gvisor (cold start: no warm pool serves the image)", "runtime gvisor")
+	ctx := context.Background()
+	if _, err := j.Admin.Extensions.ExtensionsV1beta1().SandboxClaims(clustertest.Namespace).Get(ctx, j.ClaimName(), metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		t.Errorf("a cold start made a claim: %v", err)
+	}
+	sbx, err := j.Admin.Sandboxes.AgentsV1beta1().Sandboxes(clustertest.Namespace).Get(ctx, j.ClaimName(), metav1.GetOptions{})
+	if err != nil {
+		t.Fatalf("the job's Sandbox: %v", err)
+	}
+	for k, v := range map[string]string{executor.LabelManagedBy: executor.ManagedByValue, executor.LabelRunner: executor.RunnerLabel(r.Name),
+		executor.LabelJobID: strconv.FormatInt(j.ID, 10), executor.LabelProjectID: "42", executor.LabelPipelineID: "4242"} {
+		if sbx.Labels[k] != v {
+			t.Errorf("Sandbox label %s = %q, want %q", k, sbx.Labels[k], v)
+		}
+	}
+	if lc := sbx.Spec.Lifecycle; lc.ShutdownTime == nil || lc.ShutdownPolicy == nil || *lc.ShutdownPolicy != sandboxv1beta1.ShutdownPolicyDelete {
+		t.Errorf("Sandbox lifecycle %+v: want a shutdownTime with policy Delete", lc)
+	}
+	pod := j.PodObject(t)
+	job := pod.Spec.Containers[0]
+	if job.Image != localcluster.PosixImage || len(job.Env) != 0 || len(job.EnvFrom) != 0 {
+		t.Errorf("job container: image %s, env %v %v; want the job's image and no env", job.Image, job.Env, job.EnvFrom)
+	}
+	assertSelectedByTemplateNetworkPolicy(t, j, pod)
+
+	out := j.MustRun(t, "echo \"bash-$(test -e /bin/bash && echo present || echo absent)\"\ncat /proc/version\n").Output()
+	mustContain(t, "stage output", out, "bash-absent", "gvisor")
+
+	if gc := j.MustStage(t, 0, "gc").Output(); !strings.Contains(gc, "0 of 1 claims and cold-started Sandboxes of runner") {
+		t.Errorf("gc (dry run) does not list the cold start as this runner's, not expired:\n%s", gc)
+	}
+	j.Cleanup(t) // waits until the Sandbox and its pod are gone
+}
+
+// assertSelectedByTemplateNetworkPolicy: the template's managed NetworkPolicy selects the
+// cold-started pod, as it selects the pool's: its egress allow-list applies.
+func assertSelectedByTemplateNetworkPolicy(t *testing.T, j *clustertest.Job, pod *corev1.Pod) {
+	t.Helper()
+	policy, err := j.Admin.Kube.NetworkingV1().NetworkPolicies(clustertest.Namespace).Get(context.Background(), localcluster.Template+"-network-policy", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for k, v := range policy.Spec.PodSelector.MatchLabels {
+		if pod.Labels[k] != v {
+			t.Errorf("NetworkPolicy %s selects %s=%s; the cold-started pod has %q", policy.Name, k, v, pod.Labels[k])
+		}
+	}
+	if len(policy.Spec.PodSelector.MatchLabels) == 0 {
+		t.Errorf("NetworkPolicy %s selects no label", policy.Name)
+	}
+}
+
+// An image allowed neither by a pool nor by cold_images fails prepare as a build failure, one
+// line naming both lists, and creates nothing.
+func TestColdImageRefusesUnlistedImage(t *testing.T) {
+	r := coldRunner(t)
+	j := r.NewJob(t, clustertest.JobSpec{Image: "sandbox-executor.local/unlisted:latest"})
+	res := j.PrepareRefused(t)
+	if res.ExitCode != clustertest.BuildFailure {
+		t.Fatalf("prepare exited %d, want BUILD_FAILURE (%d)\n%s", res.ExitCode, clustertest.BuildFailure, res.Output())
+	}
+	msg := strings.TrimSpace(res.Output())
+	mustContain(t, "prepare output", msg, `image not allowed: "sandbox-executor.local/unlisted:latest"`, "allowed images are sandbox-executor.local/ci:*",
+		`cold starts (unknown_image = "cold") allow sandbox-executor.local/posix:*`)
+	if strings.Contains(msg, "\n") {
+		t.Errorf("not one line:\n%s", msg)
+	}
+	ctx := context.Background()
+	if _, err := j.Admin.Sandboxes.AgentsV1beta1().Sandboxes(clustertest.Namespace).Get(ctx, j.ClaimName(), metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		t.Errorf("a refused image got a Sandbox: %v", err)
+	}
+	if _, err := j.Admin.Extensions.ExtensionsV1beta1().SandboxClaims(clustertest.Namespace).Get(ctx, j.ClaimName(), metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		t.Errorf("a refused image got a claim: %v", err)
+	}
+}
+
+// deploy/components/cold-images' admission policy: the executor's ServiceAccount may create a
+// Sandbox like the ones ColdStart makes, and nothing that leaves gVisor (server-side dry runs).
+func TestColdImageAdmissionPolicy(t *testing.T) {
+	c := clustertest.Connect(t)
+	ctx := context.Background()
+	sandboxes, err := sandboxclient.NewForConfig(clustertest.RESTConfig(t, c.ExecutorKubeconfig()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl, err := c.Admin.Extensions.ExtensionsV1beta1().SandboxTemplates(clustertest.Namespace).Get(ctx, localcluster.Template, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	create := func(edit func(*corev1.PodSpec)) error {
+		sbx := &sandboxv1beta1.Sandbox{ObjectMeta: metav1.ObjectMeta{GenerateName: "e2e-cold-policy-", Namespace: clustertest.Namespace}}
+		sbx.Spec.SandboxBlueprint = *tmpl.Spec.SandboxBlueprint.DeepCopy()
+		edit(&sbx.Spec.PodTemplate.Spec)
+		_, err := sandboxes.AgentsV1beta1().Sandboxes(clustertest.Namespace).Create(ctx, sbx, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+		return err
+	}
+	if err := create(func(*corev1.PodSpec) {}); err != nil {
+		t.Fatalf("the template's own Sandbox, as the executor: %v", err)
+	}
+	runc, yes := "runc", true
+	for name, edit := range map[string]func(*corev1.PodSpec){
+		"runtimeClassName runc":  func(s *corev1.PodSpec) { s.RuntimeClassName = &runc },
+		"no runtimeClassName":    func(s *corev1.PodSpec) { s.RuntimeClassName = nil },
+		"a ServiceAccount token": func(s *corev1.PodSpec) { s.AutomountServiceAccountToken = &yes },
+		"another ServiceAccount": func(s *corev1.PodSpec) { s.ServiceAccountName = "sandbox-executor" },
+		"the node's network":     func(s *corev1.PodSpec) { s.HostNetwork = true },
+	} {
+		if err := create(edit); !apierrors.IsInvalid(err) || !strings.Contains(err.Error(), "sandboxes created by sandbox-executor must") {
+			t.Errorf("%s, as the executor: %v; want the admission policy to refuse it", name, err)
+		}
+	}
+}
