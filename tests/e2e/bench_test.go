@@ -151,7 +151,7 @@ func BenchmarkHelloJob(b *testing.B) {
 }
 
 // summaryLine is the executor's closing job log line: claim, prepare, stage count, stages' cost.
-var summaryLine = regexp.MustCompile(`claimed in (\d+) ms; executor overhead \d+ ms \(prepare (\d+) ms, (\d+) stages (\d+) ms\)`)
+var summaryLine = regexp.MustCompile(`(?:claimed|created) in (\d+) ms; executor overhead \d+ ms \(prepare (\d+) ms, (\d+) stages (\d+) ms\)`)
 
 func msOf(digits string) time.Duration {
 	n, _ := strconv.Atoi(digits)
