@@ -8,6 +8,8 @@ out=$(mktemp)
 trap 'rm -f "$out"' EXIT
 go test -tags e2e -run '^$' -bench "${BENCH:-.}" -benchtime 1x -count 1 -timeout 60m ./tests/e2e/ 2>&1 | tee "$out" >&2
 grep -q '^ok' "$out" || { echo "bench.sh: the benchmarks failed" >&2; exit 1; }
+# The scale section of the last run, kept when this run does not measure scale (BENCH_SCALE=0).
+previous_scale=$(sed -n '/^## Control-plane scale (kwok)/,$p' docs/benchmarks.md 2>/dev/null || true)
 cluster_bin=${CLUSTER_DIR:-${SANDBOX_EXECUTOR_CACHE:-$HOME/.cache/sandbox-executor}/cluster}/bin
 {
   echo "# Benchmarks"
@@ -35,4 +37,8 @@ if [[ ${BENCH_SCALE:-1} != 0 ]]; then
   { echo; echo "## Control-plane scale (kwok)"; echo; cat "$scale"; } >> docs/benchmarks.md
   rm -f "$scale"
   echo "appended the control-plane scale tables to docs/benchmarks.md" >&2
+elif [[ -n $previous_scale ]]; then
+  # Not re-measured: keep the last measured tables, which carry their own date.
+  { echo; printf '%s\n' "$previous_scale"; } >> docs/benchmarks.md
+  echo "kept the earlier control-plane scale tables (BENCH_SCALE=0)" >&2
 fi
