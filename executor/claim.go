@@ -111,6 +111,18 @@ type Claimer struct {
 	Clients *Clients
 	// Now is the clock, replaced in tests.
 	Now func() time.Time
+	// Debugf, when set, gets a line per step with its time (the job log's debug lines).
+	Debugf func(format string, args ...any)
+}
+
+// step reports a finished step and its duration in debug mode, and starts the next one.
+func (c *Claimer) step(since *time.Time, format string, args ...any) {
+	if c.Debugf == nil {
+		return
+	}
+	now := c.now()
+	c.Debugf("%s in %s", fmt.Sprintf(format, args...), Millis(now.Sub(*since)))
+	*since = now
 }
 
 func (c *Claimer) now() time.Time {
@@ -202,15 +214,22 @@ func (c *Claimer) Claim(ctx context.Context, req ClaimRequest) (*Sandbox, error)
 			Lifecycle: &extv1beta1.Lifecycle{ShutdownTime: &shutdown, ShutdownPolicy: extv1beta1.ShutdownPolicyDelete},
 		},
 	}
+	since := c.now()
 	claim, err := createOrAdopt(ctx, claims, want, "SandboxClaim", resourceClaims)
 	if err != nil {
 		return nil, err
 	}
+	c.step(&since, "SandboxClaim %s created", name)
 	ready, err := c.waitClaimReady(ctx, claim, req.ReadyTimeout)
 	if err != nil {
 		return nil, err
 	}
-	return c.Resolve(ctx, ready, req.RuntimeClasses)
+	c.step(&since, "SandboxClaim Ready on Sandbox %s", ready.Status.SandboxStatus.Name)
+	sbx, err := c.Resolve(ctx, ready, req.RuntimeClasses)
+	if err == nil {
+		c.step(&since, "pod %s found and verified (runtime %s)", sbx.Pod, sbx.RuntimeClass)
+	}
+	return sbx, err
 }
 
 // creator is the part of a typed client that createOrAdopt uses.
@@ -297,12 +316,21 @@ func (c *Claimer) waitClaimReady(ctx context.Context, claim *extv1beta1.SandboxC
 // Resolve finds the pod behind a Ready claim and fails closed unless it runs an allowed
 // RuntimeClass and belongs to this claim.
 func (c *Claimer) Resolve(ctx context.Context, claim *extv1beta1.SandboxClaim, runtimeClasses []string) (*Sandbox, error) {
-	ns := claim.Namespace
-	sbx, err := c.Clients.Sandboxes.AgentsV1beta1().Sandboxes(ns).Get(ctx, claim.Status.SandboxStatus.Name, metav1.GetOptions{})
+	ns, name := claim.Namespace, claim.Status.SandboxStatus.Name
+	// The pod is almost always named like its Sandbox: read both at once, and read the pod the
+	// Sandbox names only if it names another (one round trip saved on every prepare).
+	var guess podRead
+	guessed := make(chan struct{})
+	go func() {
+		defer close(guessed)
+		guess.pod, guess.err = c.Clients.Kube.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
+	}()
+	sbx, err := c.Clients.Sandboxes.AgentsV1beta1().Sandboxes(ns).Get(ctx, name, metav1.GetOptions{})
+	<-guessed
 	if err != nil {
-		return nil, explainAPIError(err, apiCall{"get", resourceSandboxes, ns, claim.Status.SandboxStatus.Name})
+		return nil, explainAPIError(err, apiCall{"get", resourceSandboxes, ns, name})
 	}
-	out, err := c.verifiedSandbox(ctx, sbx, podOwner{claimUID: claim.UID, template: "the SandboxTemplate of pool " + claim.Spec.WarmPoolRef.Name}, runtimeClasses)
+	out, err := c.verifiedSandbox(ctx, sbx, &guess, podOwner{claimUID: claim.UID, template: "the SandboxTemplate of pool " + claim.Spec.WarmPoolRef.Name}, runtimeClasses)
 	if err != nil {
 		return nil, err
 	}
@@ -311,14 +339,27 @@ func (c *Claimer) Resolve(ctx context.Context, claim *extv1beta1.SandboxClaim, r
 	return out, nil
 }
 
-// verifiedSandbox reads the sandbox's pod, refuses it unless verifyPod passes, and describes it.
-func (c *Claimer) verifiedSandbox(ctx context.Context, sbx *sandboxv1beta1.Sandbox, owner podOwner, runtimeClasses []string) (*Sandbox, error) {
+// podRead is a pod read ahead, by the name its Sandbox most likely gives it.
+type podRead struct {
+	pod *corev1.Pod
+	err error
+}
+
+// verifiedSandbox reads the sandbox's pod (or takes ahead's, when that is the pod the Sandbox
+// names), refuses it unless verifyPod passes, and describes it.
+func (c *Claimer) verifiedSandbox(ctx context.Context, sbx *sandboxv1beta1.Sandbox, ahead *podRead, owner podOwner, runtimeClasses []string) (*Sandbox, error) {
 	ns := sbx.Namespace
 	podName := sbx.Annotations[sandboxv1beta1.SandboxPodNameAnnotation]
 	if podName == "" {
 		podName = sbx.Name
 	}
-	pod, err := c.Clients.Kube.CoreV1().Pods(ns).Get(ctx, podName, metav1.GetOptions{})
+	var pod *corev1.Pod
+	var err error
+	if ahead != nil && podName == sbx.Name {
+		pod, err = ahead.pod, ahead.err
+	} else {
+		pod, err = c.Clients.Kube.CoreV1().Pods(ns).Get(ctx, podName, metav1.GetOptions{})
+	}
 	if err != nil {
 		return nil, explainAPIError(err, apiCall{"get", resourcePods, ns, podName})
 	}

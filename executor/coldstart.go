@@ -62,7 +62,7 @@ func sandboxState(sbx *sandboxv1beta1.Sandbox) (ready, hopeless bool, why string
 // an allowed RuntimeClass and is that Sandbox's own.
 func (c *Claimer) resolveColdStart(ctx context.Context, sbx *sandboxv1beta1.Sandbox, runtimeClasses []string) (*Sandbox, error) {
 	template := sbx.Annotations[sandboxv1beta1.SandboxTemplateRefAnnotation]
-	out, err := c.verifiedSandbox(ctx, sbx, podOwner{coldStart: true, sandboxUID: sbx.UID, template: "SandboxTemplate " + template + " (cold_template)"}, runtimeClasses)
+	out, err := c.verifiedSandbox(ctx, sbx, nil, podOwner{coldStart: true, sandboxUID: sbx.UID, template: "SandboxTemplate " + template + " (cold_template)"}, runtimeClasses)
 	if err != nil {
 		return nil, err
 	}

@@ -92,11 +92,7 @@ const tokenTakeover = 5 * time.Second
 // the agent is probed over the pod network. Without one, the probe goes over exec.
 func ConnectAgent(ctx context.Context, clients *Clients, sbx *Sandbox, token string) (*agent.Probe, error) {
 	if token != "" {
-		err := clients.Attach.Attach(ctx, ExecRequest{Namespace: sbx.Namespace, Pod: sbx.Pod, Container: sbx.Container, Stdin: strings.NewReader(token + "\n")})
-		if err != nil {
-			return nil, SystemError(err, "handing the job's agent token to pod %s/%s (pods/attach): %s", sbx.Namespace, sbx.Pod, oneLine(err.Error()))
-		}
-		probe, err := ProbeOverNetwork(ctx, sbx, token)
+		probe, err := handOverToken(ctx, clients, sbx, token)
 		if err == nil || !errors.Is(err, ErrAgentUnreachable) {
 			return probe, err
 		}
@@ -107,6 +103,49 @@ func ConnectAgent(ctx context.Context, clients *Clients, sbx *Sandbox, token str
 		return nil, SystemError(err, "probing the stage agent in pod %s/%s: %s", sbx.Namespace, sbx.Pod, oneLine(strings.TrimSpace(stderr.String()+" "+err.Error())))
 	}
 	return parseProbe(sbx, stdout.Bytes())
+}
+
+// handOverToken writes the token to the job container's stdin (pods/attach) and probes the agent
+// over the pod network meanwhile: the probe answers as soon as the agent has read the token, and
+// the attach stream's own teardown through the kubelet (tens of milliseconds under gVisor) is not
+// waited for. An attach that fails before the agent has the token fails the handover.
+func handOverToken(ctx context.Context, clients *Clients, sbx *Sandbox, token string) (*agent.Probe, error) {
+	attachCtx, cancelAttach := context.WithCancel(ctx)
+	var attachErr error
+	attached := make(chan struct{})
+	go func() {
+		defer close(attached)
+		attachErr = clients.Attach.Attach(attachCtx, ExecRequest{Namespace: sbx.Namespace, Pod: sbx.Pod, Container: sbx.Container, Stdin: strings.NewReader(token + "\n")})
+	}()
+	defer func() {
+		cancelAttach()
+		<-attached // the stream is closed before prepare goes on
+	}()
+	var probe *agent.Probe
+	var probeErr error
+	probed := make(chan struct{})
+	probeCtx, cancelProbe := context.WithCancel(ctx)
+	defer cancelProbe()
+	go func() {
+		defer close(probed)
+		probe, probeErr = ProbeOverNetwork(probeCtx, sbx, token)
+	}()
+	select {
+	case <-probed:
+		if probeErr == nil {
+			return probe, nil // the agent has the token: the attach has done its job
+		}
+		<-attached // a failed attach is the likelier cause of a failed probe
+	case <-attached:
+		if attachErr != nil {
+			cancelProbe()
+		}
+		<-probed
+	}
+	if attachErr != nil {
+		return nil, SystemError(attachErr, "handing the job's agent token to pod %s/%s (pods/attach): %s", sbx.Namespace, sbx.Pod, oneLine(attachErr.Error()))
+	}
+	return probe, probeErr
 }
 
 // ProbeOverNetwork asks the pod's stage daemon for its probe with token, waiting while the
@@ -121,7 +160,9 @@ func ProbeOverNetwork(ctx context.Context, sbx *Sandbox, token string) (*agent.P
 	daemon.Addr = net.JoinHostPort(sbx.PodIP, strconv.Itoa(agentPort))
 	daemon.dialer.Timeout = time.Second
 	deadline := time.Now().Add(tokenTakeover)
-	for wait := 2 * time.Millisecond; ; wait = min(2*wait, 100*time.Millisecond) {
+	// Short waits: a refusal costs a loopback-fast connection, and the token is usually read
+	// within a few tens of milliseconds of the attach.
+	for wait := 2 * time.Millisecond; ; wait = min(2*wait, 20*time.Millisecond) {
 		var stdout bytes.Buffer
 		attempt, cancel := context.WithTimeout(ctx, probeAnswer)
 		err := daemon.exec(attempt, ExecRequest{Command: []string{agent.BinaryPath, "probe"}, Stdout: &stdout, Stderr: io.Discard}, nil)

@@ -47,17 +47,21 @@ func waitReady[T metav1.Object](ctx context.Context, rw readyWatch[T], obj T, ti
 		}
 		return none, SystemError(ctx.Err(), "waiting for %s %s/%s", rw.kind, ns, name)
 	}
-	rewatchDelay := 50 * time.Millisecond
-	for {
-		ready, hopeless, why := rw.state(obj)
-		if ready {
-			return obj, nil
-		}
+	// settled says whether waiting is over for this version of the object.
+	settled := func(o T) (bool, error) {
+		ready, hopeless, why := rw.state(o)
 		if why != "" {
 			last = why
 		}
 		if hopeless {
-			return none, PermanentError(nil, "%s %s/%s cannot become Ready: %s", rw.kind, ns, name, last)
+			return true, PermanentError(nil, "%s %s/%s cannot become Ready: %s", rw.kind, ns, name, last)
+		}
+		return ready, nil
+	}
+	rewatchDelay := 50 * time.Millisecond
+	for {
+		if done, err := settled(obj); done {
+			return settledResult(obj, err)
 		}
 		w, err := rw.client.Watch(ctx, metav1.ListOptions{
 			FieldSelector:   fields.OneTermEqualSelector("metadata.name", name).String(),
@@ -69,34 +73,53 @@ func waitReady[T metav1.Object](ctx context.Context, rw readyWatch[T], obj T, ti
 			}
 			return none, explainAPIError(err, apiCall{"watch", rw.resource, ns, name})
 		}
-		next, found, err := nextUpdate[T](ctx, w, rw.kind, name)
+		// One watch serves every update until Ready: a new watch per update would pay a round
+		// trip, and the API server's wait for its cache to reach the version, each time.
+		var found bool
+		for {
+			var next T
+			next, found, err = nextUpdate[T](ctx, w, rw.kind, name)
+			if !found || err != nil {
+				break
+			}
+			obj = next
+			if done, err := settled(obj); done {
+				w.Stop()
+				return settledResult(obj, err)
+			}
+		}
 		w.Stop()
 		switch {
 		case ctx.Err() != nil:
 			return timedOut()
 		case err != nil:
 			return none, err
-		case found:
-			obj = next
-		default:
-			// The watch ended (API server timeout or restart, conversion webhook down): re-read
-			// and watch again, backing off so a watch that keeps failing does not spin.
-			select {
-			case <-time.After(rewatchDelay):
-			case <-ctx.Done():
+		}
+		// The watch ended (API server timeout or restart, conversion webhook down): re-read
+		// and watch again, backing off so a watch that keeps failing does not spin.
+		select {
+		case <-time.After(rewatchDelay):
+		case <-ctx.Done():
+			return timedOut()
+		}
+		rewatchDelay = min(2*rewatchDelay, 2*time.Second)
+		fresh, err := rw.client.Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			if ctx.Err() != nil {
 				return timedOut()
 			}
-			rewatchDelay = min(2*rewatchDelay, 2*time.Second)
-			fresh, err := rw.client.Get(ctx, name, metav1.GetOptions{})
-			if err != nil {
-				if ctx.Err() != nil {
-					return timedOut()
-				}
-				return none, explainAPIError(err, apiCall{"get", rw.resource, ns, name})
-			}
-			obj = fresh
+			return none, explainAPIError(err, apiCall{"get", rw.resource, ns, name})
 		}
+		obj = fresh
 	}
+}
+
+func settledResult[T any](obj T, err error) (T, error) {
+	if err != nil {
+		var none T
+		return none, err
+	}
+	return obj, nil
 }
 
 // nextUpdate returns the next version of the object, or found = false when the watch closed.

@@ -53,7 +53,7 @@ func (e *Env) Claimer() (*executor.Claimer, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &executor.Claimer{Clients: clients, Now: e.Now}, nil
+	return &executor.Claimer{Clients: clients, Now: e.Now, Debugf: e.Log().Debugf}, nil
 }
 
 // Job identifies the job: from JOB_RESPONSE_FILE (the trusted source), or on runners too old

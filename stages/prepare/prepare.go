@@ -31,10 +31,6 @@ func Run(ctx context.Context, env *stages.Env) error {
 	if err != nil {
 		return err
 	}
-	agentBinary, err := readAgent(env.Config)
-	if err != nil {
-		return err
-	}
 	claimer, err := env.Claimer()
 	if err != nil {
 		return err
@@ -63,15 +59,21 @@ func Run(ctx context.Context, env *stages.Env) error {
 		return err
 	}
 	claimed := env.Since(start)
+	log.Debugf("Sandbox acquired %s after prepare started", executor.Millis(env.Elapsed(start)))
 	var token string
 	if env.Config.StageTransport == config.TransportNetwork {
 		token = executor.NewAgentToken()
 	}
 	var probe *agent.Probe
+	agentStart := env.Clock()
 	if sbx.AgentBaked {
 		probe, err = executor.ConnectAgent(ctx, claimer.Clients, sbx, token)
 	} else {
-		probe, err = executor.InstallAgent(ctx, claimer.Clients.Exec, sbx, agentBinary, token)
+		// Only pods without a baked agent need the binary: read it here, not on every prepare.
+		var agentBinary []byte
+		if agentBinary, err = readAgent(env.Config); err == nil {
+			probe, err = executor.InstallAgent(ctx, claimer.Clients.Exec, sbx, agentBinary, token)
+		}
 		if err == nil && token != "" {
 			if _, netErr := executor.ProbeOverNetwork(ctx, sbx, token); !errors.Is(netErr, executor.ErrAgentUnreachable) {
 				err = netErr
@@ -82,6 +84,7 @@ func Run(ctx context.Context, env *stages.Env) error {
 		endSection()
 		return err
 	}
+	log.Debugf("Stage agent ready (baked in: %t, token over attach: %t) in %s", sbx.AgentBaked, sbx.AgentBaked && token != "", executor.Millis(env.Since(agentStart)))
 	if err := executor.InstallHelper(ctx, claimer.Clients.Exec, sbx, env.Config.HelperBinary, job, log); err != nil {
 		endSection()
 		return err
