@@ -86,6 +86,106 @@ func TestNetworkTransportFallsBackToExecWhenUnreachable(t *testing.T) {
 // daemon refuses the network until the executor writes the job's token to its stdin, then
 // runs stages in a shell started before the stage was asked for.
 func TestBakedAgentTakesTheTokenOnStdin(t *testing.T) {
+	port, stdin, stages := startBakedAgent(t)
+	defer agent.SetStagesDir(stages)()
+	defer executor.SetAgentPort(port)()
+
+	sbx := &executor.Sandbox{Namespace: "ns", Pod: "job-pod", Container: "job", PodIP: "127.0.0.1"}
+	daemon := executor.NewAgentNetwork("127.0.0.1", testToken, nil)
+	daemon.Addr = fmt.Sprintf("127.0.0.1:%d", port)
+	waitRefusing(t, daemon)
+	if _, err := io.WriteString(stdin, "short-line-ignored\n"+testToken+"\n"); err != nil {
+		t.Fatal(err)
+	}
+	probe, err := executor.ProbeOverNetwork(context.Background(), sbx, testToken)
+	if err != nil || probe.Shell == "" || sbx.AgentToken != testToken {
+		t.Fatalf("probe after the token: %+v, %v, token kept %q", probe, err, sbx.AgentToken)
+	}
+
+	var stdout, log testutil.LockedBuffer
+	r := newStageRunner(daemon, &log, "")
+	r.StagesDir = stages
+	code, err := r.Run(context.Background(), "build_script", []byte("set -e\necho \"ran by $0\"\nfalse\necho not-reached\n"), &stdout, &stdout)
+	if err != nil || code != 1 {
+		t.Fatalf("Run = %d, %v; want 1 (errexit applies in the sourced script)", code, err)
+	}
+	if got := stdout.String(); strings.Contains(got, "/script") || !strings.HasPrefix(got, "ran by ") || strings.Contains(got, "not-reached") {
+		t.Errorf("output %q: want the stage run by the spare shell (its $0 is the shell, not the script)", got)
+	}
+}
+
+// waitRefusing waits until the agent listens and refuses requests: it has no token yet.
+func waitRefusing(t *testing.T, daemon *executor.AgentNetwork) {
+	t.Helper()
+	var refused *executor.RefusedError
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		err := daemon.Exec(context.Background(), executor.ExecRequest{Command: []string{agent.BinaryPath, "probe"}, Stdout: io.Discard, Stderr: io.Discard})
+		if errors.As(err, &refused) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("before the token: %v, want the request refused", err)
+		}
+	}
+}
+
+// slowAttach writes to the baked agent's stdin as pods/attach would, then holds the stream open
+// until it is cancelled, as a stream torn down through the kubelet does; or fails at once.
+type slowAttach struct {
+	stdin io.Writer
+	fail  error
+}
+
+func (a *slowAttach) Attach(ctx context.Context, req executor.ExecRequest) error {
+	if a.fail != nil {
+		return a.fail
+	}
+	if _, err := io.Copy(a.stdin, req.Stdin); err != nil {
+		return err
+	}
+	<-ctx.Done()
+	return ctx.Err()
+}
+
+// The token handover ends when the agent answers over the network, not when the attach stream
+// is torn down; an attach that fails ends prepare with an error that names it.
+func TestConnectAgentHandsTheTokenOverAttach(t *testing.T) {
+	port, stdin, stages := startBakedAgent(t)
+	defer agent.SetStagesDir(stages)()
+	defer executor.SetAgentPort(port)()
+
+	daemon := executor.NewAgentNetwork("127.0.0.1", testToken, nil)
+	daemon.Addr = fmt.Sprintf("127.0.0.1:%d", port)
+	waitRefusing(t, daemon)
+	sbx := &executor.Sandbox{Namespace: "ns", Pod: "job-pod", Container: "job", PodIP: "127.0.0.1", AgentBaked: true}
+	clients := &executor.Clients{Attach: &slowAttach{stdin: stdin}, Exec: executortest.NewLocal(t)}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	probe, err := executor.ConnectAgent(ctx, clients, sbx, testToken)
+	if err != nil || probe.Shell == "" || sbx.AgentToken != testToken {
+		t.Fatalf("ConnectAgent = %+v, %v (token kept %q); want the agent probed over the network", probe, err, sbx.AgentToken)
+	}
+
+	failing := &executor.Clients{Attach: &slowAttach{fail: errors.New("unable to upgrade connection: container not found")}, Exec: executortest.NewLocal(t)}
+	_, err = executor.ConnectAgent(ctx, failing, &executor.Sandbox{Namespace: "ns", Pod: "other-pod", Container: "job", PodIP: "127.0.0.1", AgentBaked: true}, "another-token-another-token-another-token")
+	if executor.KindOf(err) != executor.KindSystem || !strings.Contains(err.Error(), "pods/attach") || !strings.Contains(err.Error(), "container not found") {
+		t.Fatalf("err = %v, want a system failure naming the attach and its cause", err)
+	}
+
+	// A pod the runner cannot reach: the agent is probed over exec, whatever the attach does,
+	// and the stages will go over exec (no token kept).
+	unreachable := &executor.Sandbox{Namespace: "ns", Pod: "job-pod", Container: "job", PodIP: "127.0.0.9", AgentBaked: true}
+	overExec := executortest.NewLocal(t)
+	probe, err = executor.ConnectAgent(ctx, &executor.Clients{Attach: &slowAttach{stdin: io.Discard}, Exec: overExec}, unreachable, testToken)
+	if err != nil || probe == nil || unreachable.AgentToken != "" || len(overExec.Commands()) == 0 {
+		t.Fatalf("ConnectAgent = %+v, %v (token kept %q, exec calls %v); want the probe over exec", probe, err, unreachable.AgentToken, overExec.Commands())
+	}
+}
+
+// startBakedAgent runs the agent's "serve" (the baked-in agent's command) on the host, as a
+// job container would, and returns its port, its stdin and its stages directory.
+func startBakedAgent(t *testing.T) (int, io.Writer, string) {
+	t.Helper()
 	stages := filepath.Join(t.TempDir(), "stages")
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -106,39 +206,5 @@ func TestBakedAgentTakesTheTokenOnStdin(t *testing.T) {
 		_ = syscall.Kill(-serve.Process.Pid, syscall.SIGKILL) // serve and its daemon
 		_ = serve.Wait()
 	})
-	restoreStages := agent.SetStagesDir(stages)
-	defer restoreStages()
-	defer executor.SetAgentPort(port)()
-
-	sbx := &executor.Sandbox{Namespace: "ns", Pod: "job-pod", Container: "job", PodIP: "127.0.0.1"}
-	daemon := executor.NewAgentNetwork("127.0.0.1", testToken, nil)
-	daemon.Addr = fmt.Sprintf("127.0.0.1:%d", port)
-	var refused *executor.RefusedError
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		err := daemon.Exec(context.Background(), executor.ExecRequest{Command: []string{agent.BinaryPath, "probe"}, Stdout: io.Discard, Stderr: io.Discard})
-		if errors.As(err, &refused) {
-			break // listening, and refusing: no token yet
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("before the token: %v, want the request refused", err)
-		}
-	}
-	if _, err := io.WriteString(stdin, "short-line-ignored\n"+testToken+"\n"); err != nil {
-		t.Fatal(err)
-	}
-	probe, err := executor.ProbeOverNetwork(context.Background(), sbx, testToken)
-	if err != nil || probe.Shell == "" || sbx.AgentToken != testToken {
-		t.Fatalf("probe after the token: %+v, %v, token kept %q", probe, err, sbx.AgentToken)
-	}
-
-	var stdout, log testutil.LockedBuffer
-	r := newStageRunner(daemon, &log, "")
-	r.StagesDir = stages
-	code, err := r.Run(context.Background(), "build_script", []byte("set -e\necho \"ran by $0\"\nfalse\necho not-reached\n"), &stdout, &stdout)
-	if err != nil || code != 1 {
-		t.Fatalf("Run = %d, %v; want 1 (errexit applies in the sourced script)", code, err)
-	}
-	if got := stdout.String(); strings.Contains(got, "/script") || !strings.HasPrefix(got, "ran by ") || strings.Contains(got, "not-reached") {
-		t.Errorf("output %q: want the stage run by the spare shell (its $0 is the shell, not the script)", got)
-	}
+	return port, stdin, stages
 }

@@ -132,10 +132,13 @@ func handOverToken(ctx context.Context, clients *Clients, sbx *Sandbox, token st
 	}()
 	select {
 	case <-probed:
-		if probeErr == nil {
+		switch {
+		case probeErr == nil:
 			return probe, nil // the agent has the token: the attach has done its job
+		case errors.Is(probeErr, ErrAgentUnreachable):
+			return nil, probeErr // stages go over exec, which needs no token
 		}
-		<-attached // a failed attach is the likelier cause of a failed probe
+		<-attached // a failed attach is the likelier cause of a refused probe
 	case <-attached:
 		if attachErr != nil {
 			cancelProbe()
