@@ -59,7 +59,7 @@ func Run(ctx context.Context, env *stages.Env) error {
 		return err
 	}
 	claimed := env.Since(start)
-	log.Debugf("Sandbox acquired %s after prepare started", executor.Millis(env.Elapsed(start)))
+	log.Debugf("Sandbox acquired %s after prepare started", executor.Millis(claimed))
 	var token string
 	if env.Config.StageTransport == config.TransportNetwork {
 		token = executor.NewAgentToken()

@@ -53,9 +53,7 @@ func Run(ctx context.Context, env *stages.Env, scriptPath, stageName string) err
 	if err != nil {
 		return err
 	}
-	if err := accountOverhead(env, sbx, stageName, env.Elapsed(started), runner.ScriptTime); err != nil {
-		return err
-	}
+	accountOverhead(env, sbx, stageName, env.Elapsed(started), runner.ScriptTime)
 	if code != 0 {
 		if err := env.Runner.WriteBuildExitCode(code); err != nil {
 			return err
@@ -66,17 +64,17 @@ func Run(ctx context.Context, env *stages.Env, scriptPath, stageName string) err
 }
 
 // accountOverhead adds this stage's own cost to the job's state, and closes the job log with the
-// executor's summary after the job's last stage.
-func accountOverhead(env *stages.Env, sbx *executor.Sandbox, stageName string, wall, script time.Duration) error {
+// executor's summary after the job's last stage. It is bookkeeping: a state file it cannot write
+// costs the summary its accuracy, never the stage its outcome.
+func accountOverhead(env *stages.Env, sbx *executor.Sandbox, stageName string, wall, script time.Duration) {
 	if env.Runner.TmpDir == "" || sbx.Overhead.Prepare == 0 {
-		return nil // no state from prepare (older runners): nothing to add up
+		return // no state from prepare (older runners): nothing to add up
 	}
 	sbx.Overhead.AddStage(wall, script)
 	if err := executor.SaveSandbox(env.Runner.TmpDir, sbx); err != nil {
-		return err
+		env.Log().Debugf("job state not saved after stage %s, the summary will miss its cost: %v", stageName, err)
 	}
 	if executor.FinalStage(stageName, env.Runner.JobResponseFile != "") {
 		env.Log().Infof("%s", sbx.Overhead.Summary(sbx))
 	}
-	return nil
 }
