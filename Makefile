@@ -1,37 +1,63 @@
 # sandbox-executor. The two commands a new user needs:
 #   make demo    bring up the local cluster (if needed) and run a Duo-shaped job through gitlab-runner
-#   make check   everything CI runs: vet, unit tests with -race, the local cluster, e2e, security
+#   make check   everything CI runs (tests/check.sh): lint, unit tests with -race, the real runner,
+#                the local cluster, e2e, security; every suite runs and every failure is reported
 SHELL := /bin/bash
 GO ?= go
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 export SANDBOX_EXECUTOR_CACHE ?= $(HOME)/.cache/sandbox-executor
 export CLUSTER_DIR ?= $(SANDBOX_EXECUTOR_CACHE)/cluster
 BIN := $(CURDIR)/bin
+LOGS := $(SANDBOX_EXECUTOR_CACHE)/logs
+TOOLS := $(SANDBOX_EXECUTOR_CACHE)/tools
+GOTESTSUM_VERSION := v1.13.0
+GOTESTSUM := $(TOOLS)/gotestsum-$(GOTESTSUM_VERSION)
+# go test through gotestsum, with its output format; tests/check.sh sets TEST_JSON to keep the
+# events it counts.
+gotest = $(GOTESTSUM) --format $(1) $(if $(TEST_JSON),--jsonfile $(TEST_JSON)) --
 LDFLAGS := -s -w -X github.com/sandbox-executor/sandbox-executor/cmd/sandbox-executor/app.Version=$(VERSION)
 # Static binaries: the agent is copied into job pods of any image.
 GOBUILD := CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)'
 
-.PHONY: all build test vet unit check cluster-up cluster-down cluster-wipe netpol e2e e2e-long security demo runner runner-test bench bench-scale clean
+.PHONY: all modules build test lint vet unit check cluster-up cluster-down cluster-wipe netpol e2e e2e-long security demo runner runner-test bench bench-scale clean
 
 all: build
 
-build:
+# Module downloads go to a log instead of the terminal (a fresh machine fetches hundreds).
+modules:
+	@mkdir -p $(LOGS)
+	@$(GO) mod download >$(LOGS)/go-mod-download.log 2>&1 || { tail -n 20 $(LOGS)/go-mod-download.log; exit 1; }
+
+$(GOTESTSUM): | modules
+	@mkdir -p $(TOOLS)/.install
+	@echo "installing gotestsum $(GOTESTSUM_VERSION) (log: $(LOGS)/tools.log)"
+	@GOBIN=$(TOOLS)/.install $(GO) install gotest.tools/gotestsum@$(GOTESTSUM_VERSION) >>$(LOGS)/tools.log 2>&1 || { tail -n 20 $(LOGS)/tools.log; exit 1; }
+	@mv $(TOOLS)/.install/gotestsum $@
+
+build: modules
 	$(GOBUILD) -o $(BIN)/sandbox-executor ./cmd/sandbox-executor
 	$(GOBUILD) -o $(BIN)/sandbox-executor-agent ./cmd/sandbox-executor-agent
 	$(GOBUILD) -o $(BIN)/sandbox-egress-proxy ./cmd/sandbox-egress-proxy
 
-vet:
+# Formatting and vet, with every build tag the suites use.
+lint: modules
+	@unformatted=$$(gofmt -l $$(git ls-files '*.go')); if [[ -n $$unformatted ]]; then echo "not gofmt'ed: $$unformatted"; exit 1; fi
 	$(GO) vet ./...
+	$(GO) vet -tags e2e ./...
+	$(GO) vet -tags security ./...
+	$(GO) vet -tags runner ./...
+
+vet: lint
 
 # Unit tests: fake clientsets and a stubbed exec, with the race detector.
-unit:
-	$(GO) test -race -count=1 ./...
+unit: $(GOTESTSUM)
+	$(call gotest,pkgname) -race -count=1 ./...
 
-test: vet unit
+test: lint unit
 
-# The README's test command: unit tests, then the real local cluster, the end-to-end suite and
-# the security suite.
-check: vet unit build runner runner-test cluster-up netpol e2e security
+# The README's test command: every suite, each reported, even after a failure (tests/check.sh).
+check:
+	@tests/check.sh
 
 cluster-up:
 	tests/cluster/up.sh
@@ -51,16 +77,16 @@ runner:
 	tests/tools/gitlab-runner/build.sh
 
 # The real gitlab-runner against the fake GitLab with a host-local executor: the harness itself.
-runner-test: runner
-	$(GO) test -tags runner -race -count=1 ./tests/runner/...
+runner-test: runner $(GOTESTSUM)
+	$(call gotest,pkgname) -tags runner -race -count=1 ./tests/runner/...
 
-e2e: build
-	SANDBOX_EXECUTOR_BIN=$(BIN) $(GO) test -tags e2e -count=1 -timeout 30m -v ./tests/e2e/...
+e2e: build $(GOTESTSUM)
+	SANDBOX_EXECUTOR_BIN=$(BIN) $(call gotest,standard-verbose) -tags e2e -count=1 -timeout 30m ./tests/e2e/...
 
 # Jobs that try to break out of their sandbox (kernel, API, network, resources, privileges,
 # secrets, leftovers, RBAC) and must fail; independent jobs run concurrently.
-security: build
-	SANDBOX_EXECUTOR_BIN=$(BIN) $(GO) test -tags security -count=1 -parallel 4 -timeout 20m -v ./tests/security/...
+security: build $(GOTESTSUM)
+	SANDBOX_EXECUTOR_BIN=$(BIN) $(call gotest,standard-verbose) -tags security -count=1 -parallel 4 -timeout 20m ./tests/security/...
 
 # Adds the slow cases (a stage silent for 10 minutes).
 e2e-long: build

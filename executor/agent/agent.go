@@ -314,8 +314,8 @@ func removeFinishedSiblings(dir string) {
 // Poll intervals for following output: fast at first so short stages end promptly, then slower
 // so a long silent stage costs next to nothing.
 const (
-	minPoll        = time.Millisecond
-	maxPoll        = 20 * time.Millisecond
+	minPoll = time.Millisecond
+	maxPoll = 20 * time.Millisecond
 )
 
 // HeartbeatEvery is how often a silent stage's stream carries a heartbeat: it keeps proxies from

@@ -49,7 +49,7 @@ wrapper_module() {
 run_build() {
   local name=$1 logf=$CLUSTER_LOG/build-$1.log
   shift
-  if ! "$@" >>"$logf" 2>&1; then
+  if ! with_progress "building $name" "$logf" "$@"; then
     tail -n 30 "$logf" >&2
     die "build of $name failed (log: $logf)"
   fi

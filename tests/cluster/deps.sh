@@ -8,12 +8,13 @@
 #   curl, openssl, ca-certificates     health probes and the cluster PKI
 #   iproute2, util-linux, procps       bridges/routes, setsid/mount, process checks
 #   git                                the e2e suite's git server (git http-backend) for job clones and pushes
+#   python3                            patching sources before builds, JSON in netpol-check.sh
 # apt-get update runs only when something is missing, so a warm up.sh never touches the network.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 HOST_PACKAGES=(runc containernetworking-plugins debootstrap iptables ipset gcc libc6-dev curl
-  openssl ca-certificates iproute2 util-linux procps tar git)
+  openssl ca-certificates iproute2 util-linux procps tar git python3)
 
 missing_packages() {
   local p

@@ -30,7 +30,8 @@ build() {
   go_env
   local tmp
   tmp=$(mktemp "$CLUSTER_BIN/.sandbox-egress-proxy.XXXXXX")
-  (cd "$REPO_ROOT" && go build -trimpath -ldflags '-s -w' -o "$tmp" ./cmd/sandbox-egress-proxy)
+  (cd "$REPO_ROOT" && go build -trimpath -ldflags '-s -w' -o "$tmp" ./cmd/sandbox-egress-proxy) >>"$CLUSTER_LOG/build-egress-proxy.log" 2>&1 ||
+    { tail -n 20 "$CLUSTER_LOG/build-egress-proxy.log" >&2; die "building the egress proxy failed (log: $CLUSTER_LOG/build-egress-proxy.log)"; }
   # Replace the binary only when it changed: a running proxy keeps its file.
   if cmp -s "$tmp" "$BIN"; then rm -f "$tmp"; else mv -f "$tmp" "$BIN"; fi
 }

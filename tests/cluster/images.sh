@@ -50,7 +50,8 @@ build_rootfs_base() {
   local dir=$ROOTFS/base
   rm -rf "$dir"
   mkdir -p "$ROOTFS"
-  debootstrap --variant=minbase "$SUITE" "$dir" "$(debian_mirror)" >"$CLUSTER_LOG/debootstrap-base.log" 2>&1 ||
+  : >"$CLUSTER_LOG/debootstrap-base.log"
+  with_progress debootstrap "$CLUSTER_LOG/debootstrap-base.log" debootstrap --variant=minbase "$SUITE" "$dir" "$(debian_mirror)" ||
     { tail -n 20 "$CLUSTER_LOG/debootstrap-base.log" >&2; die "debootstrap failed"; }
 }
 
@@ -72,16 +73,18 @@ slim_rootfs() {
 
 # Packages go in with apt inside the chroot rather than debootstrap --include: debootstrap's
 # resolver leaves npm's node-* dependencies unconfigured and exits non-zero.
+install_ci_packages() {
+  chroot_apt "$1" update && chroot_apt "$1" install -y --no-install-recommends "${CI_PACKAGES[@]}" && chroot_apt "$1" clean
+}
+
 build_rootfs_ci() {
   local dir=$ROOTFS/ci
   rm -rf "$dir"
   cp -a "$ROOTFS/base" "$dir"
   cp /etc/resolv.conf "$dir/etc/resolv.conf"
-  {
-    chroot_apt "$dir" update
-    chroot_apt "$dir" install -y --no-install-recommends "${CI_PACKAGES[@]}"
-    chroot_apt "$dir" clean
-  } >"$CLUSTER_LOG/rootfs-ci.log" 2>&1 || { tail -n 20 "$CLUSTER_LOG/rootfs-ci.log" >&2; die "ci rootfs: apt-get failed"; }
+  : >"$CLUSTER_LOG/rootfs-ci.log"
+  with_progress "ci image packages" "$CLUSTER_LOG/rootfs-ci.log" install_ci_packages "$dir" ||
+    { tail -n 20 "$CLUSTER_LOG/rootfs-ci.log" >&2; die "ci rootfs: apt-get failed"; }
   chroot "$dir" /bin/bash -c 'git --version && node --version && npm --version && curl --version | head -n1' >/dev/null ||
     die "ci rootfs: a required tool does not run"
   slim_rootfs "$dir"
@@ -133,8 +136,8 @@ build_agent_image() {
   local dir=$ROOTFS/agent bin hash ref
   mkdir -p "$dir"
   bin=$dir/sandbox-executor-agent.new
-  (cd "$REPO_ROOT" && CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$bin" ./cmd/sandbox-executor-agent) ||
-    die "building the stage agent failed"
+  (cd "$REPO_ROOT" && CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$bin" ./cmd/sandbox-executor-agent) >>"$CLUSTER_LOG/build-agent.log" 2>&1 ||
+    { tail -n 20 "$CLUSTER_LOG/build-agent.log" >&2; die "building the stage agent failed (log: $CLUSTER_LOG/build-agent.log)"; }
   hash=$(sha256sum "$bin" | cut -c1-12)
   ref=$AGENT_IMAGE_REPO:$hash
   if [[ -f $CLUSTER_IMAGES/agent.tar && "$(cat "$CLUSTER_IMAGES/agent.ref" 2>/dev/null)" == "$ref" ]]; then

@@ -241,6 +241,37 @@ stop_daemon() {
   rm -f "$(pid_file "$name")" "$CLUSTER_RUN/$name.exe"
 }
 
+# with_progress WHAT LOGFILE CMD...: run CMD with its output appended to LOGFILE, and say every
+# PROGRESS_EVERY seconds (default 30) that WHAT is still running, how long it has taken and the
+# log's last line, so a long first build is not minutes of silence. Returns CMD's status.
+with_progress() {
+  local what=$1 logf=$2 start pid rc=0 ticks=0 every=${PROGRESS_EVERY:-30}
+  shift 2
+  start=$(now_ms)
+  "$@" >>"$logf" 2>&1 &
+  pid=$!
+  # wait returns early when the ticker's sleep ends; the loop re-checks the command.
+  while kill -0 "$pid" 2>/dev/null; do
+    sleep 1
+    ticks=$((ticks + 1))
+    if ((ticks % every == 0)) && kill -0 "$pid" 2>/dev/null; then
+      log "    $what: $(fmt_ms $(($(now_ms) - start))) so far ($(tail -n 1 "$logf" 2>/dev/null | cut -c1-90))"
+    fi
+  done
+  wait "$pid" || rc=$?
+  return "$rc"
+}
+
+# kill_daemon NAME: SIGKILL, and wait until the process is gone (its sockets closed by the kernel).
+kill_daemon() {
+  local name=$1 pid
+  pid=$(daemon_pid "$name") || die "$name is not running"
+  kill -KILL "$pid"
+  while kill -0 "$pid" 2>/dev/null && [[ $(awk '{print $3}' "/proc/$pid/stat" 2>/dev/null) != Z ]]; do sleep 0.05; done
+  rm -f "$(pid_file "$name")" "$CLUSTER_RUN/$name.exe"
+  log "killed $name (pid $pid)"
+}
+
 # --- clients ---------------------------------------------------------------------------
 # http_get [CURL_ARGS...] URL: body of a local health endpoint, failing on HTTP errors.
 http_get() { curl -sf --max-time 3 "$@"; }

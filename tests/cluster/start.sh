@@ -3,6 +3,7 @@
 #
 #   start.sh start [etcd|apiserver|controller-manager|scheduler|containerd|kubelet]...
 #   start.sh stop  [same names]...        (no names: all, in reverse order)
+#   start.sh kill  NAME...                 SIGKILL, as a crash would: open connections drop at once
 #
 # start waits until each daemon is really usable before the next one starts (containerd must
 # log "successfully booted" before the kubelet connects, or the kubelet exits on "server is not
@@ -199,7 +200,11 @@ main() {
         for c in "$@"; do stop_component "$c"; done
       fi
       ;;
-    *) die "usage: start.sh start|stop [component...]" ;;
+    kill)
+      (($# > 0)) || die "usage: start.sh kill component..."
+      for c in "$@"; do kill_daemon "$(daemon_name "$c")"; done
+      ;;
+    *) die "usage: start.sh start|stop|kill [component...]" ;;
   esac
 }
 

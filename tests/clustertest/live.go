@@ -51,9 +51,13 @@ func (l *Live) At(marker string) time.Time {
 }
 
 // Wait waits until text is in the output, for at most timeout, and says whether it is.
-func (l *Live) Wait(text string, timeout time.Duration) bool {
+func (l *Live) Wait(text string, timeout time.Duration) bool { return l.WaitCount(text, 1, timeout) }
+
+// WaitCount waits until text occurs at least n times in the output, for at most timeout, and
+// says whether it does.
+func (l *Live) WaitCount(text string, n int, timeout time.Duration) bool {
 	for deadline := time.Now().Add(timeout); ; time.Sleep(20 * time.Millisecond) {
-		if strings.Contains(l.String(), text) {
+		if strings.Count(l.String(), text) >= n {
 			return true
 		}
 		if time.Now().After(deadline) {

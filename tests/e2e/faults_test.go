@@ -8,8 +8,8 @@ import (
 	"fmt"
 	"io"
 	"net/url"
-	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -58,17 +58,22 @@ const execThroughAPIServer = "reconnects = 20\nstage_transport = \"exec\""
 // numbered is a stage that prints lines with pauses, so that cuts land mid-output; want is
 // its exact output.
 func numbered(lines, pauseEvery int, exit int) (script, want string) {
+	return numberedFrom(1, lines, pauseEvery, exit)
+}
+
+// numberedFrom is numbered starting at line first and ending at line last.
+func numberedFrom(first, last, pauseEvery int, exit int) (script, want string) {
 	var w strings.Builder
-	for i := 1; i <= lines; i++ {
+	for i := first; i <= last; i++ {
 		fmt.Fprintf(&w, "line %05d of a stage that must arrive exactly once\n", i)
 	}
-	script = fmt.Sprintf("i=1\nwhile [ $i -le %d ]; do\n  printf 'line %%05d of a stage that must arrive exactly once\\n' $i\n  [ $((i %% %d)) -eq 0 ] && sleep 1\n  i=$((i+1))\ndone\nexit %d\n", lines, pauseEvery, exit)
+	script = fmt.Sprintf("i=%d\nwhile [ $i -le %d ]; do\n  printf 'line %%05d of a stage that must arrive exactly once\\n' $i\n  [ $((i %% %d)) -eq 0 ] && sleep 1\n  i=$((i+1))\ndone\nexit %d\n", first, last, pauseEvery, exit)
 	return script, w.String()
 }
 
 // TestStageSurvivesStreamCuts cuts every connection between the executor and the API server
-// several times during one stage: the job log must get the complete output exactly once, and
-// the right exit code.
+// three times during one stage, each time while the stage is held mid-output: the job log must
+// get the complete output exactly once, and the right exit code.
 func TestStageSurvivesStreamCuts(t *testing.T) {
 	for _, tc := range []struct {
 		name     string
@@ -77,41 +82,12 @@ func TestStageSurvivesStreamCuts(t *testing.T) {
 	}{{"passing", 0, 0}, {"failing", 5, 1}} {
 		t.Run(tc.name, func(t *testing.T) {
 			c, proxy := withProxy(t)
-			j, _, _ := preparedJob(t, c, ciImage)
-			script, want := numbered(3000, 500, tc.exit)
-			run := j.Command("run", j.Script(t, script), "build_script")
-			var stdout, stderr bytes.Buffer
-			run.Stdout, run.Stderr = &stdout, &stderr
-			if err := run.Start(); err != nil {
-				t.Fatal(err)
+			j, pod, _ := preparedJob(t, c, ciImage)
+			stage := gatedStage{last: 3000, gates: []int{500, 1500, 2500}, exit: tc.exit}
+			out := stage.runThroughBreaks(t, c, j, pod, func() { proxy.Cut() }, func() {})
+			if code := clustertest.ExitCode(out.err); code != tc.wantCode {
+				t.Fatalf("exit %d, want %d; job log:\n%s", code, tc.wantCode, out.log)
 			}
-			done := make(chan error, 1)
-			go func() { done <- run.Wait() }()
-			cuts := 0
-			var err error
-		loop:
-			for {
-				select {
-				case err = <-done:
-					break loop
-				case <-time.After(1500 * time.Millisecond):
-					proxy.Cut()
-					cuts++
-				}
-			}
-			if cuts < 3 {
-				t.Errorf("only %d cuts happened during the stage; want several", cuts)
-			}
-			if code := clustertest.ExitCode(err); code != tc.wantCode {
-				t.Fatalf("exit %d, want %d; stderr:\n%s", code, tc.wantCode, stderr.String())
-			}
-			if stdout.String() != want {
-				t.Fatalf("output after %d cuts differs: got %d bytes, want %d (lost or duplicated output)\nstderr:\n%s", cuts, stdout.Len(), len(want), stderr.String())
-			}
-			if !strings.Contains(stderr.String(), "re-attaching") {
-				t.Errorf("the job log does not note the reconnects:\n%s", stderr.String())
-			}
-			t.Logf("%d cuts, %d reconnects noted", cuts, strings.Count(stderr.String(), "re-attaching"))
 		})
 	}
 }
@@ -158,12 +134,80 @@ func TestSteadyOutputForAMinute(t *testing.T) {
 	t.Logf("60 MiB at ~1 MiB/s in %s", time.Since(start).Round(time.Second))
 }
 
-// TestStageSurvivesAPIServerRestart restarts kube-apiserver in the middle of a stage: the stage
-// goes on in the pod, and run re-attaches once the API server is back.
-func TestStageSurvivesAPIServerRestart(t *testing.T) {
+// TestStageSurvivesAPIServerCrash kills kube-apiserver (SIGKILL, as a crash or an OOM kill would)
+// while a stage is held mid-output. The kill drops the exec stream at once (the kernel closes
+// the dead server's sockets); run must note the drop, re-attach once the API server is back, and
+// deliver the exact output. Before it returns, the cluster is whole again, NetworkPolicy
+// enforcement included.
+func TestStageSurvivesAPIServerCrash(t *testing.T) {
 	c := newCluster(t, execThroughAPIServer)
-	j, _, _ := preparedJob(t, c, ciImage)
-	script, want := numbered(1500, 300, 0)
+	j, pod, _ := preparedJob(t, c, ciImage)
+	clustertest.RestoreAfterBreak(t, func() error { return clusterComponent("start", "apiserver") })
+	stage := gatedStage{last: 400, gates: []int{100}}
+	out := stage.runThroughBreaks(t, c, j, pod,
+		func() {
+			if err := clusterComponent("kill", "apiserver"); err != nil {
+				t.Fatal(err)
+			}
+		},
+		func() {
+			if err := clusterComponent("start", "apiserver"); err != nil {
+				t.Fatal(err)
+			}
+		})
+	if out.err != nil {
+		t.Fatalf("run after an API server crash: %v\n%s", out.err, out.log)
+	}
+	if strings.Contains(out.log, "UnhandledError") {
+		t.Errorf("client-go's own log lines reached the job log:\n%s", out.log)
+	}
+}
+
+// gatedStage prints numbered lines 1..last and exits with exit. After each line in gates it
+// waits until a gate file exists in the pod, so a test knows the stage is mid-output when it
+// breaks something, and the stage cannot end before the break is noticed.
+type gatedStage struct {
+	last  int
+	gates []int
+	exit  int
+}
+
+const gatePrefix = "/tmp/stage-gate-"
+
+func gateFile(line int) string { return gatePrefix + strconv.Itoa(line) }
+
+func (g gatedStage) script() (script, want string) {
+	var w, gates strings.Builder
+	for i := 1; i <= g.last; i++ {
+		fmt.Fprintf(&w, "line %05d of a stage that must arrive exactly once\n", i)
+	}
+	for _, line := range g.gates {
+		fmt.Fprintf(&gates, " %d", line)
+	}
+	script = fmt.Sprintf(`i=1
+while [ $i -le %d ]; do
+  printf 'line %%05d of a stage that must arrive exactly once\n' $i
+  case " %s " in *" $i "*) while [ ! -e %s ]; do sleep 0.1; done ;; esac
+  i=$((i+1))
+done
+exit %d
+`, g.last, gates.String(), gatePrefix+"$i", g.exit)
+	return script, w.String()
+}
+
+// stageOutcome is how run ended and what it wrote.
+type stageOutcome struct {
+	err error
+	// log is the job log: the stage's output and run's own lines.
+	log string
+}
+
+// runThroughBreaks runs the stage. At each gate it calls breakStream, waits until run notes one
+// more dropped stream, calls mend, and opens the gate (with admin rights, past any proxy). It
+// fails the test unless the stage's output arrived exactly once and every break was noted.
+func (g gatedStage) runThroughBreaks(t *testing.T, c *clustertest.Runner, j *clustertest.Job, pod string, breakStream, mend func()) stageOutcome {
+	t.Helper()
+	script, want := g.script()
 	run := j.Command("run", j.Script(t, script), "build_script")
 	var stdout bytes.Buffer
 	live := clustertest.NewLive()
@@ -171,34 +215,36 @@ func TestStageSurvivesAPIServerRestart(t *testing.T) {
 	if err := run.Start(); err != nil {
 		t.Fatal(err)
 	}
-	live.Wait("line 00100", 60*time.Second)
-	restart := exec.Command(filepath.Join(repoRoot(t), "tests", "cluster", "start.sh"), "stop", "apiserver")
-	if out, err := restart.CombinedOutput(); err != nil {
-		t.Fatalf("stopping kube-apiserver: %v\n%s", err, out)
+	defer run.Process.Kill() // a no-op once run has exited
+	for n, line := range g.gates {
+		if !live.Wait(fmt.Sprintf("line %05d", line), 2*time.Minute) {
+			t.Fatalf("the stage did not reach its gate at line %d:\n%s", line, live.String())
+		}
+		breakStream()
+		if !live.WaitCount("re-attaching", n+1, 2*time.Minute) {
+			t.Fatalf("run did not notice break %d (at line %d):\n%s", n+1, line, live.String())
+		}
+		mend()
+		if out, err := c.Exec(context.Background(), pod, "touch", gateFile(line)); err != nil {
+			t.Fatalf("opening the gate at line %d in pod %s: %v %s", line, pod, err, out)
+		}
 	}
-	time.Sleep(2 * time.Second) // the stage keeps running in the pod meanwhile
-	if out, err := exec.Command(filepath.Join(repoRoot(t), "tests", "cluster", "start.sh"), "start", "apiserver").CombinedOutput(); err != nil {
-		t.Fatalf("starting kube-apiserver: %v\n%s", err, out)
-	}
-	if err := run.Wait(); err != nil {
-		t.Fatalf("run after an API server restart: %v\n%s", err, live.String())
-	}
+	err := run.Wait()
 	if stdout.String() != want {
-		t.Fatalf("output differs after the restart: got %d bytes, want %d\n%s", stdout.Len(), len(want), live.String())
+		t.Fatalf("output after %d breaks differs: got %d bytes, want %d (lost or duplicated output)\n%s",
+			len(g.gates), stdout.Len(), len(want), live.String())
 	}
-	if !strings.Contains(live.String(), "re-attaching") {
-		t.Errorf("no reconnect noted: the restart did not hit the stage")
-	}
-	if strings.Contains(live.String(), "UnhandledError") {
-		t.Errorf("client-go's own log lines reached the job log:\n%s", live.String())
-	}
+	t.Logf("%d breaks, %d re-attaches noted", len(g.gates), strings.Count(live.String(), "re-attaching"))
+	return stageOutcome{err: err, log: live.String()}
 }
 
-func repoRoot(t testing.TB) string {
-	t.Helper()
-	out, err := exec.Command("git", "rev-parse", "--show-toplevel").Output()
+// clusterComponent runs tests/cluster/start.sh VERB COMPONENT.
+func clusterComponent(verb, component string) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	out, err := clustertest.ClusterScript(ctx, "start.sh", verb, component)
 	if err != nil {
-		t.Fatal(err)
+		return fmt.Errorf("start.sh %s %s: %v\n%s", verb, component, err, out)
 	}
-	return strings.TrimSpace(string(out))
+	return nil
 }

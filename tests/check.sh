@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# check.sh: what `make check` runs. Every suite runs, even after another failed; the run ends
+# with one line per suite (result, tests passed/failed/skipped, time) and a closing line, and
+# exits 1 if anything failed. Suites that need the cluster are reported as failed, not silently
+# dropped, when the cluster could not be brought up.
+#
+#   tests/check.sh [SUITE...]      (default: all, in the order below)
+#
+# Each suite's whole output is also kept in $CHECK_LOG_DIR/SUITE.log; go test suites write
+# their events to SUITE.json, which the counts come from.
+set -uo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+ALL_SUITES=(lint unit build runner-test cluster-up netpol e2e security)
+CLUSTER_SUITES=" netpol e2e security "
+CACHE=${SANDBOX_EXECUTOR_CACHE:-$HOME/.cache/sandbox-executor}
+export CHECK_LOG_DIR=${CHECK_LOG_DIR:-$CACHE/logs/check-$(date -u +%Y%m%dT%H%M%SZ)}
+mkdir -p "$CHECK_LOG_DIR"
+
+now() { date +%s; }
+duration() { local s=$1; printf '%dm%02ds' $((s / 60)) $((s % 60)); }
+
+# counts SUITE: "PASSED FAILED SKIPPED" for the suite's tests. go test suites count their test
+# events (subtests included); netpol counts its PASS/FAIL lines; other suites are one check.
+counts() {
+  local suite=$1 rc=$2 json=$CHECK_LOG_DIR/$1.json log=$CHECK_LOG_DIR/$1.log p f s
+  if [[ -s $json ]]; then
+    p=$(grep -c '"Action":"pass","Package":"[^"]*","Test":' "$json")
+    f=$(grep -c '"Action":"fail","Package":"[^"]*","Test":' "$json")
+    s=$(grep -c '"Action":"skip","Package":"[^"]*","Test":' "$json")
+    # A package that fails to build or panics has no failed test event of its own.
+    if ((rc != 0 && f == 0)); then f=1; fi
+  elif [[ $suite == netpol ]]; then
+    p=$(grep -c '^PASS ' "$log")
+    f=$(grep -c '^FAIL ' "$log")
+    s=0
+    if ((rc != 0 && f == 0)); then f=1; fi
+  elif ((rc == 0)); then
+    p=1 f=0 s=0
+  else
+    p=0 f=1 s=0
+  fi
+  echo "$p $f $s"
+}
+
+main() {
+  local suites=("$@") suite rc start took p f s total_p=0 total_f=0 total_s=0 cluster_rc=0
+  ((${#suites[@]})) || suites=("${ALL_SUITES[@]}")
+  local summary=() failed=()
+  local begun
+  begun=$(now)
+  echo "make check: suites ${suites[*]}; logs in $CHECK_LOG_DIR"
+  for suite in "${suites[@]}"; do
+    start=$(now)
+    echo
+    echo "=== suite $suite ($(date -u +%H:%M:%S))"
+    if [[ $CLUSTER_SUITES == *" $suite "* ]] && ((cluster_rc != 0)); then
+      echo "not run: the local cluster did not come up (see cluster-up above)" | tee "$CHECK_LOG_DIR/$suite.log"
+      rc=1
+    else
+      TEST_JSON=$CHECK_LOG_DIR/$suite.json make --no-print-directory "$suite" 2>&1 | tee "$CHECK_LOG_DIR/$suite.log"
+      rc=${PIPESTATUS[0]}
+    fi
+    [[ $suite == cluster-up ]] && cluster_rc=$rc
+    took=$(($(now) - start))
+    read -r p f s < <(counts "$suite" "$rc")
+    total_p=$((total_p + p)) total_f=$((total_f + f)) total_s=$((total_s + s))
+    if ((rc == 0)); then
+      summary+=("$(printf 'ok    %-12s %5d passed %3d failed %3d skipped  %s' "$suite" "$p" "$f" "$s" "$(duration "$took")")")
+    else
+      failed+=("$suite")
+      summary+=("$(printf 'FAIL  %-12s %5d passed %3d failed %3d skipped  %s  (log: %s)' "$suite" "$p" "$f" "$s" "$(duration "$took")" "$CHECK_LOG_DIR/$suite.log")")
+    fi
+  done
+  echo
+  echo "=== make check summary ($(duration $(($(now) - begun))))"
+  printf '%s\n' "${summary[@]}"
+  if ((${#failed[@]})); then
+    echo "FAILED suites: ${failed[*]}"
+  fi
+  echo "check: $total_p passed, $total_f failed, $total_s skipped"
+  ((${#failed[@]} == 0))
+}
+
+main "$@"

@@ -1,0 +1,116 @@
+package clustertest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"k8s.io/apimachinery/pkg/util/wait"
+)
+
+// A cluster is whole when every component answers (tests/cluster/check.sh: daemons, the warm
+// pool, gVisor pods) and NetworkPolicy is enforced on new pods (tests/cluster/netpol-check.sh,
+// what `make netpol` runs). Suites check it before their first test, and a test that stops or
+// kills a component waits for it before it returns, so suites can run in any order and no test
+// inherits a half-broken cluster (a fence that does not hold yet, say).
+
+// Each check.sh run starts gVisor pods; between runs the cluster gets a few seconds to settle.
+const checkInterval = 5 * time.Second
+
+// enforcementWait is how long netpol-check.sh waits for each policy change to take effect
+// after a component restart: kube-router resyncs its pod sets only once its watches are back.
+const enforcementWait = "90"
+
+// CheckWhole runs check.sh once and, if that passes, netpol-check.sh; the error quotes the
+// failing check's output.
+func CheckWhole(ctx context.Context) error {
+	if out, err := clusterScript(ctx, "check.sh", nil); err != nil {
+		return fmt.Errorf("tests/cluster/check.sh: %v\n%s", err, out)
+	}
+	if out, err := clusterScript(ctx, "netpol-check.sh", []string{"NETPOL_CHECK_WAIT=" + enforcementWait}); err != nil {
+		return fmt.Errorf("tests/cluster/netpol-check.sh: %v\n%s", err, out)
+	}
+	return nil
+}
+
+// WaitWhole waits, up to timeout, until the components answer again, then proves NetworkPolicy
+// enforcement once. It is for after a deliberate break: components take a while to come back,
+// but enforcement is proven, not retried until it happens to pass.
+func WaitWhole(ctx context.Context, timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	var last string
+	err := wait.PollUntilContextCancel(ctx, checkInterval, true, func(ctx context.Context) (bool, error) {
+		out, err := clusterScript(ctx, "check.sh", nil)
+		last = out
+		return err == nil, nil
+	})
+	if err != nil {
+		return fmt.Errorf("the cluster is not whole %s after the break (tests/cluster/check.sh):\n%s", timeout, last)
+	}
+	if out, err := clusterScript(ctx, "netpol-check.sh", []string{"NETPOL_CHECK_WAIT=" + enforcementWait}); err != nil {
+		return fmt.Errorf("NetworkPolicy is not enforced after the break (tests/cluster/netpol-check.sh): %v\n%s", err, out)
+	}
+	return nil
+}
+
+// RestoreAfterBreak registers, before a test breaks a component, the restart of that component
+// (start, which must be idempotent) and the wait until the cluster is whole again. A cluster
+// that does not come back fails the test that broke it.
+func RestoreAfterBreak(t testing.TB, start func() error) {
+	t.Helper()
+	t.Cleanup(func() {
+		if err := start(); err != nil {
+			t.Errorf("restoring the cluster: %v", err)
+		}
+		begun := time.Now()
+		if err := WaitWhole(context.Background(), 5*time.Minute); err != nil {
+			t.Error(err)
+			return
+		}
+		t.Logf("cluster whole again, NetworkPolicy enforced, %s after the test", time.Since(begun).Round(time.Second))
+	})
+}
+
+// ClusterScript runs tests/cluster/NAME with args (ctx bounds it); the output is stdout and
+// stderr together.
+func ClusterScript(ctx context.Context, name string, args ...string) (string, error) {
+	return clusterScript(ctx, name, nil, args...)
+}
+
+// clusterScript is ClusterScript with variables added to the script's environment.
+func clusterScript(ctx context.Context, name string, env []string, args ...string) (string, error) {
+	root, err := RepoRoot()
+	if err != nil {
+		return "", err
+	}
+	cmd := exec.CommandContext(ctx, filepath.Join(root, "tests", "cluster", name), args...)
+	cmd.Env = append(os.Environ(), env...)
+	out, err := cmd.CombinedOutput()
+	return strings.TrimSpace(string(out)), err
+}
+
+// RepoRoot is the module root: the nearest directory up from the working directory (a test's
+// package directory) that holds go.mod.
+func RepoRoot() (string, error) {
+	dir, err := os.Getwd()
+	if err != nil {
+		return "", err
+	}
+	for {
+		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
+			return dir, nil
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return "", errors.New("no go.mod above the working directory")
+		}
+		dir = parent
+	}
+}
