@@ -114,3 +114,17 @@ func RepoRoot() (string, error) {
 		dir = parent
 	}
 }
+
+// SuiteMain is the TestMain of a suite that runs on the local cluster: it refuses to start on a
+// cluster that is not whole (one line naming what is missing, exit 1), so no test fails for a
+// reason an earlier suite or a half-done `make cluster-up` left behind.
+func SuiteMain(m *testing.M, suite string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	err := CheckWhole(ctx)
+	cancel()
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "%s: the local cluster is not whole (make cluster-up, then make netpol): %v\n", suite, err)
+		os.Exit(1)
+	}
+	os.Exit(m.Run())
+}

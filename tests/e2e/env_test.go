@@ -15,6 +15,8 @@ import (
 	"github.com/sandbox-executor/sandbox-executor/tests/localcluster"
 )
 
+func TestMain(m *testing.M) { clustertest.SuiteMain(m, "e2e") }
+
 const (
 	namespace = clustertest.Namespace
 	pool      = localcluster.Pool

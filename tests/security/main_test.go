@@ -16,6 +16,8 @@ import (
 )
 
 // The local cluster's addresses (tests/cluster: net.sh, networkpolicy.sh).
+func TestMain(m *testing.M) { clustertest.SuiteMain(m, "security") }
+
 const (
 	nodeIP      = "10.77.0.1"
 	podGateway  = "10.88.0.1"
