@@ -42,6 +42,15 @@ func runDuoJob(t *testing.T, c *clustertest.Runner, inst *duoflow.Instance, job 
 	if res.State != fakegitlab.StateSuccess {
 		t.Fatalf("job %d: %s (%s); trace:\n%s\nrunner log:\n%s", job.ID, res.State, res.FailureReason, res.Trace, proc.Log())
 	}
+	// The runner has sent the final state; it exits once it has also ended its own work.
+	if _, err := proc.Wait(ctx); err != nil {
+		t.Errorf("job %d: %v", job.ID, err)
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("job %d: runner log:\n%s", job.ID, proc.Log())
+		}
+	})
 	return res
 }
 

@@ -362,11 +362,11 @@ func TestGracefulCancelLeavesNoProcess(t *testing.T) {
 	c.WaitJobGone(t, id)
 }
 
-// TestJobTimeoutLeavesNoProcess runs a script that never ends under a 45 s job timeout
+// TestJobTimeoutLeavesNoProcess runs a script that never ends under a 30 s job timeout
 // (runner_info.timeout): the runner fails the job with job_execution_timeout, and when it moves
 // on to cleanup none of the script's processes is left in the pod.
 func TestJobTimeoutLeavesNoProcess(t *testing.T) {
-	const timeout = 45 * time.Second
+	const timeout = 30 * time.Second
 	c := newCluster(t)
 	wrapped := wrapExecutor(t, c, true)
 	gitlab := fakegitlab.New()
