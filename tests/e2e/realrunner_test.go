@@ -273,7 +273,7 @@ func TestGVisorJobStreamsLive(t *testing.T) {
 	})
 	gitlab.Enqueue(job)
 	proc := startRunner(t, gitlab, c.Definition())
-	waitTrace(t, gitlab, proc, job.ID, "first-marker")
+	waitTrace(t, gitlab, proc, job.ID, "\nfirst-marker\n") // the output, not the echoed command
 	// The script cannot go on until now: its first output was streamed while it ran.
 	if out, err := c.Exec(context.Background(), jobPod(t, c, job.ID), "touch", "/tmp/e2e-go-on"); err != nil {
 		t.Fatalf("letting the job go on: %v %s", err, out)
@@ -282,7 +282,7 @@ func TestGVisorJobStreamsLive(t *testing.T) {
 	if res.State != fakegitlab.StateSuccess {
 		t.Fatalf("state %s (%s)", res.State, res.FailureReason)
 	}
-	mustContain(t, "trace", res.Trace, "Starting gVisor", "runtime gvisor", "Sandbox ready: pool duo-default", "second-marker")
+	mustContain(t, "trace", res.Trace, "Starting gVisor", "runtime gvisor", "Sandbox ready: pool duo-default", "\nsecond-marker\n")
 	c.WaitJobGone(t, job.ID)
 }
 
@@ -297,8 +297,8 @@ func TestFailingScriptIsBuildFailure(t *testing.T) {
 	if res.State != fakegitlab.StateFailed || res.FailureReason != fakegitlab.FailureScript || exitCode(res.ExitCode) != "3" {
 		t.Fatalf("state %s reason %s exit code %s, want failed %s 3", res.State, res.FailureReason, exitCode(res.ExitCode), fakegitlab.FailureScript)
 	}
-	mustContain(t, "trace", res.Trace, "about to fail", "ERROR: Job failed: exit status 3")
-	if strings.Contains(res.Trace, "\nnot reached") {
+	mustContain(t, "trace", res.Trace, "\nabout to fail\n", "ERROR: Job failed: exit status 3")
+	if strings.Contains(res.Trace, "\nnot reached\n") {
 		t.Error("the script went on after exit 3")
 	}
 }
