@@ -186,8 +186,8 @@ func (s *Server) Enqueue(job Job) int64 {
 }
 
 // HandOut takes queued job jobID off the queue as if a runner had requested
-// it, for drivers that bypass POST /jobs/request (such as the modern protocol
-// driver), so that its trace, state updates and artifact uploads are accepted.
+// it, for tests that drive a job without a runner's POST /jobs/request, so
+// that its trace, state updates and artifact uploads are accepted.
 func (s *Server) HandOut(jobID int64, runner RunnerVersion) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()

@@ -444,7 +444,7 @@ func TestHandOutLetsADriverWithoutRunnerReportAJob(t *testing.T) {
 	job := server.NewJob(fakegitlab.JobSpec{Script: []string{"true"}})
 	server.Enqueue(job)
 
-	if err := server.HandOut(job.ID, fakegitlab.RunnerVersion{Name: "modern-driver"}); err != nil {
+	if err := server.HandOut(job.ID, fakegitlab.RunnerVersion{Name: "direct-driver"}); err != nil {
 		t.Fatal(err)
 	}
 	if err := server.HandOut(job.ID, fakegitlab.RunnerVersion{}); err == nil {
@@ -454,7 +454,7 @@ func TestHandOutLetsADriverWithoutRunnerReportAJob(t *testing.T) {
 	expectStatus(t, response, http.StatusNoContent)
 	expectStatus(t, client.patchTrace(job, 0, "ok"), http.StatusAccepted)
 	result, _ := server.Snapshot(job.ID)
-	if result.State != fakegitlab.StateRunning || result.Runner.Name != "modern-driver" {
+	if result.State != fakegitlab.StateRunning || result.Runner.Name != "direct-driver" {
 		t.Errorf("state %q runner %+v", result.State, result.Runner)
 	}
 }
