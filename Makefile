@@ -72,9 +72,20 @@ cluster-wipe:
 netpol:
 	tests/cluster/netpol-check.sh
 
-# The real gitlab-runner (12.8, the newest the module proxy can build).
+# The real GitLab Runner 17.9.0 binaries in ../shared/tools (see tests/runner), or the ones
+# SANDBOX_EXECUTOR_GITLAB_RUNNER and SANDBOX_EXECUTOR_GITLAB_RUNNER_HELPER name: nothing to build,
+# check that both run and say which versions the suites will use.
+RUNNER_DIR := $(abspath $(CURDIR)/../shared/tools/gitlab-runner-17.9.0)
 runner:
-	tests/tools/gitlab-runner/build.sh
+	@runner="$${SANDBOX_EXECUTOR_GITLAB_RUNNER:-$(RUNNER_DIR)/gitlab-runner}"; \
+	helper="$${SANDBOX_EXECUTOR_GITLAB_RUNNER_HELPER:-$$(dirname "$$runner")/gitlab-runner-helper}"; \
+	for bin in "$$runner" "$$helper"; do \
+		version=$$("$$bin" --version 2>/dev/null | awk '/^Version:/ {print $$2}'); \
+		if [ -z "$$version" ]; then \
+			echo "runner: $$bin does not run (set SANDBOX_EXECUTOR_GITLAB_RUNNER, SANDBOX_EXECUTOR_GITLAB_RUNNER_HELPER)" >&2; exit 1; \
+		fi; \
+		echo "$$bin: $$version"; \
+	done
 
 # The real gitlab-runner against the fake GitLab with a host-local executor: the harness itself.
 runner-test: runner $(GOTESTSUM)

@@ -26,7 +26,7 @@ cluster_bin=${CLUSTER_DIR:-${SANDBOX_EXECUTOR_CACHE:-$HOME/.cache/sandbox-execut
   echo "- $(nproc) CPUs, $(free -g | awk '/^Mem:/ {print $2}') GiB, kernel $(uname -r)"
   echo "- $(go version)"
   echo "- Kubernetes $("$cluster_bin/kubectl" version --client -o json 2>/dev/null | sed -n 's/.*"gitVersion": "\(.*\)".*/\1/p' | head -1), containerd $("$cluster_bin/containerd" --version 2>/dev/null | awk '{print $3}'), runsc $("$cluster_bin/runsc" --version 2>/dev/null | head -1 | awk '{print $3}'), agent-sandbox v0.5.6"
-  echo "- gitlab-runner $("${SANDBOX_EXECUTOR_GITLAB_RUNNER:-${SANDBOX_EXECUTOR_CACHE:-$HOME/.cache/sandbox-executor}/bin/gitlab-runner}" --version 2>/dev/null | awk '/^Version/ {print $2}')"
+  echo "- gitlab-runner $("${SANDBOX_EXECUTOR_GITLAB_RUNNER:-$PWD/../shared/tools/gitlab-runner-17.9.0/gitlab-runner}" --version 2>/dev/null | awk '/^Version/ {print $2}')"
 } > docs/benchmarks.md
 echo "wrote docs/benchmarks.md" >&2
 

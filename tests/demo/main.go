@@ -64,6 +64,10 @@ func run() error {
 	if err != nil {
 		return fmt.Errorf("%w; runner log:\n%s", err, proc.Log())
 	}
+	// The runner has released the sandbox before it sent the final state; let it exit on its own.
+	if _, err := proc.Wait(ctx); err != nil {
+		return err
+	}
 	fmt.Println(res.Trace)
 	fmt.Printf("\n== job %d: %s in %s (handed out -> final state), through gitlab-runner %s and sandbox-executor\n",
 		job.ID, res.State, res.Duration().Round(time.Millisecond), res.Runner.Version)

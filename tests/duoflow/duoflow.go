@@ -192,9 +192,11 @@ func (inst *Instance) RunnerCache() *runner.S3Cache {
 	return &runner.S3Cache{ServerAddress: inst.Host, AccessKey: cacheAccessKey, SecretKey: inst.Cache.SecretKey, BucketName: cacheBucket, Insecure: true}
 }
 
-// HelperConfig is the executor config line that copies the runner's own binary into job pods.
+// HelperConfig is the executor config line that copies the runner's helper binary
+// (gitlab-runner-helper, runner.HelperPath) into job pods, where the cache and artifacts stages
+// call it as gitlab-runner.
 func HelperConfig() (string, error) {
-	helper, err := runner.BinaryPath()
+	helper, err := runner.HelperPath()
 	if err != nil {
 		return "", err
 	}

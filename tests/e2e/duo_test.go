@@ -20,7 +20,8 @@ import (
 	"github.com/sandbox-executor/sandbox-executor/tests/runner"
 )
 
-// runDuoJob runs job through a fresh gitlab-runner 12.8 process with the instance's S3 cache.
+// runDuoJob runs job through a fresh gitlab-runner process (17.9.0 unless
+// SANDBOX_EXECUTOR_GITLAB_RUNNER says otherwise) with the instance's S3 cache.
 func runDuoJob(t *testing.T, c *clustertest.Runner, inst *duoflow.Instance, job fakegitlab.Job) fakegitlab.Result {
 	t.Helper()
 	inst.GitLab.Enqueue(job)
@@ -41,6 +42,15 @@ func runDuoJob(t *testing.T, c *clustertest.Runner, inst *duoflow.Instance, job 
 	if res.State != fakegitlab.StateSuccess {
 		t.Fatalf("job %d: %s (%s); trace:\n%s\nrunner log:\n%s", job.ID, res.State, res.FailureReason, res.Trace, proc.Log())
 	}
+	// The runner has sent the final state; it exits once it has also ended its own work.
+	if _, err := proc.Wait(ctx); err != nil {
+		t.Errorf("job %d: %v", job.ID, err)
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("job %d: runner log:\n%s", job.ID, proc.Log())
+		}
+	})
 	return res
 }
 
@@ -49,13 +59,18 @@ var (
 	sandboxReady = regexp.MustCompile(`Sandbox ready: [^\x1b\n]*`)
 )
 
-// TestDuoFlowJob runs a Duo-shaped flow job twice through the real gitlab-runner 12.8 and
+// TestDuoFlowJob runs a Duo-shaped flow job twice through the real gitlab-runner and
 // sandbox-executor, against an instance on the network job pods may reach: the job clones the
 // project (GIT_DEPTH=1), installs its dependency from the instance's registry, runs its tests,
 // pushes its change back over HTTP, caches node_modules/ in S3 and uploads an artifact, with
-// the runner's helper copied into the pod (helper_binary), not baked into the image.
+// the runner's helper (gitlab-runner-helper of the same release) copied into the pod
+// (helper_binary), not baked into the image: the cache and artifacts round trips go through it.
 func TestDuoFlowJob(t *testing.T) {
 	helper, err := duoflow.HelperConfig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	helperPath, err := runner.HelperPath()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -126,6 +141,9 @@ func TestDuoFlowJob(t *testing.T) {
 		if copied == nil {
 			t.Errorf("job %d: no helper copy line in the trace", tc.job.ID)
 			continue
+		}
+		if !strings.HasPrefix(copied[1], helperPath+",") {
+			t.Errorf("job %d: copied the helper %s, want %s", tc.job.ID, copied[1], helperPath)
 		}
 		t.Logf("job %d: %s in %s (handed out -> final state); helper (%s) copied in %s; %s",
 			tc.job.ID, tc.res.State, tc.res.Duration().Round(time.Millisecond), copied[1], copied[2], sandboxReady.FindString(tc.res.Trace))

@@ -16,88 +16,8 @@ import (
 
 	"github.com/sandbox-executor/sandbox-executor/executor/agent"
 	"github.com/sandbox-executor/sandbox-executor/tests/clustertest"
-	"github.com/sandbox-executor/sandbox-executor/tests/fakegitlab"
 	"github.com/sandbox-executor/sandbox-executor/tests/localcluster"
-	"github.com/sandbox-executor/sandbox-executor/tests/runner"
-	"github.com/sandbox-executor/sandbox-executor/tests/runner/modern"
 )
-
-// TestGVisorJobStreamsLive runs a job the way a 17.x runner does and checks that it ran under
-// the gVisor kernel and that its output reached the job log while it ran, not at the end.
-func TestGVisorJobStreamsLive(t *testing.T) {
-	c := newCluster(t)
-	gitlab := fakegitlab.New()
-	defer gitlab.Close()
-	job := gitlab.NewJob(fakegitlab.JobSpec{
-		Image:       ciImage,
-		GitStrategy: "none",
-		Script:      []string{"uname -r", "dmesg | head -n 2", "echo first-marker", "sleep 3", "echo second-marker"},
-	})
-	live := clustertest.NewLive("first-marker", "second-marker")
-	res, err := modern.Run(context.Background(), modern.Config{Executor: c.Definition(), LogOutput: live}, job)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if res.State != "success" {
-		t.Fatalf("state %s (%s: %v), log:\n%s", res.State, res.FailureReason, res.Err, res.Log)
-	}
-	mustContain(t, "job log", res.Log, "Starting gVisor", "runtime gvisor", "Sandbox ready: pool duo-default")
-	if gap := live.At("second-marker").Sub(live.At("first-marker")); gap < 2*time.Second {
-		t.Errorf("first output arrived %s before the last: not streamed live", gap)
-	}
-	c.WaitJobGone(t, job.ID)
-}
-
-// TestFailingScriptIsBuildFailure checks that a script's exit code reaches the runner through
-// BUILD_EXIT_CODE_FILE and the job fails as a script failure, not a system failure.
-func TestFailingScriptIsBuildFailure(t *testing.T) {
-	c := newCluster(t)
-	gitlab := fakegitlab.New()
-	defer gitlab.Close()
-	job := gitlab.NewJob(fakegitlab.JobSpec{Image: ciImage, GitStrategy: "none", Script: []string{"echo about to fail", "exit 3"}})
-	res, err := modern.Run(context.Background(), modern.Config{Executor: c.Definition()}, job)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if res.State != "failed" || res.FailureReason != modern.ReasonScriptFailure || res.ExitCode != 3 {
-		t.Fatalf("state %s reason %s exit %d, want failed script_failure 3; log:\n%s", res.State, res.FailureReason, res.ExitCode, res.Log)
-	}
-	mustContain(t, "job log", res.Log, "about to fail")
-	c.WaitJobGone(t, job.ID)
-}
-
-// TestRealRunnerJob runs a job through the real gitlab-runner binary against the fake GitLab API
-// and checks the trace GitLab received.
-func TestRealRunnerJob(t *testing.T) {
-	c := newCluster(t)
-	gitlab := fakegitlab.New(fakegitlab.WithLongPolling(2 * time.Second))
-	defer gitlab.Close()
-	job := gitlab.NewJob(fakegitlab.JobSpec{
-		Image:       ciImage,
-		GitStrategy: "none",
-		Script:      []string{"echo hello from $(uname -s) $(uname -r)", "dmesg | grep -m1 gVisor", `echo "sa-token-$(test -e /var/run/secrets/kubernetes.io/serviceaccount/token && echo mounted || echo absent)"`},
-	})
-	gitlab.Enqueue(job)
-	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
-	defer cancel()
-	proc, err := runner.Start(runner.Options{URL: gitlab.URL(), Token: gitlab.RunnerToken(), Executor: c.Definition(), Timeout: 4 * time.Minute})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer proc.Stop()
-	res, err := gitlab.Wait(ctx, job.ID)
-	if err != nil {
-		t.Fatalf("%v; runner log:\n%s", err, proc.Log())
-	}
-	if res.State != "success" {
-		t.Fatalf("state %s (%s); trace:\n%s\nrunner log:\n%s", res.State, res.FailureReason, res.Trace, proc.Log())
-	}
-	mustContain(t, "trace", res.Trace, "hello from Linux", "Starting gVisor", "sa-token-absent", "Sandbox ready: pool duo-default")
-	if strings.Contains(res.Trace, "sa-token-mounted") {
-		t.Error("a service account token is mounted in the job pod")
-	}
-	c.WaitJobGone(t, job.ID)
-}
 
 // TestStagesAsModernRunnerInvokesThem drives the binary directly with the environment and
 // arguments of a 17.x runner, and cancels a stage with SIGTERM: the stage's processes must be

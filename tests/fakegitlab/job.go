@@ -8,6 +8,7 @@ import (
 	"net/url"
 	"path"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -134,6 +135,28 @@ type DependencyArtifactsFile struct {
 // Features are GitLab-side switches the runner honours.
 type Features struct {
 	TraceSections bool `json:"trace_sections"`
+	// FailureReasons are the failure reasons GitLab accepts in a final state update; a runner
+	// (>= 13.x) sends unknown_failure for any other (always including script_failure,
+	// runner_system_failure and job_execution_timeout).
+	FailureReasons []string `json:"failure_reasons,omitempty"`
+}
+
+// Failure reasons in a runner's final state update (failure_reason).
+const (
+	FailureScript            = "script_failure"
+	FailureSystem            = "runner_system_failure"
+	FailureTimeout           = "job_execution_timeout"
+	FailureUnknown           = "unknown_failure"
+	FailureAPI               = "api_failure"
+	FailureStuckOrTimeout    = "stuck_or_timeout_failure"
+	FailureMissingDependency = "missing_dependency_failure"
+)
+
+// supportedFailureReasons are the failure reasons the fake announces, as GitLab announces the
+// build failure reasons it knows (these are some of them). job_canceled is not one: it is
+// internal to the runner, which reports a canceled job as unknown_failure.
+var supportedFailureReasons = []string{
+	FailureUnknown, FailureScript, FailureAPI, FailureStuckOrTimeout, FailureSystem, FailureMissingDependency, FailureTimeout,
 }
 
 // Variable returns the value of the job variable key (the last one wins, as
@@ -242,7 +265,7 @@ func NewJob(spec JobSpec) Job {
 		Artifacts:    spec.Artifacts,
 		Cache:        spec.Cache,
 		Dependencies: spec.Dependencies,
-		Features:     Features{TraceSections: true},
+		Features:     Features{TraceSections: true, FailureReasons: slices.Clone(supportedFailureReasons)},
 	}
 	job.Variables = append(predefinedVariables(spec, token, serverURL, projectURL, repoURL), spec.Variables...)
 	if spec.GitStrategy != "" {

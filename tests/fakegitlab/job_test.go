@@ -2,6 +2,7 @@ package fakegitlab_test
 
 import (
 	"encoding/json"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -32,6 +33,14 @@ func TestNewJobCarriesWhatGitLabSends(t *testing.T) {
 	}
 	if job.Image.Name != "alpine:3.20" {
 		t.Errorf("image %+v", job.Image)
+	}
+	// Like GitLab, the job announces the failure reasons it accepts; without them a runner
+	// would report anything but script_failure, runner_system_failure and
+	// job_execution_timeout as unknown_failure.
+	for _, reason := range []string{fakegitlab.FailureScript, fakegitlab.FailureSystem, fakegitlab.FailureTimeout, fakegitlab.FailureUnknown} {
+		if !slices.Contains(job.Features.FailureReasons, reason) {
+			t.Errorf("features.failure_reasons %q lacks %s", job.Features.FailureReasons, reason)
+		}
 	}
 	wantVariables := map[string]string{
 		"CI_JOB_ID":        "2001",

@@ -14,10 +14,17 @@
 // plus whatever Handle mounts next to the API (repositories, a package registry...). New listens
 // on loopback; WithListener takes an address job environments reach too.
 //
+// A job is handed out as 201 + Content-Type: application/json, the only answer
+// runner 17.x accepts; the job JSON announces the failure reasons GitLab knows
+// (Features.FailureReasons).
+//
 // Cancellation follows GitLab: after Cancel, trace patches and state updates
-// are refused with 403 and "Job-Status: canceled", which every runner
-// (12.8 included) treats as an abort. CancelGracefully answers
-// "Job-Status: canceling" instead, which only newer runners (17.x) understand.
+// are refused with 403 and "Job-Status: canceled", which a runner treats as
+// an abort. CancelGracefully answers "Job-Status: canceling" instead: runner
+// 17.x then sends SIGTERM to the running stage and still runs after_script
+// with CI_JOB_STATUS=canceled. Either way the runner only hears of it in the
+// answer to its next trace patch (sent every 3 s while there is new output)
+// or keep-alive update (every 30-63 s for a silent job).
 package fakegitlab
 
 import (
@@ -80,7 +87,7 @@ func WithRunnerToken(token string) Option {
 // WithLongPolling makes POST /jobs/request wait up to d for a job to be
 // enqueued before answering 204, as GitLab Workhorse does. Without it a
 // runner that polled an empty queue sleeps its whole check interval (3 s in
-// 12.8) before asking again, which would swamp any latency measurement.
+// a runner) before asking again, which would swamp any latency measurement.
 func WithLongPolling(d time.Duration) Option {
 	return func(s *Server) { s.longPoll = d }
 }
@@ -179,8 +186,8 @@ func (s *Server) Enqueue(job Job) int64 {
 }
 
 // HandOut takes queued job jobID off the queue as if a runner had requested
-// it, for drivers that bypass POST /jobs/request (such as the modern protocol
-// driver), so that its trace, state updates and artifact uploads are accepted.
+// it, for tests that drive a job without a runner's POST /jobs/request, so
+// that its trace, state updates and artifact uploads are accepted.
 func (s *Server) HandOut(jobID int64, runner RunnerVersion) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -209,17 +216,18 @@ func (s *Server) handOutLocked(jobID int64, runner RunnerVersion) *jobRecord {
 // dropped from the queue and finishes as canceled at once. For a running
 // job, the next trace patch or state update is refused with 403 and
 // "Job-Status: canceled"; the job finishes when the runner sends its final
-// state. Runner 12.8 only patches the trace when there is new output, and
-// otherwise sends a keep-alive update every 30 s, so a silent job notices a
-// cancel late.
+// state. A runner only patches the trace when there is new output, and
+// otherwise sends a keep-alive update every 30 s or more, so a silent job
+// notices a cancel late.
 func (s *Server) Cancel(jobID int64) error {
 	return s.requestCancel(jobID, StateCanceled)
 }
 
 // CancelGracefully answers trace patches and state updates of a running job
-// with "Job-Status: canceling", GitLab's graceful cancel: newer runners
-// (17.x) then stop the script, still run after_script and report the job. Runner
-// 12.8 does not know that state and runs the job to its end.
+// with "Job-Status: canceling", GitLab's graceful cancel: runner 17.x then
+// stops the script, still runs after_script (CI_JOB_STATUS=canceled) and
+// reports the job as failed with unknown_failure (job_canceled is internal to
+// the runner), which the fake records as canceled.
 func (s *Server) CancelGracefully(jobID int64) error {
 	return s.requestCancel(jobID, StateCanceling)
 }

@@ -49,7 +49,7 @@ func (c runnerClient) do(method, path string, body io.Reader, header http.Header
 
 func (c runnerClient) requestJob(token string) (*http.Response, fakegitlab.Job) {
 	c.t.Helper()
-	body := fmt.Sprintf(`{"token":%q,"info":{"name":"gitlab-runner","version":"12.8.0-pre","executor":"custom"}}`, token)
+	body := fmt.Sprintf(`{"token":%q,"info":{"name":"gitlab-runner","version":"17.9.0","executor":"custom"}}`, token)
 	response := c.do(http.MethodPost, "jobs/request", strings.NewReader(body), http.Header{"Content-Type": {"application/json"}})
 	var job fakegitlab.Job
 	if response.StatusCode == http.StatusCreated {
@@ -103,7 +103,7 @@ func TestRequestJobHandsOutQueuedJobsOnceInOrder(t *testing.T) {
 		response, job := client.requestJob(server.RunnerToken())
 		expectStatus(t, response, http.StatusCreated)
 		if got := response.Header.Get("Content-Type"); got != "application/json" {
-			t.Errorf("Content-Type %q, want application/json (runner 12.8 refuses anything else)", got)
+			t.Errorf("Content-Type %q, want application/json (runner 17.9 refuses anything else)", got)
 		}
 		if job.ID != want {
 			t.Errorf("handed out job %d, want %d", job.ID, want)
@@ -119,7 +119,7 @@ func TestRequestJobHandsOutQueuedJobsOnceInOrder(t *testing.T) {
 	if result.State != fakegitlab.StateRunning || result.HandedOutAt.IsZero() {
 		t.Errorf("after hand-out: state %q, handed out at %v", result.State, result.HandedOutAt)
 	}
-	if result.Runner.Version != "12.8.0-pre" || result.Runner.Executor != "custom" {
+	if result.Runner.Version != "17.9.0" || result.Runner.Executor != "custom" {
 		t.Errorf("runner info not recorded: %+v", result.Runner)
 	}
 }
@@ -246,7 +246,7 @@ func TestCancelRunningJobAbortsTheRunner(t *testing.T) {
 	if err := server.Cancel(jobID); err != nil {
 		t.Fatal(err)
 	}
-	// Runner 12.8 aborts on 403 or on Job-Status canceled/failed.
+	// A runner aborts on 403 or on Job-Status canceled/failed.
 	response := client.patchTrace(job, 9, "more\n")
 	expectStatus(t, response, http.StatusForbidden)
 	if got := response.Header.Get("Job-Status"); got != "canceled" {
@@ -445,7 +445,7 @@ func TestHandOutLetsADriverWithoutRunnerReportAJob(t *testing.T) {
 	job := server.NewJob(fakegitlab.JobSpec{Script: []string{"true"}})
 	server.Enqueue(job)
 
-	if err := server.HandOut(job.ID, fakegitlab.RunnerVersion{Name: "modern-driver"}); err != nil {
+	if err := server.HandOut(job.ID, fakegitlab.RunnerVersion{Name: "direct-driver"}); err != nil {
 		t.Fatal(err)
 	}
 	if err := server.HandOut(job.ID, fakegitlab.RunnerVersion{}); err == nil {
@@ -455,7 +455,7 @@ func TestHandOutLetsADriverWithoutRunnerReportAJob(t *testing.T) {
 	expectStatus(t, response, http.StatusNoContent)
 	expectStatus(t, client.patchTrace(job, 0, "ok"), http.StatusAccepted)
 	result, _ := server.Snapshot(job.ID)
-	if result.State != fakegitlab.StateRunning || result.Runner.Name != "modern-driver" {
+	if result.State != fakegitlab.StateRunning || result.Runner.Name != "direct-driver" {
 		t.Errorf("state %q runner %+v", result.State, result.Runner)
 	}
 }

@@ -6,8 +6,7 @@ import (
 )
 
 // CustomExecutor is a custom executor definition: the [runners.custom]
-// section of a runner's config.toml. Both drivers take it, so a test can run
-// the same executor under the real 12.8 runner and under the modern protocol.
+// section of a runner's config.toml, rendered as run-single flags.
 type CustomExecutor struct {
 	ConfigExec        string
 	ConfigArgs        []string
@@ -43,7 +42,7 @@ const (
 	DefaultForceKillTimeout    = 10 * time.Second
 )
 
-// runSingleFlags renders the definition as 12.8 `run-single` flags. 12.8
+// runSingleFlags renders the definition as `run-single` flags. The runner
 // takes timeouts in whole seconds; a zero duration leaves the runner's
 // default.
 func (e CustomExecutor) runSingleFlags() []string {

@@ -1,16 +1,22 @@
-// Package runner drives the real gitlab-runner binary (12.8.0-pre, built by
-// tests/tools/gitlab-runner/build.sh) against a fake GitLab: it runs
-// `gitlab-runner run-single` with a custom executor definition, bounds it
-// with a timeout, captures the runner's own log and always stops the process
-// it started.
+// Package runner drives the real gitlab-runner binary against a fake GitLab: it runs
+// `gitlab-runner run-single` with a custom executor definition, bounds it with a timeout,
+// captures the runner's own log and always stops the process it started.
 //
-// Runner 12.8 predates much of today's custom executor protocol (no
-// JOB_RESPONSE_FILE, BUILD_EXIT_CODE_FILE or job_env, no process-group
-// kill); the sibling package modern invokes an executor exactly as a 17.x
-// runner does.
+// The runner is GitLab Runner 17.9.0, the real, unmodified binaries kept beside the repository
+// in ../shared/tools/gitlab-runner-17.9.0 (resolved from the module root, so a fresh clone with
+// shared/ beside it finds them): `gitlab-runner` runs the jobs, and `gitlab-runner-helper` is
+// what the cache and artifacts stages call inside the job environment (the executor's
+// helper_binary copies it into the pod as `gitlab-runner`). Two environment variables point
+// the suites at other binaries:
+//
+//	SANDBOX_EXECUTOR_GITLAB_RUNNER=/path/to/gitlab-runner          the runner (default: the shared 17.9.0)
+//	SANDBOX_EXECUTOR_GITLAB_RUNNER_HELPER=/path/to/gitlab-runner-helper
+//	                                   the in-pod helper (default: gitlab-runner-helper beside the runner)
 package runner
 
 import (
+	"bufio"
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -18,6 +24,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -28,31 +35,132 @@ import (
 	"github.com/sandbox-executor/sandbox-executor/internal/testutil"
 )
 
-// BinaryEnvVar names the environment variable that points at the
-// gitlab-runner binary; build.sh prints the path to put there.
+// BinaryEnvVar names the environment variable that points at the gitlab-runner binary.
 const BinaryEnvVar = "SANDBOX_EXECUTOR_GITLAB_RUNNER"
 
-// BinaryPath finds the gitlab-runner binary: $SANDBOX_EXECUTOR_GITLAB_RUNNER,
-// else where build.sh puts it. The error says how to build it.
+// HelperEnvVar names the environment variable that points at the runner's helper binary, the
+// one job environments run for cache and artifacts.
+const HelperEnvVar = "SANDBOX_EXECUTOR_GITLAB_RUNNER_HELPER"
+
+// DefaultVersion is the version of the shared runner binaries the suites use by default.
+const DefaultVersion = "17.9.0"
+
+// HelperBinaryName is the helper's file name beside the runner binary.
+const HelperBinaryName = "gitlab-runner-helper"
+
+// modulePath identifies this repository's go.mod when looking for the module root.
+const modulePath = "github.com/sandbox-executor/sandbox-executor"
+
+// SharedDir is where the shared runner binaries are: ../shared/tools/gitlab-runner-<version>
+// from the module root.
+func SharedDir() (string, error) {
+	root, err := moduleRoot()
+	if err != nil {
+		return "", err
+	}
+	return filepath.Join(filepath.Dir(root), "shared", "tools", "gitlab-runner-"+DefaultVersion), nil
+}
+
+// moduleRoot finds this repository's root: the first directory up from the working directory
+// (go test runs in the package's directory, go run where make runs) whose go.mod declares this
+// module, else the one this source file was compiled from.
+func moduleRoot() (string, error) {
+	if dir, err := os.Getwd(); err == nil {
+		for ; ; dir = filepath.Dir(dir) {
+			if isModuleRoot(dir) {
+				return dir, nil
+			}
+			if filepath.Dir(dir) == dir {
+				break
+			}
+		}
+	}
+	if _, thisFile, _, ok := runtime.Caller(0); ok {
+		dir := filepath.Join(filepath.Dir(thisFile), "..", "..")
+		if isModuleRoot(dir) {
+			return filepath.Clean(dir), nil
+		}
+	}
+	return "", fmt.Errorf("locating gitlab-runner: no go.mod of %s above the working directory; "+
+		"set %s to a gitlab-runner binary", modulePath, BinaryEnvVar)
+}
+
+func isModuleRoot(dir string) bool {
+	f, err := os.Open(filepath.Join(dir, "go.mod"))
+	if err != nil {
+		return false
+	}
+	defer f.Close()
+	scanner := bufio.NewScanner(f)
+	for scanner.Scan() {
+		if fields := strings.Fields(scanner.Text()); len(fields) == 2 && fields[0] == "module" {
+			return fields[1] == modulePath
+		}
+	}
+	return false
+}
+
+// BinaryPath finds the gitlab-runner binary: $SANDBOX_EXECUTOR_GITLAB_RUNNER, else the shared
+// 17.9.0 binary (SharedDir). The error names the path it tried and the variable.
 func BinaryPath() (string, error) {
 	path := os.Getenv(BinaryEnvVar)
 	if path == "" {
-		cacheDir := os.Getenv("SANDBOX_EXECUTOR_CACHE")
-		if cacheDir == "" {
-			home, err := os.UserHomeDir()
-			if err != nil {
-				return "", fmt.Errorf("locating gitlab-runner: %w", err)
-			}
-			cacheDir = filepath.Join(home, ".cache", "sandbox-executor")
+		dir, err := SharedDir()
+		if err != nil {
+			return "", err
 		}
-		path = filepath.Join(cacheDir, "bin", "gitlab-runner")
+		path = filepath.Join(dir, "gitlab-runner")
 	}
-	info, err := os.Stat(path)
-	if err != nil || info.IsDir() || info.Mode().Perm()&0o111 == 0 {
-		return "", fmt.Errorf("no gitlab-runner binary at %s: run tests/tools/gitlab-runner/build.sh "+
-			"(it prints the path; export it as %s)", path, BinaryEnvVar)
+	if err := executable(path); err != nil {
+		return "", fmt.Errorf("no gitlab-runner binary at %s (%v): put GitLab Runner %s in %s, "+
+			"or point %s at a gitlab-runner binary", path, err, DefaultVersion, filepath.Dir(path), BinaryEnvVar)
 	}
 	return path, nil
+}
+
+// HelperPath finds the runner's helper binary: $SANDBOX_EXECUTOR_GITLAB_RUNNER_HELPER, else
+// gitlab-runner-helper beside the runner binary (BinaryPath).
+func HelperPath() (string, error) {
+	path := os.Getenv(HelperEnvVar)
+	if path == "" {
+		binary, err := BinaryPath()
+		if err != nil {
+			return "", err
+		}
+		path = filepath.Join(filepath.Dir(binary), HelperBinaryName)
+	}
+	if err := executable(path); err != nil {
+		return "", fmt.Errorf("no gitlab-runner helper binary at %s (%v): point %s at one", path, err, HelperEnvVar)
+	}
+	return path, nil
+}
+
+func executable(path string) error {
+	info, err := os.Stat(path)
+	switch {
+	case err != nil:
+		return err
+	case info.IsDir():
+		return errors.New("a directory")
+	case info.Mode().Perm()&0o111 == 0:
+		return errors.New("not executable")
+	}
+	return nil
+}
+
+// Version is what `binary --version` says its version is (e.g. "17.9.0").
+func Version(binary string) (string, error) {
+	out, err := exec.Command(binary, "--version").Output()
+	if err != nil {
+		return "", fmt.Errorf("%s --version: %w", binary, err)
+	}
+	scanner := bufio.NewScanner(bytes.NewReader(out))
+	for scanner.Scan() {
+		if version, found := strings.CutPrefix(scanner.Text(), "Version:"); found {
+			return strings.TrimSpace(version), nil
+		}
+	}
+	return "", fmt.Errorf("%s --version printed no Version line:\n%s", binary, out)
 }
 
 // Options describe one `gitlab-runner run-single` process.
@@ -76,8 +184,8 @@ type Options struct {
 	// MaxBuilds is how many jobs run-single processes before it exits; 0 means 1.
 	MaxBuilds int
 	// WaitTimeout makes run-single exit when no job came for that long;
-	// 0 means 30 s. 12.8 only checks it between polls, which are 3 s apart
-	// when GitLab answers 204 at once.
+	// 0 means 30 s. The runner only checks it between polls, which are 3 s
+	// apart when GitLab answers 204 at once.
 	WaitTimeout time.Duration
 	// Timeout bounds the whole process; when it passes, RunSingle stops the
 	// runner and fails. 0 means 3 minutes.
@@ -129,7 +237,7 @@ func (o Options) withDefaults() (Options, error) {
 	return o, nil
 }
 
-// args renders the 12.8 command line; run-single takes flags, not a config.toml.
+// args renders the run-single command line: flags, not a config.toml.
 func (o Options) args() []string {
 	var args []string
 	if o.Debug {
@@ -242,7 +350,8 @@ func Start(options Options) (*Process, error) {
 		process.exitErr = cmd.Wait()
 		process.duration = time.Since(process.started)
 		// Executor stages a job left behind (a backgrounded command, or one
-		// 12.8 did not kill on cancel) are still in the group: reap them.
+		// the runner abandoned after its force-kill timeout) are still in
+		// the group: reap them.
 		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
 		close(process.exited)
 	}()

@@ -55,35 +55,81 @@ func TestOptionsNeedURLTokenAndRunExec(t *testing.T) {
 	}
 }
 
-func TestBinaryPathTellsHowToBuildTheRunner(t *testing.T) {
-	t.Setenv(BinaryEnvVar, filepath.Join(t.TempDir(), "missing"))
-	_, err := BinaryPath()
-	if err == nil || !strings.Contains(err.Error(), "tests/tools/gitlab-runner/build.sh") {
-		t.Errorf("error %v does not point at build.sh", err)
+func TestBinaryPathDefaultsToTheSharedRunnerBesideTheModule(t *testing.T) {
+	t.Setenv(BinaryEnvVar, "")
+	t.Setenv(HelperEnvVar, "")
+	shared, err := SharedDir()
+	if err != nil {
+		t.Fatal(err)
+	}
+	root, err := moduleRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := filepath.Join(filepath.Dir(root), "shared", "tools", "gitlab-runner-"+DefaultVersion); shared != want {
+		t.Errorf("SharedDir() = %s, want %s", shared, want)
+	}
+	if _, err := os.Stat(filepath.Join(root, "go.mod")); err != nil {
+		t.Errorf("module root %s has no go.mod: %v", root, err)
+	}
+	// Whether or not the shared binaries are on this machine, the default points there.
+	path, err := BinaryPath()
+	if err == nil && path != filepath.Join(shared, "gitlab-runner") {
+		t.Errorf("BinaryPath() = %s, want the shared runner in %s", path, shared)
+	}
+	if err != nil && !strings.Contains(err.Error(), filepath.Join(shared, "gitlab-runner")) {
+		t.Errorf("error %v does not name the shared runner's path", err)
+	}
+}
+
+func TestBinaryAndHelperPathFollowTheirVariables(t *testing.T) {
+	missing := filepath.Join(t.TempDir(), "missing")
+	t.Setenv(BinaryEnvVar, missing)
+	if _, err := BinaryPath(); err == nil || !strings.Contains(err.Error(), missing) || !strings.Contains(err.Error(), BinaryEnvVar) {
+		t.Errorf("error %v does not name %s and %s", err, missing, BinaryEnvVar)
 	}
 
-	explicit := writeFakeBinary(t, t.TempDir())
+	dir := t.TempDir()
+	explicit := writeFakeBinary(t, dir, "gitlab-runner")
 	t.Setenv(BinaryEnvVar, explicit)
 	if path, err := BinaryPath(); err != nil || path != explicit {
 		t.Errorf("BinaryPath() = %q, %v; want %s", path, err, explicit)
 	}
-
-	// Without the variable, where build.sh puts it.
-	cacheDir := t.TempDir()
-	cached := writeFakeBinary(t, filepath.Join(cacheDir, "bin"))
-	t.Setenv(BinaryEnvVar, "")
-	t.Setenv("SANDBOX_EXECUTOR_CACHE", cacheDir)
-	if path, err := BinaryPath(); err != nil || path != cached {
-		t.Errorf("BinaryPath() = %q, %v; want %s", path, err, cached)
+	// The helper defaults to gitlab-runner-helper beside the runner...
+	t.Setenv(HelperEnvVar, "")
+	if _, err := HelperPath(); err == nil || !strings.Contains(err.Error(), filepath.Join(dir, HelperBinaryName)) {
+		t.Errorf("HelperPath() without a helper beside the runner: %v", err)
+	}
+	beside := writeFakeBinary(t, dir, HelperBinaryName)
+	if path, err := HelperPath(); err != nil || path != beside {
+		t.Errorf("HelperPath() = %q, %v; want %s", path, err, beside)
+	}
+	// ... unless its own variable says otherwise.
+	own := writeFakeBinary(t, t.TempDir(), "my-helper")
+	t.Setenv(HelperEnvVar, own)
+	if path, err := HelperPath(); err != nil || path != own {
+		t.Errorf("HelperPath() = %q, %v; want %s", path, err, own)
 	}
 }
 
-func writeFakeBinary(t *testing.T, dir string) string {
+func TestVersionParsesTheRunnersVersionOutput(t *testing.T) {
+	dir := t.TempDir()
+	binary := filepath.Join(dir, "gitlab-runner")
+	script := "#!/bin/sh\nprintf 'Version:      17.9.0\\nGit revision: c4cbe9dd\\n'\n"
+	if err := os.WriteFile(binary, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if version, err := Version(binary); err != nil || version != "17.9.0" {
+		t.Errorf("Version() = %q, %v; want 17.9.0", version, err)
+	}
+}
+
+func writeFakeBinary(t *testing.T, dir, name string) string {
 	t.Helper()
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	binary := filepath.Join(dir, "gitlab-runner")
+	binary := filepath.Join(dir, name)
 	if err := os.WriteFile(binary, []byte("#!/bin/sh\n"), 0o755); err != nil {
 		t.Fatal(err)
 	}

@@ -1,20 +1,21 @@
 //go:build runner
 
-// These tests run the real gitlab-runner 12.8 binary, so they need it built:
+// These tests run the real gitlab-runner (17.9.0 from ../shared/tools by default; see the
+// package doc for SANDBOX_EXECUTOR_GITLAB_RUNNER and SANDBOX_EXECUTOR_GITLAB_RUNNER_HELPER):
 //
-//	export SANDBOX_EXECUTOR_GITLAB_RUNNER="$(tests/tools/gitlab-runner/build.sh)"
 //	go test -tags runner -race ./tests/runner/...
 //	go test -tags runner -run '^$' -bench . -benchtime 10x ./tests/runner/
 //
-// Without the binary they fail and say so. They prove the harness (fake
-// GitLab + runner driver + modern protocol driver) with the local executor,
-// which runs the job's scripts on this host.
+// Without the binaries they fail and say so. They prove the harness (fake GitLab, runner
+// driver, the runner's helper for artifacts) with the local executor, which runs the job's
+// scripts on this host.
 package runner_test
 
 import (
 	"archive/zip"
 	"bytes"
 	"context"
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
@@ -28,7 +29,6 @@ import (
 	"github.com/sandbox-executor/sandbox-executor/tests/fakegitlab"
 	"github.com/sandbox-executor/sandbox-executor/tests/runner"
 	"github.com/sandbox-executor/sandbox-executor/tests/runner/localexecutor"
-	"github.com/sandbox-executor/sandbox-executor/tests/runner/modern"
 )
 
 func requireBinary(t testing.TB) string {
@@ -46,23 +46,20 @@ func newServer(t testing.TB, options ...fakegitlab.Option) *fakegitlab.Server {
 	return server
 }
 
-// runnerOptions runs the local executor under the real runner, with the
-// runner binary on PATH because the artifact stages call it inside the job
-// environment, which here is this host.
+// runnerOptions runs the local executor under the real runner; the executor's environment puts
+// the runner's helper first on PATH as `gitlab-runner`, for the artifact stages.
 func runnerOptions(t testing.TB, server *fakegitlab.Server, executor *localexecutor.Executor) runner.Options {
-	binary := requireBinary(t)
 	return runner.Options{
-		Binary:   binary,
+		Binary:   requireBinary(t),
 		URL:      server.URL(),
 		Token:    server.RunnerToken(),
 		Executor: executor.Definition,
-		Env:      append(slices.Clone(executor.Env), "PATH="+filepath.Dir(binary)+":"+os.Getenv("PATH")),
+		Env:      slices.Clone(executor.Env),
 	}
 }
 
-// runJobThroughRunner12 hands job to `gitlab-runner run-single` and waits
-// for GitLab to learn the outcome.
-func runJobThroughRunner12(t testing.TB, server *fakegitlab.Server, executor *localexecutor.Executor, job fakegitlab.Job) fakegitlab.Result {
+// runJob hands job to `gitlab-runner run-single` and waits for GitLab to learn the outcome.
+func runJob(t testing.TB, server *fakegitlab.Server, executor *localexecutor.Executor, job fakegitlab.Job) fakegitlab.Result {
 	t.Helper()
 	jobID := server.Enqueue(job)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
@@ -88,12 +85,12 @@ func logOnFailure(t testing.TB, runnerLog, trace string) {
 	})
 }
 
-func TestRunner12RunsHelloJobThroughLocalExecutor(t *testing.T) {
+func TestRunnerRunsHelloJobThroughLocalExecutor(t *testing.T) {
 	server := newServer(t, fakegitlab.WithLongPolling(10*time.Second))
 	executor := localexecutor.New(t)
 	job := server.NewJob(fakegitlab.JobSpec{Image: "alpine:3.20", Script: []string{"echo hello"}, GitStrategy: "none"})
 
-	result := runJobThroughRunner12(t, server, executor, job)
+	result := runJob(t, server, executor, job)
 
 	if result.State != fakegitlab.StateSuccess {
 		t.Errorf("job state %q (reason %q), want success", result.State, result.FailureReason)
@@ -101,61 +98,110 @@ func TestRunner12RunsHelloJobThroughLocalExecutor(t *testing.T) {
 	if !strings.Contains(result.Trace, "\nhello\n") {
 		t.Error("trace lacks the script's output")
 	}
-	if result.Runner.Version != "12.8.0-pre" || result.Runner.Executor != "custom" {
-		t.Errorf("job taken by %+v, want gitlab-runner 12.8.0-pre with the custom executor", result.Runner)
+	version, err := runner.Version(requireBinary(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if result.Runner.Version != version || result.Runner.Executor != "custom" {
+		t.Errorf("job taken by %+v, want gitlab-runner %s with the custom executor", result.Runner, version)
 	}
 	if strings.Contains(result.Trace, "cleaned up") {
 		t.Error("cleanup_exec output reached the job log")
 	}
-	// 12.8 passes CUSTOM_ENV_* (and CUSTOM_ENV_CI_JOB_IMAGE) but neither
-	// JOB_RESPONSE_FILE, BUILD_EXIT_CODE_FILE nor config_exec's job_env.
-	wantPrepare := "prepare job=" + strconv.FormatInt(job.ID, 10) + " image=alpine:3.20 response_file= exit_code_file= job_env="
-	if got := executor.Event(t, "prepare"); got != wantPrepare {
-		t.Errorf("prepare saw %q, want %q", got, wantPrepare)
-	}
-	// 12.8 calls run_exec for every stage, even those with nothing to do.
-	wantEvents := []string{"config", wantPrepare, "run prepare_script", "run get_sources", "run restore_cache",
-		"run download_artifacts", "run build_script", "run after_script", "run archive_cache",
-		"run upload_artifacts_on_success", "cleanup"}
+	// The runner gives prepare the job JSON, the exit code file and config_exec's job_env, and
+	// job_env to every later executable; it skips the stages with nothing to do (no cache, no
+	// artifacts, no after_script), and step_script arrives as build_script.
+	jobEnv := "job_env=from-config-exec"
+	wantEvents := []string{"config",
+		"prepare job=" + strconv.FormatInt(job.ID, 10) + " image=alpine:3.20 response_file=set exit_code_file=set " + jobEnv,
+		"run prepare_script " + jobEnv, "run get_sources " + jobEnv, "run build_script " + jobEnv,
+		"run cleanup_file_variables " + jobEnv, "cleanup " + jobEnv}
 	if events := executor.Events(t); !slices.Equal(events, wantEvents) {
 		t.Errorf("executor calls %q,\nwant %q", events, wantEvents)
 	}
 }
 
-func TestRunner12ReportsFailingScript(t *testing.T) {
-	server := newServer(t, fakegitlab.WithLongPolling(10*time.Second))
-	executor := localexecutor.New(t)
-	job := server.NewJob(fakegitlab.JobSpec{
-		Script:      []string{"echo about to fail", "exit 3"},
-		AfterScript: []string{"echo after script ran"},
-		GitStrategy: "none",
-	})
+func TestRunnerReportsTheScriptsExitCode(t *testing.T) {
+	for name, tc := range map[string]struct {
+		afterScript []string
+		// afterScriptWarning is the runner's warning about a failed after_script, if any.
+		afterScriptWarning string
+	}{
+		"after_script succeeds": {afterScript: []string{"echo after script ran"}},
+		// The local executor rewrites BUILD_EXIT_CODE_FILE on every failure: the warning names
+		// after_script's own code, the job keeps the script's.
+		"after_script fails too": {afterScript: []string{"echo after script ran", "exit 9"},
+			afterScriptWarning: "after_script failed, but job will continue unaffected: exit status 9"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			server := newServer(t, fakegitlab.WithLongPolling(10*time.Second))
+			executor := localexecutor.New(t)
+			job := server.NewJob(fakegitlab.JobSpec{
+				Script:      []string{"echo about to fail", "exit 3"},
+				AfterScript: tc.afterScript,
+				GitStrategy: "none",
+			})
 
-	result := runJobThroughRunner12(t, server, executor, job)
+			result := runJob(t, server, executor, job)
 
-	if result.State != fakegitlab.StateFailed || result.FailureReason != "script_failure" {
-		t.Errorf("job state %q reason %q, want failed/script_failure", result.State, result.FailureReason)
-	}
-	for _, want := range []string{"about to fail", "after script ran"} {
-		if !strings.Contains(result.Trace, want) {
-			t.Errorf("trace lacks %q", want)
-		}
-	}
-	if result.ExitCode != nil {
-		t.Errorf("runner 12.8 sent exit code %d, a field it does not know", *result.ExitCode)
+			if result.State != fakegitlab.StateFailed || result.FailureReason != fakegitlab.FailureScript {
+				t.Errorf("job state %q reason %q, want failed/%s", result.State, result.FailureReason, fakegitlab.FailureScript)
+			}
+			if result.ExitCode == nil || *result.ExitCode != 3 {
+				t.Errorf("final update carries exit code %v, want 3", derefOrNil(result.ExitCode))
+			}
+			for _, want := range []string{"about to fail", "after script ran", "Job failed: exit status 3"} {
+				if !strings.Contains(result.Trace, want) {
+					t.Errorf("trace lacks %q", want)
+				}
+			}
+			if tc.afterScriptWarning != "" && !strings.Contains(result.Trace, tc.afterScriptWarning) {
+				t.Errorf("trace lacks %q", tc.afterScriptWarning)
+			}
+		})
 	}
 }
 
-func TestRunner12AbortsJobCanceledInGitLab(t *testing.T) {
+func derefOrNil(code *int) any {
+	if code == nil {
+		return nil
+	}
+	return *code
+}
+
+// markerSeconds is a `sleep` argument unique to this test process and job: the job's marker
+// processes are `sleep <it>`, which a scan of /proc finds and nothing else matches.
+func markerSeconds(jobID int64) string {
+	return fmt.Sprintf("86399.%d%d", os.Getpid(), jobID)
+}
+
+// procScan, run with eval, counts in $found the processes running `sleep $MARKER_SECONDS` and
+// lists them; its own text does not contain the value.
+const procScan = `found=0; for p in /proc/[0-9]*; do c=$(tr '\0' ' ' 2>/dev/null < "$p/cmdline") || continue; ` +
+	`case "$c" in *"sleep $MARKER_SECONDS"*) found=$((found+1)); echo "marker process: ${p#/proc/} $c";; esac; done`
+
+// TestRunnerCancelsGracefully cancels a running job the way GitLab's cancel button does on
+// 17.x: trace patches are answered with Job-Status: canceling. The runner stops the script,
+// runs after_script with CI_JOB_STATUS=canceled and reports the job.
+func TestRunnerCancelsGracefully(t *testing.T) {
 	server := newServer(t, fakegitlab.WithLongPolling(10*time.Second))
 	executor := localexecutor.New(t)
-	// 12.8 only learns of a cancel from a trace patch, sent every 3 s when
-	// there is new output; a job that prints nothing is noticed after 30 s.
+	id := fakegitlab.NextJobID()
 	job := server.NewJob(fakegitlab.JobSpec{
-		Script:      []string{"echo started", "for i in $(seq 60); do echo tick; sleep 1; done"},
+		ID: id,
+		Variables: []fakegitlab.Variable{
+			{Key: "MARKER_SECONDS", Value: markerSeconds(id), Public: true},
+			{Key: "PROC_SCAN", Value: procScan, Public: true, Raw: true}, // raw: the runner expands $x in other values
+		},
+		// Two marker processes, the second in a child shell; the scan sees both before the
+		// script goes on (a positive control of the scan after_script runs).
+		Script: []string{`sleep "$MARKER_SECONDS" &`, `sh -c 'sleep "$MARKER_SECONDS"' &`,
+			`until eval "$PROC_SCAN" >/dev/null; [ "$found" -ge 2 ]; do sleep 0.1; done`,
+			`echo "build-started with $found marker processes"`, "while :; do echo tick; sleep 1; done"},
+		AfterScript: []string{`echo "after_script sees CI_JOB_STATUS=$CI_JOB_STATUS"`, `eval "$PROC_SCAN"; echo "marker processes left: $found"`},
 		GitStrategy: "none",
 	})
-	jobID := server.Enqueue(job)
+	server.Enqueue(job)
 	process, err := runner.Start(runnerOptions(t, server, executor))
 	if err != nil {
 		t.Fatal(err)
@@ -164,28 +210,27 @@ func TestRunner12AbortsJobCanceledInGitLab(t *testing.T) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	if _, err := server.WaitForTrace(ctx, jobID, "started"); err != nil {
-		t.Fatalf("%v\nrunner log:\n%s", err, process.Log())
+	// The runner hears of the cancel in the answer to its next trace patch; the ticks make one.
+	if partial, err := server.WaitForTrace(ctx, job.ID, "build-started with 2 marker processes"); err != nil {
+		t.Fatalf("%v\nrunner log:\n%s\njob trace so far:\n%s", err, process.Log(), partial.Trace)
 	}
-	canceledAt := time.Now()
-	if err := server.Cancel(jobID); err != nil {
+	if err := server.CancelGracefully(job.ID); err != nil {
 		t.Fatal(err)
 	}
-	result, err := server.Wait(ctx, jobID)
+	result, err := server.Wait(ctx, job.ID)
 	if err != nil {
 		t.Fatalf("%v\nrunner log:\n%s", err, process.Log())
 	}
 	logOnFailure(t, process.Log(), result.Trace)
 
-	// 12.8 has no job_canceled failure reason: it reports a script failure.
-	if result.State != fakegitlab.StateCanceled || result.ReportedState != fakegitlab.StateFailed || result.FailureReason != "script_failure" {
-		t.Errorf("state %q reported %q (%q), want canceled, reported failed (script_failure)", result.State, result.ReportedState, result.FailureReason)
+	// job_canceled is internal to the runner: GitLab hears unknown_failure.
+	if result.State != fakegitlab.StateCanceled || result.ReportedState != fakegitlab.StateFailed || result.FailureReason != fakegitlab.FailureUnknown {
+		t.Errorf("state %q reported %q (%q), want canceled, reported failed (%s)", result.State, result.ReportedState, result.FailureReason, fakegitlab.FailureUnknown)
 	}
-	// Up to 3 s until the next trace patch tells the runner, then SIGTERM.
-	elapsed := result.FinishedAt.Sub(canceledAt)
-	t.Logf("cancel to final state: %v", elapsed)
-	if elapsed > 10*time.Second {
-		t.Errorf("runner took %v to act on the cancel", elapsed)
+	for _, want := range []string{"after_script sees CI_JOB_STATUS=canceled", "marker processes left: 0"} {
+		if !strings.Contains(result.Trace, want) {
+			t.Errorf("trace lacks %q", want)
+		}
 	}
 	if _, err := process.Wait(ctx); err != nil {
 		t.Error(err)
@@ -196,7 +241,7 @@ func TestRunner12AbortsJobCanceledInGitLab(t *testing.T) {
 }
 
 func TestRunSingleExitsWhenNoJobArrivesAndStopEndsARunner(t *testing.T) {
-	server := newServer(t) // no long polling: 12.8 re-polls every 3 s
+	server := newServer(t) // no long polling: the runner re-polls every 3 s
 	executor := localexecutor.New(t)
 
 	options := runnerOptions(t, server, executor)
@@ -204,6 +249,9 @@ func TestRunSingleExitsWhenNoJobArrivesAndStopEndsARunner(t *testing.T) {
 	result, err := runner.RunSingle(context.Background(), options)
 	if err != nil || result.Stopped {
 		t.Errorf("idle runner: err %v, stopped %v", err, result.Stopped)
+	}
+	if requests := server.Requests(); len(requests) == 0 {
+		t.Error("the runner never asked for a job")
 	}
 
 	options.WaitTimeout = time.Hour
@@ -217,22 +265,29 @@ func TestRunSingleExitsWhenNoJobArrivesAndStopEndsARunner(t *testing.T) {
 	}
 }
 
-func TestRunner12ArtifactsRoundTripThroughFakeGitLab(t *testing.T) {
+// TestRunnerArtifactsRoundTripThroughTheHelper uploads a job's artifacts and downloads them in
+// a later job, both through the runner's helper binary (the only `gitlab-runner` on PATH).
+func TestRunnerArtifactsRoundTripThroughTheHelper(t *testing.T) {
 	server := newServer(t, fakegitlab.WithLongPolling(10*time.Second))
 	executor := localexecutor.New(t)
 
 	producer := server.NewJob(fakegitlab.JobSpec{
 		Name:        "build",
-		Script:      []string{"mkdir -p out", "echo built by the producer > out/result.txt"},
+		Script:      []string{"mkdir -p out", "echo built by the producer > out/result.txt", `echo "helper: $(command -v gitlab-runner)"`},
 		GitStrategy: "none",
 		Artifacts:   []fakegitlab.Artifact{{Paths: []string{"out/"}, When: fakegitlab.WhenOnSuccess, Format: "zip", Type: "archive", ExpireIn: "1 day"}},
 	})
-	produced := runJobThroughRunner12(t, server, executor, producer)
+	produced := runJob(t, server, executor, producer)
 	if produced.State != fakegitlab.StateSuccess || len(produced.Artifacts) != 1 {
 		t.Fatalf("producer state %q with %d uploads", produced.State, len(produced.Artifacts))
 	}
 	if got := zipEntry(t, produced.Artifacts[0].Data, "out/result.txt"); got != "built by the producer\n" {
 		t.Errorf("uploaded out/result.txt = %q", got)
+	}
+	for _, want := range []string{"helper: " + filepath.Join(executor.HelperDir, "gitlab-runner"), "Uploading artifacts", "201 Created"} {
+		if !strings.Contains(produced.Trace, want) {
+			t.Errorf("producer trace lacks %q", want)
+		}
 	}
 
 	dependency, err := server.Dependency(producer.ID)
@@ -245,9 +300,12 @@ func TestRunner12ArtifactsRoundTripThroughFakeGitLab(t *testing.T) {
 		GitStrategy:  "none",
 		Dependencies: []fakegitlab.Dependency{dependency},
 	})
-	consumed := runJobThroughRunner12(t, server, executor, consumer)
+	consumed := runJob(t, server, executor, consumer)
 	if consumed.State != fakegitlab.StateSuccess || !strings.Contains(consumed.Trace, "\nbuilt by the producer\n") {
 		t.Errorf("consumer state %q did not print the downloaded artifact", consumed.State)
+	}
+	if !strings.Contains(consumed.Trace, "Downloading artifacts") {
+		t.Error("consumer trace lacks the helper's download")
 	}
 }
 
@@ -269,66 +327,10 @@ func zipEntry(t testing.TB, archive []byte, name string) string {
 	return string(content)
 }
 
-func modernConfig(executor *localexecutor.Executor) modern.Config {
-	return modern.Config{Executor: executor.Definition, ProcessEnv: append(os.Environ(), executor.Env...)}
-}
-
-func TestModernDriverRunsHelloAndFailingJobs(t *testing.T) {
-	for name, tc := range map[string]struct {
-		script    []string
-		wantState string
-		wantText  string
-	}{
-		"hello":   {[]string{"echo hello"}, "success", "\nhello\n"},
-		"failing": {[]string{"echo failing now", "false"}, "failed", "failing now"},
-	} {
-		t.Run(name, func(t *testing.T) {
-			executor := localexecutor.New(t)
-			job := fakegitlab.NewJob(fakegitlab.JobSpec{Script: tc.script, GitStrategy: "none"})
-			result, err := modern.Run(context.Background(), modernConfig(executor), job)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if result.State != tc.wantState || !strings.Contains(result.Log, tc.wantText) {
-				t.Errorf("state %q, want %q with %q in the log:\n%s", result.State, tc.wantState, tc.wantText, result.Log)
-			}
-		})
-	}
-}
-
-func TestModernDriverUploadsArtifactsWithTheRealRunnerHelper(t *testing.T) {
-	server := newServer(t)
-	executor := localexecutor.New(t)
-	job := server.NewJob(fakegitlab.JobSpec{
-		Script:      []string{"mkdir -p out", "echo modern > out/result.txt"},
-		GitStrategy: "none",
-		Artifacts:   []fakegitlab.Artifact{{Paths: []string{"out/"}, When: fakegitlab.WhenOnSuccess}},
-	})
-	server.Enqueue(job)
-	if err := server.HandOut(job.ID, fakegitlab.RunnerVersion{Name: "modern-driver"}); err != nil {
-		t.Fatal(err)
-	}
-	config := modernConfig(executor)
-	config.RunnerCommand = requireBinary(t)
-
-	result, err := modern.Run(context.Background(), config, job)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if result.State != "success" {
-		t.Fatalf("state %q: %v\n%s", result.State, result.Err, result.Log)
-	}
-	snapshot, _ := server.Snapshot(job.ID)
-	if len(snapshot.Artifacts) != 1 || zipEntry(t, snapshot.Artifacts[0].Data, "out/result.txt") != "modern\n" {
-		t.Errorf("fake GitLab got artifacts %+v", snapshot.Artifacts)
-	}
-}
-
 // BenchmarkRunnerAloneHelloJob measures the floor of the real runner: a
-// `script: [echo hello]` job (GIT_STRATEGY none) through gitlab-runner 12.8,
-// from the job's hand-out (POST /jobs/request) to its final state (PUT
-// success), jobs back to back through one runner. The peer baseline measured
-// 0.23 s median with runner 17.9 (which skips the 4 empty stages 12.8 runs).
+// `script: [echo hello]` job (GIT_STRATEGY none) from the job's hand-out
+// (POST /jobs/request) to its final state (PUT success), jobs back to back
+// through one runner.
 //
 //   - local-executor: the full local executor (config, prepare, run, cleanup)
 //   - run-exec-only: only a run_exec that execs the script, the least a
@@ -377,23 +379,6 @@ func benchmarkHelloJobs(b *testing.B, server *fakegitlab.Server, options runner.
 		durations = append(durations, result.Duration())
 	}
 	b.StopTimer()
-	reportDurations(b, durations)
-}
-
-// BenchmarkModernDriverHelloJob is the same job through the modern protocol
-// driver: the floor of the 17.x protocol (5 executable calls fewer than 12.8).
-func BenchmarkModernDriverHelloJob(b *testing.B) {
-	executor := localexecutor.New(b)
-	config := modernConfig(executor)
-	durations := make([]time.Duration, 0, b.N)
-	for range b.N {
-		job := fakegitlab.NewJob(fakegitlab.JobSpec{Script: []string{"echo hello"}, GitStrategy: "none"})
-		result, err := modern.Run(context.Background(), config, job)
-		if err != nil || result.State != "success" {
-			b.Fatalf("state %v err %v", result, err)
-		}
-		durations = append(durations, result.Duration)
-	}
 	reportDurations(b, durations)
 }
 

@@ -5,5 +5,5 @@ set -euo pipefail
 # shellcheck source=lib.sh
 source "$(dirname "$0")/lib.sh"
 
-record cleanup
+record "cleanup job_env=${LOCAL_EXECUTOR_JOB_ENV:-}"
 echo "local test executor cleaned up"

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # config_exec of the local test executor, which runs jobs on this host.
-# Its stdout is the JSON the runner reads; job_env only reaches runners
-# >= 14.x (12.8 ignores the field).
+# Its stdout is the JSON the runner reads; the runner adds job_env to the
+# environment of the later executables (prepare, run, cleanup), not the job's.
 set -euo pipefail
 # shellcheck source=lib.sh
 source "$(dirname "$0")/lib.sh"

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # prepare_exec of the local test executor: nothing to create on this host;
-# it records what the runner told it, which differs between runner versions.
+# it records what the runner told it.
 set -euo pipefail
 # shellcheck source=lib.sh
 source "$(dirname "$0")/lib.sh"

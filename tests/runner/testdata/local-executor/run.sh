@@ -10,16 +10,16 @@
 source "$(dirname "$0")/lib.sh"
 script=$1
 stage=$2
-record "run $stage"
+record "run $stage job_env=${LOCAL_EXECUTOR_JOB_ENV:-}"
 
 # Run the script as a child rather than exec it, to translate its exit code.
 "$script" &
 child=$!
 
-# Newer runners (17.x) send SIGTERM to our whole process group on cancel, 12.8
-# only to us. Pass it on to the script and to the subshell that runs its
-# commands (the script evals them in a pipeline, and bash runs a trap only
-# once the pipeline is over), so that a cancel acts at once either way.
+# On cancel and timeout the runner sends SIGTERM to our whole process group.
+# Pass it on to the script and to the subshell that runs its commands too (the
+# script evals them in a pipeline, and bash runs a trap only once the pipeline
+# is over), so that a cancel acts at once whoever gets the signal.
 forward_term() {
 	# shellcheck disable=SC2046 # one argument per child PID
 	kill -TERM $(pgrep -P "$child" 2>/dev/null) "$child" 2>/dev/null
