@@ -5,6 +5,8 @@ import (
 	"maps"
 	"testing"
 
+	"github.com/sandbox-executor/sandbox-executor/kube"
+
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -18,8 +20,6 @@ import (
 	sandboxfake "sigs.k8s.io/agent-sandbox/clients/k8s/clientset/versioned/fake"
 	extfake "sigs.k8s.io/agent-sandbox/clients/k8s/extensions/clientset/versioned/fake"
 	extv1beta1 "sigs.k8s.io/agent-sandbox/extensions/api/v1beta1"
-
-	"github.com/sandbox-executor/sandbox-executor/executor"
 )
 
 // Namespace is where the fake cluster keeps its pool, claims, sandboxes and pods.
@@ -36,8 +36,8 @@ const PodIP = "127.0.0.9"
 const Template = "duo-gvisor"
 
 var (
-	claimsGVR    = schema.GroupVersionResource{Group: "extensions.agents.x-k8s.io", Version: "v1beta1", Resource: "sandboxclaims"}
-	sandboxesGVR = schema.GroupVersionResource{Group: "agents.x-k8s.io", Version: "v1beta1", Resource: "sandboxes"}
+	claimsGVR    = kube.SandboxClaims.WithVersion(kube.APIVersion)
+	sandboxesGVR = kube.Sandboxes.WithVersion(kube.APIVersion)
 )
 
 // Cluster is the fake clientsets plus a stand-in for the agent-sandbox controller: when a
@@ -47,7 +47,7 @@ type Cluster struct {
 	Kube       *kubefake.Clientset
 	Sandboxes  *sandboxfake.Clientset
 	Extensions *extfake.Clientset
-	Clients    *executor.Clients
+	Clients    *kube.Clients
 	// RuntimeClass of the pods the controller hands out; "" for none.
 	RuntimeClass string
 	// ReadyReason, when set, makes claims and Sandboxes Ready=False with this reason instead of
@@ -85,7 +85,7 @@ func NewCluster(t testing.TB, objects ...runtime.Object) *Cluster {
 	}
 	reconcileOnWatch(&fc.Extensions.Fake, fc.Extensions.Tracker(), claimsGVR, func() { fc.bindClaims(t) })
 	reconcileOnWatch(&fc.Sandboxes.Fake, fc.Sandboxes.Tracker(), sandboxesGVR, func() { fc.startSandboxes(t) })
-	fc.Clients = &executor.Clients{Kube: fc.Kube, Sandboxes: fc.Sandboxes, Extensions: fc.Extensions}
+	fc.Clients = &kube.Clients{Kube: fc.Kube, Sandboxes: fc.Sandboxes, Extensions: fc.Extensions}
 	return fc
 }
 
