@@ -3,6 +3,7 @@ package kube
 import (
 	"context"
 	"fmt"
+	"math"
 	"slices"
 	"time"
 
@@ -10,6 +11,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/apimachinery/pkg/watch"
 	sandboxv1beta1 "sigs.k8s.io/agent-sandbox/api/v1beta1"
 )
@@ -59,7 +61,8 @@ func waitReady[T metav1.Object](ctx context.Context, rw readyWatch[T], obj T, ti
 		}
 		return ready, nil
 	}
-	rewatchDelay := 50 * time.Millisecond
+	// Re-watches back off so that a watch that keeps failing does not spin.
+	rewatch := wait.Backoff{Duration: 50 * time.Millisecond, Factor: 2, Steps: math.MaxInt32, Cap: 2 * time.Second}
 	for {
 		if done, err := settled(obj); done {
 			return settledResult(obj, err)
@@ -99,11 +102,10 @@ func waitReady[T metav1.Object](ctx context.Context, rw readyWatch[T], obj T, ti
 		// The watch ended (API server timeout or restart, conversion webhook down): re-read
 		// and watch again, backing off so a watch that keeps failing does not spin.
 		select {
-		case <-time.After(rewatchDelay):
+		case <-time.After(rewatch.Step()):
 		case <-ctx.Done():
 			return timedOut()
 		}
-		rewatchDelay = min(2*rewatchDelay, 2*time.Second)
 		fresh, err := rw.client.Get(ctx, name, metav1.GetOptions{})
 		if err != nil {
 			if ctx.Err() != nil {
