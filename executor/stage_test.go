@@ -17,7 +17,6 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/sandbox-executor/sandbox-executor/failure"
-	"github.com/sandbox-executor/sandbox-executor/gitlab"
 	"github.com/sandbox-executor/sandbox-executor/kube"
 
 	"github.com/sandbox-executor/sandbox-executor/executor"
@@ -30,7 +29,7 @@ func newStageRunner(ex kube.RemoteExecutor, log *testutil.LockedBuffer, podGone 
 		Exec:       ex,
 		Sandbox:    &kube.Sandbox{Namespace: "ns", Pod: "job-pod", Container: "job"},
 		PodGone:    func(context.Context) (string, error) { return podGone, nil },
-		Log:        &gitlab.JobLog{W: log},
+		Log:        executortest.JobLog(log),
 		Reconnects: 5,
 		Backoff:    wait.Backoff{Duration: time.Millisecond},
 		KillGrace:  2 * time.Second,
@@ -350,7 +349,7 @@ func TestStageRunnerEndsTheJobWhenTheAgentForgotIt(t *testing.T) {
 	r := &executor.StageRunner{
 		Exec: agent, Sandbox: &kube.Sandbox{Namespace: "ns", Pod: "job-pod", Container: "job"},
 		PodGone:    func(context.Context) (string, error) { return "", nil },
-		Log:        &gitlab.JobLog{W: &strings.Builder{}},
+		Log:        executortest.JobLog(&strings.Builder{}),
 		Reconnects: 5, Backoff: wait.Backoff{Duration: time.Millisecond},
 	}
 	_, err := r.Run(context.Background(), "build_script", []byte("echo hi\n"), io.Discard, io.Discard)

@@ -13,10 +13,15 @@ import (
 // JobLog writes the executor's own lines into the job log (the runner shows a stage's output in
 // the job's trace). It never prints job variables or scripts: it is only ever given our own words.
 type JobLog struct {
-	W     io.Writer
-	Debug bool
-	// Clock dates section markers and times steps; nil means the real clock.
-	Clock clock.PassiveClock
+	w     io.Writer
+	debug bool
+	// clock dates section markers and times steps.
+	clock clock.PassiveClock
+}
+
+// NewJobLog writes to w (nil for nowhere), debug lines too if debug, dated by clk.
+func NewJobLog(w io.Writer, debug bool, clk clock.PassiveClock) *JobLog {
+	return &JobLog{w: w, debug: debug, clock: clk}
 }
 
 const (
@@ -28,10 +33,10 @@ const (
 )
 
 func (l *JobLog) printf(color, format string, args ...any) {
-	if l == nil || l.W == nil {
+	if l == nil || l.w == nil {
 		return
 	}
-	fmt.Fprintf(l.W, "%s%s%s\n", color, failure.OneLine(fmt.Sprintf(format, args...)), ansiReset)
+	fmt.Fprintf(l.w, "%s%s%s\n", color, failure.OneLine(fmt.Sprintf(format, args...)), ansiReset)
 }
 
 // Infof prints a line users see at the default verbosity: keep these few.
@@ -42,28 +47,23 @@ func (l *JobLog) Warnf(format string, args ...any) { l.printf(ansiYellow, "WARNI
 
 // Debugf prints only with debug = true.
 func (l *JobLog) Debugf(format string, args ...any) {
-	if l != nil && l.Debug {
+	if l != nil && l.debug {
 		l.printf("", "[debug] "+format, args...)
 	}
 }
 
 // Now is the time by the log's clock.
-func (l *JobLog) Now() time.Time {
-	if l.Clock == nil {
-		return time.Now()
-	}
-	return l.Clock.Now()
-}
+func (l *JobLog) Now() time.Time { return l.clock.Now() }
 
 // Section opens a collapsible section of the job log (GitLab's section markers); the returned
 // function closes it.
 func (l *JobLog) Section(name, header string) func() {
-	if l == nil || l.W == nil {
+	if l == nil || l.w == nil {
 		return func() {}
 	}
 	id := sectionName(name)
-	fmt.Fprintf(l.W, "section_start:%d:%s[collapsed=true]\r%s%s%s%s\n", l.Now().Unix(), id, ansiClear, ansiBold, header, ansiReset)
-	return func() { fmt.Fprintf(l.W, "section_end:%d:%s\r%s\n", l.Now().Unix(), id, ansiClear) }
+	fmt.Fprintf(l.w, "section_start:%d:%s[collapsed=true]\r%s%s%s%s\n", l.Now().Unix(), id, ansiClear, ansiBold, header, ansiReset)
+	return func() { fmt.Fprintf(l.w, "section_end:%d:%s\r%s\n", l.Now().Unix(), id, ansiClear) }
 }
 
 func sectionName(s string) string {

@@ -15,7 +15,7 @@ import (
 // until its sandbox is Ready and verified.
 func (c *Claimer) Claim(ctx context.Context, req ClaimRequest) (*Sandbox, error) {
 	name := ClaimName(req.Runner, req.Job.ID)
-	claims := c.Clients.Extensions.ExtensionsV1beta1().SandboxClaims(req.Namespace)
+	claims := c.clients.Extensions.ExtensionsV1beta1().SandboxClaims(req.Namespace)
 	shutdown := c.shutdownTime(req)
 	want := &extv1beta1.SandboxClaim{
 		ObjectMeta: metav1.ObjectMeta{
@@ -30,7 +30,7 @@ func (c *Claimer) Claim(ctx context.Context, req ClaimRequest) (*Sandbox, error)
 			Lifecycle: &extv1beta1.Lifecycle{ShutdownTime: &shutdown, ShutdownPolicy: extv1beta1.ShutdownPolicyDelete},
 		},
 	}
-	since := c.now()
+	since := c.clock.Now()
 	claim, err := createOrAdopt(ctx, claims, want, "SandboxClaim", SandboxClaims.String())
 	if err != nil {
 		return nil, err
@@ -99,7 +99,7 @@ func (c *Claimer) waitClaimReady(ctx context.Context, claim *extv1beta1.SandboxC
 		kind:     "SandboxClaim",
 		resource: SandboxClaims.String(),
 		origin:   "pool " + claim.Spec.WarmPoolRef.Name,
-		client:   c.Clients.Extensions.ExtensionsV1beta1().SandboxClaims(claim.Namespace),
+		client:   c.clients.Extensions.ExtensionsV1beta1().SandboxClaims(claim.Namespace),
 		state:    claimState,
 	}, claim, timeout)
 }
@@ -114,9 +114,9 @@ func (c *Claimer) Resolve(ctx context.Context, claim *extv1beta1.SandboxClaim, r
 	guessed := make(chan struct{})
 	go func() {
 		defer close(guessed)
-		guess.pod, guess.err = c.Clients.Kube.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
+		guess.pod, guess.err = c.clients.Kube.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
 	}()
-	sbx, err := c.Clients.Sandboxes.AgentsV1beta1().Sandboxes(ns).Get(ctx, name, metav1.GetOptions{})
+	sbx, err := c.clients.Sandboxes.AgentsV1beta1().Sandboxes(ns).Get(ctx, name, metav1.GetOptions{})
 	<-guessed
 	if err != nil {
 		return nil, explainAPIError(err, apiCall{"get", Sandboxes.String(), ns, name})
@@ -133,7 +133,7 @@ func (c *Claimer) Resolve(ctx context.Context, claim *extv1beta1.SandboxClaim, r
 // Release deletes the job's claim; the Sandbox and its pod are garbage-collected with it.
 // A claim already gone is success, so cleanup may run any number of times.
 func (c *Claimer) Release(ctx context.Context, namespace, claim string) error {
-	return deleteIgnoringNotFound(ctx, c.Clients.Extensions.ExtensionsV1beta1().SandboxClaims(namespace), claim, apiCall{"delete", SandboxClaims.String(), namespace, claim})
+	return deleteIgnoringNotFound(ctx, c.clients.Extensions.ExtensionsV1beta1().SandboxClaims(namespace), claim, apiCall{"delete", SandboxClaims.String(), namespace, claim})
 }
 
 // deleter is the part of a typed client that deleteIgnoringNotFound uses.
@@ -156,7 +156,7 @@ func deleteIgnoringNotFound(ctx context.Context, client deleter, name string, ca
 // cold-started Sandbox of that name. The stages after prepare need it when prepare left no state
 // (runners without TMPDIR).
 func (c *Claimer) Find(ctx context.Context, namespace, claimName string, runtimeClasses []string) (*Sandbox, error) {
-	claim, err := c.Clients.Extensions.ExtensionsV1beta1().SandboxClaims(namespace).Get(ctx, claimName, metav1.GetOptions{})
+	claim, err := c.clients.Extensions.ExtensionsV1beta1().SandboxClaims(namespace).Get(ctx, claimName, metav1.GetOptions{})
 	if isObjectNotFound(err) {
 		if cold, err := c.findColdStart(ctx, namespace, claimName, runtimeClasses); cold != nil || err != nil {
 			return cold, err

@@ -31,7 +31,7 @@ func testRequest() kube.ClaimRequest {
 func TestClaimCreatesLabelledClaimWithLifecycle(t *testing.T) {
 	fc := executortest.NewCluster(t)
 	now := time.Date(2026, 11, 21, 10, 0, 0, 0, time.UTC)
-	c := &kube.Claimer{Clients: fc.Clients, Clock: testingclock.NewFakePassiveClock(now)}
+	c := kube.NewClaimer(fc.Clients, testingclock.NewFakePassiveClock(now))
 	sbx, err := c.Claim(context.Background(), testRequest())
 	if err != nil {
 		t.Fatalf("Claim: %v", err)
@@ -61,7 +61,7 @@ func TestClaimCreatesLabelledClaimWithLifecycle(t *testing.T) {
 
 func TestClaimAdoptsItsOwnClaimOnRetry(t *testing.T) {
 	fc := executortest.NewCluster(t)
-	c := &kube.Claimer{Clients: fc.Clients}
+	c := fc.Claimer()
 	assertRetryAdopts(t, func() (*kube.Sandbox, error) { return c.Claim(context.Background(), testRequest()) }, func() int {
 		list, _ := fc.Extensions.ExtensionsV1beta1().SandboxClaims(executortest.Namespace).List(context.Background(), metav1.ListOptions{})
 		return len(list.Items)
@@ -93,7 +93,7 @@ func TestClaimFailsClosedOnRuntimeClass(t *testing.T) {
 	for _, rc := range []string{"", "runc"} {
 		fc := executortest.NewCluster(t)
 		fc.RuntimeClass = rc
-		_, err := (&kube.Claimer{Clients: fc.Clients}).Claim(context.Background(), testRequest())
+		_, err := fc.Claimer().Claim(context.Background(), testRequest())
 		if failure.KindOf(err) != failure.KindPermanent || !strings.Contains(err.Error(), "refusing pod") {
 			t.Errorf("runtimeClass %q: err = %v, want a permanent refusal", rc, err)
 		}
@@ -105,7 +105,7 @@ func TestClaimReadyTimeoutNamesLastCondition(t *testing.T) {
 	fc.ReadyReason = "SandboxNotReady"
 	req := testRequest()
 	req.ReadyTimeout = 300 * time.Millisecond
-	_, err := (&kube.Claimer{Clients: fc.Clients}).Claim(context.Background(), req)
+	_, err := fc.Claimer().Claim(context.Background(), req)
 	if failure.KindOf(err) != failure.KindSystem || !strings.Contains(err.Error(), "not Ready within ready_timeout 300ms") || !strings.Contains(err.Error(), "reason=SandboxNotReady") {
 		t.Errorf("err = %v, want a timeout naming the last condition", err)
 	}
@@ -114,7 +114,7 @@ func TestClaimReadyTimeoutNamesLastCondition(t *testing.T) {
 func TestClaimPermanentReasonFailsFast(t *testing.T) {
 	fc := executortest.NewCluster(t)
 	fc.ReadyReason = "TemplateNotFound"
-	_, err := (&kube.Claimer{Clients: fc.Clients}).Claim(context.Background(), testRequest())
+	_, err := fc.Claimer().Claim(context.Background(), testRequest())
 	if failure.KindOf(err) != failure.KindPermanent || !strings.Contains(err.Error(), "TemplateNotFound") {
 		t.Errorf("err = %v, want a permanent error naming TemplateNotFound", err)
 	}
@@ -137,7 +137,7 @@ func TestAPIErrorsAreExplained(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			fc := executortest.NewCluster(t)
 			fc.Extensions.PrependReactor("get", "sandboxwarmpools", func(k8stesting.Action) (bool, runtime.Object, error) { return true, nil, tc.err })
-			_, err := (&kube.Claimer{Clients: fc.Clients}).CheckPool(context.Background(), executortest.Namespace, "duo-default")
+			_, err := fc.Claimer().CheckPool(context.Background(), executortest.Namespace, "duo-default")
 			if failure.KindOf(err) != tc.kind || !strings.Contains(err.Error(), tc.want) {
 				t.Errorf("err = %v (kind %d), want kind %d containing %q", err, failure.KindOf(err), tc.kind, tc.want)
 			}
@@ -179,7 +179,7 @@ func TestReleaseIsIdempotent(t *testing.T) {
 			}},
 	} {
 		fc := executortest.NewCluster(t)
-		c := &kube.Claimer{Clients: fc.Clients}
+		c := fc.Claimer()
 		sbx, err := tc.acquire(c)
 		if err != nil {
 			t.Fatal(err)

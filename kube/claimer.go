@@ -30,9 +30,9 @@ type Job struct {
 
 // Claimer claims and releases sandboxes.
 type Claimer struct {
-	Clients *Clients
-	// Clock dates shutdown times and times steps; nil means the real clock.
-	Clock clock.PassiveClock
+	clients *Clients
+	// clock dates shutdown times and times steps.
+	clock clock.PassiveClock
 	// Step, when set, is told each finished step of a claim and how long it took (the job log's
 	// debug lines).
 	Step func(step string, took time.Duration)
@@ -43,26 +43,24 @@ func (c *Claimer) step(since *time.Time, format string, args ...any) {
 	if c.Step == nil {
 		return
 	}
-	now := c.now()
+	now := c.clock.Now()
 	c.Step(fmt.Sprintf(format, args...), now.Sub(*since))
 	*since = now
 }
 
-func (c *Claimer) now() time.Time {
-	if c.Clock == nil {
-		return time.Now()
-	}
-	return c.Clock.Now()
+// NewClaimer claims through clients and dates by clk (clock.RealClock{} outside tests).
+func NewClaimer(clients *Clients, clk clock.PassiveClock) *Claimer {
+	return &Claimer{clients: clients, clock: clk}
 }
 
 // shutdownTime is when agent-sandbox deletes what the job made even if cleanup never runs: the
 // job's timeout plus claim_grace from now.
 func (c *Claimer) shutdownTime(req ClaimRequest) metav1.Time {
-	return metav1.NewTime(c.now().Add(req.Job.Timeout + req.Grace).Truncate(time.Second))
+	return metav1.NewTime(c.clock.Now().Add(req.Job.Timeout + req.Grace).Truncate(time.Second))
 }
 
 // Exec is the transport that runs commands in job pods (pods/exec).
-func (c *Claimer) Exec() RemoteExecutor { return c.Clients.Exec }
+func (c *Claimer) Exec() RemoteExecutor { return c.clients.Exec }
 
 // Attach writes to the stdin of a job container (pods/attach).
-func (c *Claimer) Attach() Attacher { return c.Clients.Attach }
+func (c *Claimer) Attach() Attacher { return c.clients.Attach }

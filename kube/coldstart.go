@@ -24,7 +24,7 @@ var permanentSandboxReasons = []string{
 // pod as Resolve does. req.Pool is not used. The Sandbox carries the image, the job's labels and
 // its lifecycle: nothing of the job's variables.
 func (c *Claimer) ColdStart(ctx context.Context, req ClaimRequest, template string) (*Sandbox, error) {
-	tmpl, err := c.Clients.Extensions.ExtensionsV1beta1().SandboxTemplates(req.Namespace).Get(ctx, template, metav1.GetOptions{})
+	tmpl, err := c.clients.Extensions.ExtensionsV1beta1().SandboxTemplates(req.Namespace).Get(ctx, template, metav1.GetOptions{})
 	if isObjectNotFound(err) {
 		return nil, failure.PermanentError(nil, "SandboxTemplate %q not found in namespace %q: create it or fix cold_template in the executor config", template, req.Namespace)
 	}
@@ -35,7 +35,7 @@ func (c *Claimer) ColdStart(ctx context.Context, req ClaimRequest, template stri
 	if err != nil {
 		return nil, err
 	}
-	sandboxes := c.Clients.Sandboxes.AgentsV1beta1().Sandboxes(req.Namespace)
+	sandboxes := c.clients.Sandboxes.AgentsV1beta1().Sandboxes(req.Namespace)
 	sbx, err := createOrAdopt(ctx, sandboxes, want, "Sandbox", Sandboxes.String())
 	if err != nil {
 		return nil, err
@@ -147,7 +147,7 @@ func isColdStart(sbx *sandboxv1beta1.Sandbox) bool {
 // findColdStart returns the job's cold-started Sandbox named name, verified, or nil if there is
 // none.
 func (c *Claimer) findColdStart(ctx context.Context, namespace, name string, runtimeClasses []string) (*Sandbox, error) {
-	sbx, err := c.Clients.Sandboxes.AgentsV1beta1().Sandboxes(namespace).Get(ctx, name, metav1.GetOptions{})
+	sbx, err := c.clients.Sandboxes.AgentsV1beta1().Sandboxes(namespace).Get(ctx, name, metav1.GetOptions{})
 	if isObjectNotFound(err) {
 		return nil, nil
 	}
@@ -166,5 +166,5 @@ func (c *Claimer) findColdStart(ctx context.Context, namespace, name string, run
 // ReleaseColdStart deletes the job's cold-started Sandbox; its pod goes with it. A Sandbox
 // already gone is success.
 func (c *Claimer) ReleaseColdStart(ctx context.Context, namespace, name string) error {
-	return deleteIgnoringNotFound(ctx, c.Clients.Sandboxes.AgentsV1beta1().Sandboxes(namespace), name, apiCall{"delete", Sandboxes.String(), namespace, name})
+	return deleteIgnoringNotFound(ctx, c.clients.Sandboxes.AgentsV1beta1().Sandboxes(namespace), name, apiCall{"delete", Sandboxes.String(), namespace, name})
 }

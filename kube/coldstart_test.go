@@ -31,7 +31,7 @@ func coldRequest() kube.ClaimRequest {
 func TestColdStartCreatesTheJobsSandboxFromTheTemplate(t *testing.T) {
 	fc := executortest.NewCluster(t)
 	now := time.Date(2026, 11, 21, 10, 0, 0, 0, time.UTC)
-	c := &kube.Claimer{Clients: fc.Clients, Clock: testingclock.NewFakePassiveClock(now)}
+	c := kube.NewClaimer(fc.Clients, testingclock.NewFakePassiveClock(now))
 	got, err := c.ColdStart(context.Background(), coldRequest(), executortest.Template)
 	if err != nil {
 		t.Fatalf("ColdStart: %v", err)
@@ -86,7 +86,7 @@ func TestColdStartCreatesTheJobsSandboxFromTheTemplate(t *testing.T) {
 
 func TestColdStartAdoptsItsOwnSandboxOnRetry(t *testing.T) {
 	fc := executortest.NewCluster(t)
-	c := &kube.Claimer{Clients: fc.Clients}
+	c := fc.Claimer()
 	first := assertRetryAdopts(t, func() (*kube.Sandbox, error) {
 		return c.ColdStart(context.Background(), coldRequest(), executortest.Template)
 	}, func() int {
@@ -107,7 +107,7 @@ func TestColdStartRefusesAnotherJobsSandbox(t *testing.T) {
 	if _, err := fc.Sandboxes.AgentsV1beta1().Sandboxes(executortest.Namespace).Create(context.Background(), other, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	_, err := (&kube.Claimer{Clients: fc.Clients}).ColdStart(context.Background(), coldRequest(), executortest.Template)
+	_, err := fc.Claimer().ColdStart(context.Background(), coldRequest(), executortest.Template)
 	if failure.KindOf(err) != failure.KindPermanent || !strings.Contains(err.Error(), "Sandbox sandbox-executor/"+name+" exists but belongs to another job") {
 		t.Errorf("err = %v, want a permanent refusal", err)
 	}
@@ -117,7 +117,7 @@ func TestColdStartFailsClosedOnRuntimeClass(t *testing.T) {
 	for _, rc := range []string{"", "runc"} {
 		fc := executortest.NewCluster(t)
 		fc.RuntimeClass = rc
-		_, err := (&kube.Claimer{Clients: fc.Clients}).ColdStart(context.Background(), coldRequest(), executortest.Template)
+		_, err := fc.Claimer().ColdStart(context.Background(), coldRequest(), executortest.Template)
 		if failure.KindOf(err) != failure.KindPermanent || !strings.Contains(err.Error(), "refusing pod") || !strings.Contains(err.Error(), "SandboxTemplate duo-gvisor (cold_template)") {
 			t.Errorf("runtimeClass %q: err = %v, want a permanent refusal naming cold_template", rc, err)
 		}
@@ -155,7 +155,7 @@ func TestColdStartErrorsAreExplained(t *testing.T) {
 			}
 			req := coldRequest()
 			req.ReadyTimeout = 300 * time.Millisecond
-			_, err := (&kube.Claimer{Clients: fc.Clients}).ColdStart(context.Background(), req, tc.template)
+			_, err := fc.Claimer().ColdStart(context.Background(), req, tc.template)
 			if failure.KindOf(err) != tc.kind || !strings.Contains(err.Error(), tc.want) || strings.Contains(err.Error(), "\n") {
 				t.Errorf("err = %v (kind %d), want one line of kind %d containing %q", err, failure.KindOf(err), tc.kind, tc.want)
 			}

@@ -27,7 +27,7 @@ func jobObjectInfo(meta metav1.ObjectMeta, shutdown *metav1.Time, coldStart bool
 
 // RunnerClaims lists the claims this executor made for runner.
 func (c *Claimer) RunnerClaims(ctx context.Context, namespace, runner string) ([]ClaimInfo, error) {
-	list, err := c.Clients.Extensions.ExtensionsV1beta1().SandboxClaims(namespace).List(ctx, runnerSelector(runner))
+	list, err := c.clients.Extensions.ExtensionsV1beta1().SandboxClaims(namespace).List(ctx, runnerSelector(runner))
 	if err != nil {
 		return nil, explainAPIError(err, apiCall{"list", SandboxClaims.String(), namespace, ""})
 	}
@@ -44,7 +44,7 @@ func (c *Claimer) RunnerClaims(ctx context.Context, namespace, runner string) ([
 
 // RunnerColdStarts lists the Sandboxes this executor cold-started for runner.
 func (c *Claimer) RunnerColdStarts(ctx context.Context, namespace, runner string) ([]ClaimInfo, error) {
-	list, err := c.Clients.Sandboxes.AgentsV1beta1().Sandboxes(namespace).List(ctx, runnerSelector(runner))
+	list, err := c.clients.Sandboxes.AgentsV1beta1().Sandboxes(namespace).List(ctx, runnerSelector(runner))
 	if err != nil {
 		return nil, explainAPIError(err, apiCall{"list", Sandboxes.String(), namespace, ""})
 	}

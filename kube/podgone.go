@@ -11,7 +11,7 @@ import (
 
 // PodGone explains why a pod can no longer run stages, or returns "" while it still can.
 func (c *Claimer) PodGone(ctx context.Context, sbx *Sandbox) (string, error) {
-	pod, err := c.Clients.Kube.CoreV1().Pods(sbx.Namespace).Get(ctx, sbx.Pod, metav1.GetOptions{})
+	pod, err := c.clients.Kube.CoreV1().Pods(sbx.Namespace).Get(ctx, sbx.Pod, metav1.GetOptions{})
 	if isObjectNotFound(err) {
 		return fmt.Sprintf("pod %s/%s was deleted", sbx.Namespace, sbx.Pod), nil
 	}

@@ -49,7 +49,7 @@ func TestPodGoneNamesARestartedJobContainer(t *testing.T) {
 			if _, err := fc.Kube.CoreV1().Pods(executortest.Namespace).Create(context.Background(), tc.pod, metav1.CreateOptions{}); err != nil {
 				t.Fatal(err)
 			}
-			c := &kube.Claimer{Clients: fc.Clients}
+			c := fc.Claimer()
 			why, err := c.PodGone(context.Background(), sbx)
 			if err != nil {
 				t.Fatal(err)
@@ -77,7 +77,7 @@ func TestPodGoneNamesAnEviction(t *testing.T) {
 	if _, err := fc.Kube.CoreV1().Pods(executortest.Namespace).Create(context.Background(), pod, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	c := &kube.Claimer{Clients: fc.Clients}
+	c := fc.Claimer()
 	why, _ := c.PodGone(context.Background(), &kube.Sandbox{Namespace: executortest.Namespace, Pod: "job-pod", PodUID: "uid-1", Container: "job"})
 	if want := "is Failed (Evicted: Pod ephemeral local storage usage exceeds the total limit of containers 4Gi.)"; !strings.Contains(why, want) || strings.Contains(why, "\n") {
 		t.Errorf("PodGone = %q, want one line containing %q", why, want)
@@ -86,7 +86,7 @@ func TestPodGoneNamesAnEviction(t *testing.T) {
 
 func TestClaimRecordsTheContainersRestartCount(t *testing.T) {
 	fc := executortest.NewCluster(t)
-	c := &kube.Claimer{Clients: fc.Clients}
+	c := fc.Claimer()
 	sbx, err := c.Claim(context.Background(), testRequest())
 	if err != nil {
 		t.Fatal(err)

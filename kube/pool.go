@@ -2,6 +2,7 @@ package kube
 
 import (
 	"context"
+	"errors"
 	"time"
 
 	extv1beta1 "sigs.k8s.io/agent-sandbox/extensions/api/v1beta1"
@@ -19,7 +20,7 @@ type PoolStatus struct {
 
 // CheckPool confirms the pool exists (and, with it, that the CRDs are installed).
 func (c *Claimer) CheckPool(ctx context.Context, namespace, pool string) (PoolStatus, error) {
-	p, err := c.Clients.Extensions.ExtensionsV1beta1().SandboxWarmPools(namespace).Get(ctx, pool, metav1.GetOptions{})
+	p, err := c.clients.Extensions.ExtensionsV1beta1().SandboxWarmPools(namespace).Get(ctx, pool, metav1.GetOptions{})
 	if isObjectNotFound(err) {
 		return PoolStatus{}, failure.PermanentError(nil, "SandboxWarmPool %q not found in namespace %q: create it or fix [[pool]] name in the executor config", pool, namespace)
 	}
@@ -37,41 +38,30 @@ func (c *Claimer) CheckPool(ctx context.Context, namespace, pool string) (PoolSt
 func (c *Claimer) WaitPoolReady(ctx context.Context, namespace, pool string, timeout time.Duration) error {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	pools := c.Clients.Extensions.ExtensionsV1beta1().SandboxWarmPools(namespace)
-	selector := fields.OneTermEqualSelector("metadata.name", pool).String()
-	delay := RetryBackoff()
+	pools := c.clients.Extensions.ExtensionsV1beta1().SandboxWarmPools(namespace)
 	for {
-		// List then watch from its resourceVersion: no readiness change falls between the two.
-		list, err := pools.List(ctx, metav1.ListOptions{FieldSelector: selector})
+		// List, then watch from the list's resourceVersion: no readiness change falls between.
+		list, err := pools.List(ctx, metav1.ListOptions{FieldSelector: fields.OneTermEqualSelector("metadata.name", pool).String()})
 		if err == nil && len(list.Items) == 1 && list.Items[0].Status.ReadyReplicas > 0 {
 			return nil
 		}
-		var w watch.Interface
 		if err == nil {
-			w, err = pools.Watch(ctx, metav1.ListOptions{FieldSelector: selector, ResourceVersion: list.ResourceVersion})
-		}
-		if err != nil {
-			if ctx.Err() != nil {
-				break
-			}
-			if apiErr := explainAPIError(err, apiCall{"watch", SandboxWarmPools.String(), namespace, pool}); failure.KindOf(apiErr) == failure.KindPermanent {
-				return apiErr
-			}
+			err = watchNamed(ctx, pools, apiCall{"watch", SandboxWarmPools.String(), namespace, pool}, list.ResourceVersion, func(ev watch.Event) (bool, error) {
+				p, ok := ev.Object.(*extv1beta1.SandboxWarmPool)
+				return ok && ev.Type != watch.Deleted && p.Status.ReadyReplicas > 0, nil
+			})
 		} else {
-			for ev := range w.ResultChan() {
-				if p, ok := ev.Object.(*extv1beta1.SandboxWarmPool); ok && p.Status.ReadyReplicas > 0 {
-					w.Stop()
-					return nil
-				}
-			}
-			w.Stop()
+			err = explainAPIError(err, apiCall{"list", SandboxWarmPools.String(), namespace, pool})
 		}
-		select {
-		case <-ctx.Done():
-		case <-time.After(delay.Step()):
-			continue
+		switch {
+		case err == nil:
+			return nil
+		case ctx.Err() != nil:
+			return failure.SystemError(nil, "warm pool %s/%s had no ready sandbox for %s (drained_pool = \"wait\"): add replicas or use drained_pool = \"cold\"", namespace, pool, timeout)
+		case !errors.Is(err, errVersionGone):
+			return err
 		}
-		break
+		// RetryWatcher cannot resume from a version the API server has compacted away: list
+		// again and watch from the version listed.
 	}
-	return failure.SystemError(nil, "warm pool %s/%s had no ready sandbox for %s (drained_pool = \"wait\"): add replicas or use drained_pool = \"cold\"", namespace, pool, timeout)
 }

@@ -34,7 +34,7 @@ func (c *Claimer) verifiedSandbox(ctx context.Context, sbx *sandboxv1beta1.Sandb
 	if ahead != nil && podName == sbx.Name {
 		pod, err = ahead.pod, ahead.err
 	} else {
-		pod, err = c.Clients.Kube.CoreV1().Pods(ns).Get(ctx, podName, metav1.GetOptions{})
+		pod, err = c.clients.Kube.CoreV1().Pods(ns).Get(ctx, podName, metav1.GetOptions{})
 	}
 	if err != nil {
 		return nil, explainAPIError(err, apiCall{"get", Pods.String(), ns, podName})

@@ -2,25 +2,79 @@ package kube
 
 import (
 	"context"
+	"errors"
 	"fmt"
-	"math"
 	"slices"
 	"time"
 
 	"github.com/sandbox-executor/sandbox-executor/failure"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
-	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/tools/cache"
+	watchtools "k8s.io/client-go/tools/watch"
 	sandboxv1beta1 "sigs.k8s.io/agent-sandbox/api/v1beta1"
 )
 
-// watchable is the part of a typed client that waitReady uses: a SandboxClaims or a Sandboxes
-// client of one namespace.
-type watchable[T any] interface {
-	Get(ctx context.Context, name string, opts metav1.GetOptions) (T, error)
+// watcher is the part of a typed client that watchNamed uses.
+type watcher interface {
 	Watch(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error)
+}
+
+// errVersionGone says the API server no longer has the resourceVersion a watch would resume
+// from (410 Gone): the caller re-reads the object and watches from the version it reads.
+var errVersionGone = errors.New("watched resourceVersion is gone")
+
+// watchNamed watches the object call names from resourceVersion, handing its events to update
+// until update says it is done or fails. client-go's RetryWatcher re-establishes the
+// watch whenever the API server ends it (timeouts, restarts), resuming from the last version
+// seen, and ends it for good on RBAC denial, which is reported at once like any other API error.
+func watchNamed(ctx context.Context, client watcher, call apiCall, resourceVersion string, update func(watch.Event) (bool, error)) error {
+	selector := fields.OneTermEqualSelector("metadata.name", call.Name).String()
+	w, err := watchtools.NewRetryWatcherWithContext(ctx, resourceVersion, &cache.ListWatch{
+		WatchFuncWithContext: func(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error) {
+			opts.FieldSelector = selector
+			return client.Watch(ctx, opts)
+		},
+	})
+	if err != nil {
+		return failure.SystemError(err, "cannot %s", call)
+	}
+	// UntilWithoutRetry stops the watcher; waiting for it leaves no goroutine behind.
+	defer func() { <-w.Done() }()
+	_, err = watchtools.UntilWithoutRetry(ctx, w, func(ev watch.Event) (bool, error) {
+		if ev.Type == watch.Error {
+			err := apierrors.FromObject(ev.Object)
+			if apierrors.IsResourceExpired(err) || apierrors.IsGone(err) {
+				return false, errVersionGone
+			}
+			return false, explainAPIError(err, call)
+		}
+		// The field selector already names the object; the check keeps fake clients (which
+		// ignore selectors) honest.
+		if obj, err := meta.Accessor(ev.Object); err != nil || obj.GetName() != call.Name {
+			return false, nil
+		}
+		return update(ev)
+	})
+	switch {
+	case err == nil:
+		return nil
+	case ctx.Err() != nil:
+		return ctx.Err()
+	case errors.Is(err, watchtools.ErrWatchClosed):
+		return failure.SystemError(err, "cannot %s", call)
+	}
+	return err
+}
+
+// readable is the part of a typed client that waitReady uses: a SandboxClaims or a Sandboxes
+// client of one namespace.
+type readable[T any] interface {
+	watcher
+	Get(ctx context.Context, name string, opts metav1.GetOptions) (T, error)
 }
 
 // readyWatch is an object prepare waits for until it is Ready: the job's claim, or the Sandbox
@@ -30,26 +84,20 @@ type readyWatch[T metav1.Object] struct {
 	resource string // plural resource with group, for RBAC messages
 	// origin is what the object comes from, for the timeout message: "pool duo-default".
 	origin string
-	client watchable[T]
+	client readable[T]
 	// state says whether obj is Ready, whether waiting can no longer make it Ready, and where
 	// it stands otherwise.
 	state func(obj T) (ready, hopeless bool, why string)
 }
 
-// waitReady watches obj until it is Ready. It re-establishes the watch when the API server ends
-// it, never polls on a timer, and gives up after timeout naming the last condition seen.
+// waitReady watches obj, from the version given, until it is Ready, and gives up after timeout
+// naming the last condition seen. It never polls on a timer.
 func waitReady[T metav1.Object](ctx context.Context, rw readyWatch[T], obj T, timeout time.Duration) (T, error) {
 	var none T
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	ns, name := obj.GetNamespace(), obj.GetName()
 	last := "no status yet"
-	timedOut := func() (T, error) {
-		if ctx.Err() == context.DeadlineExceeded {
-			return none, failure.SystemError(nil, "%s %s/%s (%s) not Ready within ready_timeout %s; last condition: %s", rw.kind, ns, name, rw.origin, timeout, last)
-		}
-		return none, failure.SystemError(ctx.Err(), "waiting for %s %s/%s", rw.kind, ns, name)
-	}
 	// settled says whether waiting is over for this version of the object.
 	settled := func(o T) (bool, error) {
 		ready, hopeless, why := rw.state(o)
@@ -61,59 +109,40 @@ func waitReady[T metav1.Object](ctx context.Context, rw readyWatch[T], obj T, ti
 		}
 		return ready, nil
 	}
-	// Re-watches back off so that a watch that keeps failing does not spin.
-	rewatch := wait.Backoff{Duration: 50 * time.Millisecond, Factor: 2, Steps: math.MaxInt32, Cap: 2 * time.Second}
 	for {
 		if done, err := settled(obj); done {
 			return settledResult(obj, err)
 		}
-		w, err := rw.client.Watch(ctx, metav1.ListOptions{
-			FieldSelector:   fields.OneTermEqualSelector("metadata.name", name).String(),
-			ResourceVersion: obj.GetResourceVersion(),
-		})
-		if err != nil {
-			if ctx.Err() != nil {
-				return timedOut()
-			}
-			return none, explainAPIError(err, apiCall{"watch", rw.resource, ns, name})
-		}
 		// One watch serves every update until Ready: a new watch per update would pay a round
 		// trip, and the API server's wait for its cache to reach the version, each time.
-		var found bool
-		for {
-			var next T
-			next, found, err = nextUpdate[T](ctx, w, rw.kind, name)
-			if !found || err != nil {
-				break
+		err := watchNamed(ctx, rw.client, apiCall{"watch", rw.resource, ns, name}, obj.GetResourceVersion(), func(ev watch.Event) (bool, error) {
+			if ev.Type == watch.Deleted {
+				return false, failure.SystemError(nil, "%s %s was deleted while waiting for it to become Ready", rw.kind, name)
+			}
+			next, ok := ev.Object.(T)
+			if !ok {
+				return false, nil
 			}
 			obj = next
-			if done, err := settled(obj); done {
-				w.Stop()
-				return settledResult(obj, err)
+			return settled(obj)
+		})
+		if errors.Is(err, errVersionGone) {
+			// RetryWatcher cannot resume from a version the API server has compacted away:
+			// re-read the object and watch from the version read.
+			if obj, err = rw.client.Get(ctx, name, metav1.GetOptions{}); err == nil {
+				continue
 			}
+			err = explainAPIError(err, apiCall{"get", rw.resource, ns, name})
 		}
-		w.Stop()
 		switch {
+		case err == nil:
+			return obj, nil
+		case ctx.Err() == context.DeadlineExceeded:
+			return none, failure.SystemError(nil, "%s %s/%s (%s) not Ready within ready_timeout %s; last condition: %s", rw.kind, ns, name, rw.origin, timeout, last)
 		case ctx.Err() != nil:
-			return timedOut()
-		case err != nil:
-			return none, err
+			return none, failure.SystemError(ctx.Err(), "waiting for %s %s/%s", rw.kind, ns, name)
 		}
-		// The watch ended (API server timeout or restart, conversion webhook down): re-read
-		// and watch again, backing off so a watch that keeps failing does not spin.
-		select {
-		case <-time.After(rewatch.Step()):
-		case <-ctx.Done():
-			return timedOut()
-		}
-		fresh, err := rw.client.Get(ctx, name, metav1.GetOptions{})
-		if err != nil {
-			if ctx.Err() != nil {
-				return timedOut()
-			}
-			return none, explainAPIError(err, apiCall{"get", rw.resource, ns, name})
-		}
-		obj = fresh
+		return none, err
 	}
 }
 
@@ -123,30 +152,6 @@ func settledResult[T any](obj T, err error) (T, error) {
 		return none, err
 	}
 	return obj, nil
-}
-
-// nextUpdate returns the next version of the object, or found = false when the watch closed.
-func nextUpdate[T metav1.Object](ctx context.Context, w watch.Interface, kind, name string) (obj T, found bool, err error) {
-	for {
-		select {
-		case <-ctx.Done():
-			return obj, false, nil
-		case ev, open := <-w.ResultChan():
-			if !open {
-				return obj, false, nil
-			}
-			switch ev.Type {
-			case watch.Deleted:
-				return obj, false, failure.SystemError(nil, "%s %s was deleted while waiting for it to become Ready", kind, name)
-			case watch.Error:
-				// Typically "resource version too old": re-read and watch again.
-				return obj, false, nil
-			}
-			if next, ok := ev.Object.(T); ok && next.GetName() == name {
-				return next, true, nil
-			}
-		}
-	}
 }
 
 // readyState reads the Ready condition of a claim or a Sandbox: whether it is True, whether its

@@ -63,7 +63,7 @@ func (e *Env) Elapsed(fallback time.Time) time.Duration {
 
 // Log is the job log for the executor's own lines.
 func (e *Env) Log() *gitlab.JobLog {
-	return &gitlab.JobLog{W: e.Stderr, Debug: e.Config.Debug, Clock: e.Clock}
+	return gitlab.NewJobLog(e.Stderr, e.Config.Debug, e.Clock)
 }
 
 // Cluster connects to the cluster.
@@ -82,8 +82,9 @@ func (e *Env) Claimer() (*kube.Claimer, error) {
 		return nil, err
 	}
 	log := e.Log()
-	step := func(step string, took time.Duration) { log.Debugf("%s in %s", step, gitlab.Millis(took)) }
-	return &kube.Claimer{Clients: clients, Clock: e.Clock, Step: step}, nil
+	claimer := kube.NewClaimer(clients, e.Clock)
+	claimer.Step = func(step string, took time.Duration) { log.Debugf("%s in %s", step, gitlab.Millis(took)) }
+	return claimer, nil
 }
 
 // Job identifies the job: from JOB_RESPONSE_FILE (the trusted source), or on runners too old

@@ -17,6 +17,7 @@ import (
 
 	"github.com/sandbox-executor/sandbox-executor/gitlab"
 	"github.com/sandbox-executor/sandbox-executor/kube"
+	"k8s.io/utils/clock"
 
 	"github.com/sandbox-executor/sandbox-executor/executor"
 	"github.com/sandbox-executor/sandbox-executor/tests/clustertest"
@@ -68,7 +69,7 @@ func BenchmarkStageOverhead(b *testing.B) {
 	sbx := saved.Sandbox
 	network := executor.NewAgentNetwork(sbx.PodIP, saved.AgentToken, clients.Exec)
 	stageOver := func(ex kube.RemoteExecutor) *executor.StageRunner {
-		return &executor.StageRunner{Exec: ex, Sandbox: &sbx, Log: &gitlab.JobLog{},
+		return &executor.StageRunner{Exec: ex, Sandbox: &sbx, Log: gitlab.NewJobLog(nil, false, clock.RealClock{}),
 			PodGone: func(context.Context) (string, error) { return "", nil }, Reconnects: 3, Backoff: kube.RetryBackoff(), KillGrace: time.Second}
 	}
 	viaExec, viaNetwork := stageOver(clients.Exec), stageOver(network)

@@ -48,6 +48,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/utils/clock"
 	sandboxv1beta1 "sigs.k8s.io/agent-sandbox/api/v1beta1"
 	sandboxclient "sigs.k8s.io/agent-sandbox/clients/k8s/clientset/versioned"
 	extclient "sigs.k8s.io/agent-sandbox/clients/k8s/extensions/clientset/versioned"
@@ -576,7 +577,7 @@ func (b *bench) claimers(ctx context.Context, n int) ([]claimer, error) {
 				errs[i] = err
 				return
 			}
-			c := &kube.Claimer{Clients: clients}
+			c := kube.NewClaimer(clients, clock.RealClock{})
 			if _, err := c.CheckPool(ctx, b.o.namespace, poolName); err != nil {
 				errs[i] = err
 				return
