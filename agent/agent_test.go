@@ -14,6 +14,8 @@ import (
 	"strings"
 	"testing"
 
+	"go.uber.org/goleak"
+
 	"github.com/sandbox-executor/sandbox-executor/agent"
 	"github.com/sandbox-executor/sandbox-executor/agent/wire"
 )
@@ -27,7 +29,7 @@ func TestMain(m *testing.M) {
 		os.Exit(agent.Main(os.Args[1:], os.Stdin, os.Stdout, os.Stderr))
 	}
 	os.Setenv(asAgent, "1")
-	os.Exit(m.Run())
+	goleak.VerifyTestMain(m)
 }
 
 func newAgent(t *testing.T) *agent.Agent {

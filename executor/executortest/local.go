@@ -17,6 +17,8 @@ import (
 	"testing"
 	"time"
 
+	"go.uber.org/goleak"
+
 	"github.com/sandbox-executor/sandbox-executor/agent"
 	"github.com/sandbox-executor/sandbox-executor/kube"
 
@@ -27,13 +29,20 @@ import (
 const AgentEnv = "SANDBOX_EXECUTOR_TEST_AS_AGENT"
 
 // Main must be called from TestMain of packages that use Local: the agent starts stage
-// supervisors by re-executing its own binary, which in a test is the test binary.
-func Main(m interface{ Run() int }) {
+// supervisors by re-executing its own binary, which in a test is the test binary. The tests
+// themselves run as VerifyNoLeaks runs them.
+func Main(m goleak.TestingM) {
 	if os.Getenv(AgentEnv) == "1" {
 		os.Exit(agent.Main(os.Args[1:], os.Stdin, os.Stdout, os.Stderr))
 	}
 	os.Setenv(AgentEnv, "1")
-	os.Exit(m.Run())
+	VerifyNoLeaks(m)
+}
+
+// VerifyNoLeaks runs the tests and fails the run when they leave goroutines behind, other than
+// klog's flush daemon, which client-go's init starts for the life of the process.
+func VerifyNoLeaks(m goleak.TestingM) {
+	goleak.VerifyTestMain(m, goleak.IgnoreTopFunction("k8s.io/klog/v2.(*flushDaemon).run.func1"))
 }
 
 // Local runs agent commands in this process against stage directories in a temporary
