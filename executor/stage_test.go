@@ -293,7 +293,7 @@ func TestStageRunnerNeverRestartsALostStage(t *testing.T) {
 	local := executortest.NewLocal(t)
 	local.CutAfter, local.Cuts = 5, 1
 	var out, log testutil.LockedBuffer
-	ex := &wipingExec{next: local}
+	ex := &wipingExec{t: t, next: local}
 	_, err := newStageRunner(ex, &log, "").Run(context.Background(), "build_script", []byte("echo 0123456789-first-run; sleep 0.3; echo done\n"), &out, &out)
 	if err == nil || failure.KindOf(err) != failure.KindSystem || !strings.Contains(err.Error(), "stage is gone") {
 		t.Fatalf("err = %v, want a system failure saying the stage is gone", err)
@@ -303,9 +303,11 @@ func TestStageRunnerNeverRestartsALostStage(t *testing.T) {
 	}
 }
 
-// wipingExec deletes every stage directory before the second start, as a pod restart would.
+// wipingExec deletes every stage directory before the second start, once the first run has
+// ended (else its status would land in the wiped directory), as a pod restart would.
 type wipingExec struct {
-	next   kube.RemoteExecutor
+	t      *testing.T
+	next   *executortest.Local
 	starts int
 }
 
@@ -313,8 +315,8 @@ func (w *wipingExec) Exec(ctx context.Context, req kube.ExecRequest) error {
 	if req.Command[1] == "start" {
 		w.starts++
 		if w.starts == 2 {
-			time.Sleep(400 * time.Millisecond) // let the first run finish
-			os.RemoveAll(w.next.(*executortest.Local).Agent.StagesDir())
+			waitStagesEnded(w.t, w.next.Agent.StagesDir())
+			os.RemoveAll(w.next.Agent.StagesDir())
 		}
 	}
 	return w.next.Exec(ctx, req)
