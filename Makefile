@@ -117,3 +117,16 @@ bench-scale: cluster-up
 
 clean:
 	rm -rf $(BIN)
+
+# Static checks: formatting, vet with every build tag, and staticcheck (installed from the module
+# proxy on first use).
+STATICCHECK ?= $(shell $(GO) env GOPATH)/bin/staticcheck
+STATICCHECK_VERSION ?= v0.8.2
+.PHONY: lint
+lint:
+	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt -l:"; echo "$$out"; exit 1; fi
+	$(GO) vet ./...
+	$(GO) vet -tags e2e,security,runner ./...
+	test -x $(STATICCHECK) || $(GO) install honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION)
+	$(STATICCHECK) ./...
+	$(STATICCHECK) -tags e2e,security,runner ./...

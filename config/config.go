@@ -13,6 +13,8 @@ import (
 	"strings"
 	"time"
 
+	"k8s.io/apimachinery/pkg/util/validation"
+
 	"github.com/BurntSushi/toml"
 )
 
@@ -489,27 +491,6 @@ func matchesAny(patterns []string, image string) bool {
 	return false
 }
 
-func isDNSLabel(s string) bool {
-	if len(s) == 0 || len(s) > 63 {
-		return false
-	}
-	for i, r := range s {
-		alnum := r >= 'a' && r <= 'z' || r >= '0' && r <= '9'
-		if !alnum && (r != '-' || i == 0 || i == len(s)-1) {
-			return false
-		}
-	}
-	return true
-}
+func isDNSLabel(s string) bool { return len(validation.IsDNS1123Label(s)) == 0 }
 
-func isDNSSubdomain(s string) bool {
-	if len(s) == 0 || len(s) > 253 {
-		return false
-	}
-	for _, label := range strings.Split(s, ".") {
-		if !isDNSLabel(label) {
-			return false
-		}
-	}
-	return true
-}
+func isDNSSubdomain(s string) bool { return len(validation.IsDNS1123Subdomain(s)) == 0 }

@@ -13,7 +13,9 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/sandbox-executor/sandbox-executor/executor/agent"
+	"github.com/sandbox-executor/sandbox-executor/kube"
+
+	"github.com/sandbox-executor/sandbox-executor/agent/wire"
 )
 
 // AgentNetwork runs agent commands over the pod network, straight to the job's stage daemon,
@@ -23,14 +25,14 @@ import (
 type AgentNetwork struct {
 	Addr     string
 	Token    string
-	Fallback RemoteExecutor
+	Fallback kube.RemoteExecutor
 	dialer   net.Dialer
 }
 
 // NewAgentNetwork reaches the daemon of the pod at podIP.
-func NewAgentNetwork(podIP, token string, fallback RemoteExecutor) *AgentNetwork {
+func NewAgentNetwork(podIP, token string, fallback kube.RemoteExecutor) *AgentNetwork {
 	return &AgentNetwork{
-		Addr:     net.JoinHostPort(podIP, strconv.Itoa(agent.NetworkPort)),
+		Addr:     net.JoinHostPort(podIP, strconv.Itoa(wire.NetworkPort)),
 		Token:    token,
 		Fallback: fallback,
 		dialer:   net.Dialer{Timeout: 2 * time.Second, KeepAlive: 15 * time.Second},
@@ -44,9 +46,9 @@ func NewAgentToken() string {
 	return hex.EncodeToString(b[:])
 }
 
-// Exec implements RemoteExecutor.
-func (a *AgentNetwork) Exec(ctx context.Context, req ExecRequest) error {
-	if len(req.Command) < 2 || req.Command[0] != agent.BinaryPath {
+// Exec implements kube.RemoteExecutor.
+func (a *AgentNetwork) Exec(ctx context.Context, req kube.ExecRequest) error {
+	if len(req.Command) < 2 || req.Command[0] != wire.BinaryPath {
 		return a.Fallback.Exec(ctx, req)
 	}
 	var stdin []byte
@@ -72,7 +74,7 @@ func (a *AgentNetwork) Exec(ctx context.Context, req ExecRequest) error {
 var ErrAgentUnreachable = errors.New("stage agent unreachable over the pod network")
 
 // exec sends one agent command with stdin; req.Stdin is not read.
-func (a *AgentNetwork) exec(ctx context.Context, req ExecRequest, stdin []byte) error {
+func (a *AgentNetwork) exec(ctx context.Context, req kube.ExecRequest, stdin []byte) error {
 	conn, err := a.dialer.DialContext(ctx, "tcp", a.Addr)
 	if err != nil {
 		if ctx.Err() != nil {
@@ -83,7 +85,7 @@ func (a *AgentNetwork) exec(ctx context.Context, req ExecRequest, stdin []byte) 
 	defer conn.Close()
 	stop := context.AfterFunc(ctx, func() { conn.Close() })
 	defer stop()
-	if _, err := io.WriteString(conn, agent.RequestHeader(a.Token, req.Command[1:], len(stdin))); err != nil {
+	if _, err := io.WriteString(conn, wire.RequestHeader(a.Token, req.Command[1:], len(stdin))); err != nil {
 		return err
 	}
 	if _, err := conn.Write(stdin); err != nil {
@@ -98,15 +100,15 @@ func (a *AgentNetwork) exec(ctx context.Context, req ExecRequest, stdin []byte) 
 		stderr = io.Discard
 	}
 	idle := &idleReader{conn: conn, timeout: networkIdleTimeout}
-	code, err := agent.ReadFrames(bufio.NewReaderSize(idle, 256<<10), stdout, io.MultiWriter(stderr, &refusal))
+	code, err := wire.ReadFrames(bufio.NewReaderSize(idle, 256<<10), stdout, io.MultiWriter(stderr, &refusal))
 	if err != nil {
 		return err
 	}
-	if code == agent.ExitRefused {
+	if code == wire.ExitRefused {
 		return &RefusedError{Addr: a.Addr, Reason: string(bytes.TrimSpace(refusal.Bytes()))}
 	}
 	if code != 0 {
-		return &ExitError{Code: code}
+		return &kube.ExitError{Code: code}
 	}
 	return nil
 }
@@ -119,10 +121,10 @@ func (e *RefusedError) Error() string {
 }
 
 // networkIdleTimeout is how long a stream to the agent may carry nothing, not even a heartbeat
-// (agent.HeartbeatEvery), before it counts as dropped. A pod whose gVisor sandbox died takes its
+// (wire.HeartbeatEvery), before it counts as dropped. A pod whose gVisor sandbox died takes its
 // network stack with it and sends no reset: without this, only TCP keepalive (minutes) would
 // notice. Six heartbeats, so that agents on an older, slower heartbeat (15 s) are not cut.
-const networkIdleTimeout = 6 * agent.HeartbeatEvery
+const networkIdleTimeout = 6 * wire.HeartbeatEvery
 
 // idleReader fails a read that waits longer than timeout.
 type idleReader struct {

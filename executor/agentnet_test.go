@@ -14,22 +14,27 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sandbox-executor/sandbox-executor/failure"
+	"github.com/sandbox-executor/sandbox-executor/kube"
+
+	"github.com/sandbox-executor/sandbox-executor/agent/wire"
 	"github.com/sandbox-executor/sandbox-executor/executor"
-	"github.com/sandbox-executor/sandbox-executor/executor/agent"
 	"github.com/sandbox-executor/sandbox-executor/executor/executortest"
 	"github.com/sandbox-executor/sandbox-executor/internal/testutil"
 )
 
 const testToken = "0123456789abcdef0123456789abcdef-test-token"
 
-func networkTransport(t *testing.T, fallback executor.RemoteExecutor) *executor.AgentNetwork {
+// networkTransport serves the network path on the host with the agent of local (its stages
+// directory), as the stage daemon does in a pod.
+func networkTransport(t *testing.T, local *executortest.Local) *executor.AgentNetwork {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { ln.Close() })
-	go agent.ServeNetwork(ln, testToken)
-	a := executor.NewAgentNetwork("127.0.0.1", testToken, fallback)
+	go local.Agent.ServeNetwork(ln, testToken)
+	a := executor.NewAgentNetwork("127.0.0.1", testToken, local)
 	a.Addr = ln.Addr().String()
 	return a
 }
@@ -39,7 +44,7 @@ func TestNetworkTransportRunsTheSameStageProtocol(t *testing.T) {
 	script, want := numberedLines(3000)
 	var stdout, stderr, log testutil.LockedBuffer
 	r := newStageRunner(networkTransport(t, local), &log, "")
-	r.StagesDir = agent.StagesDirInUse() // the agent serves from the host here, not a pod
+	r.StagesDir = local.Agent.StagesDir() // the agent serves from the host here, not a pod
 	code, err := r.Run(context.Background(), "build_script", []byte(script+"exit 9\n"), &stdout, &stderr)
 	if err != nil || code != 9 {
 		t.Fatalf("Run = %d, %v; want 9", code, err)
@@ -87,19 +92,17 @@ func TestNetworkTransportFallsBackToExecWhenUnreachable(t *testing.T) {
 // runs stages in a shell started before the stage was asked for.
 func TestBakedAgentTakesTheTokenOnStdin(t *testing.T) {
 	port, stdin, stages := startBakedAgent(t)
-	defer agent.SetStagesDir(stages)()
-	defer executor.SetAgentPort(port)()
 
-	sbx := &executor.Sandbox{Namespace: "ns", Pod: "job-pod", Container: "job", PodIP: "127.0.0.1"}
+	sbx := &kube.Sandbox{Namespace: "ns", Pod: "job-pod", Container: "job", PodIP: "127.0.0.1"}
 	daemon := executor.NewAgentNetwork("127.0.0.1", testToken, nil)
 	daemon.Addr = fmt.Sprintf("127.0.0.1:%d", port)
 	waitRefusing(t, daemon)
 	if _, err := io.WriteString(stdin, "short-line-ignored\n"+testToken+"\n"); err != nil {
 		t.Fatal(err)
 	}
-	probe, err := executor.ProbeOverNetwork(context.Background(), sbx, testToken)
-	if err != nil || probe.Shell == "" || sbx.AgentToken != testToken {
-		t.Fatalf("probe after the token: %+v, %v, token kept %q", probe, err, sbx.AgentToken)
+	transport, probe, err := executor.ChooseTransport(context.Background(), sbx, port, testToken)
+	if err != nil || probe.Shell == "" || transport.AgentToken != testToken {
+		t.Fatalf("probe after the token: %+v, %v, transport %v", probe, err, transport)
 	}
 
 	var stdout, log testutil.LockedBuffer
@@ -119,7 +122,7 @@ func waitRefusing(t *testing.T, daemon *executor.AgentNetwork) {
 	t.Helper()
 	var refused *executor.RefusedError
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		err := daemon.Exec(context.Background(), executor.ExecRequest{Command: []string{agent.BinaryPath, "probe"}, Stdout: io.Discard, Stderr: io.Discard})
+		err := daemon.Exec(context.Background(), kube.ExecRequest{Command: []string{wire.BinaryPath, "probe"}, Stdout: io.Discard, Stderr: io.Discard})
 		if errors.As(err, &refused) {
 			return
 		}
@@ -136,7 +139,7 @@ type slowAttach struct {
 	fail  error
 }
 
-func (a *slowAttach) Attach(ctx context.Context, req executor.ExecRequest) error {
+func (a *slowAttach) Attach(ctx context.Context, req kube.ExecRequest) error {
 	if a.fail != nil {
 		return a.fail
 	}
@@ -150,35 +153,33 @@ func (a *slowAttach) Attach(ctx context.Context, req executor.ExecRequest) error
 // The token handover ends when the agent answers over the network, not when the attach stream
 // is torn down; an attach that fails ends prepare with an error that names it.
 func TestConnectAgentHandsTheTokenOverAttach(t *testing.T) {
-	port, stdin, stages := startBakedAgent(t)
-	defer agent.SetStagesDir(stages)()
-	defer executor.SetAgentPort(port)()
+	port, stdin, _ := startBakedAgent(t)
 
 	daemon := executor.NewAgentNetwork("127.0.0.1", testToken, nil)
 	daemon.Addr = fmt.Sprintf("127.0.0.1:%d", port)
 	waitRefusing(t, daemon)
-	sbx := &executor.Sandbox{Namespace: "ns", Pod: "job-pod", Container: "job", PodIP: "127.0.0.1", AgentBaked: true}
-	clients := &executor.Clients{Attach: &slowAttach{stdin: stdin}, Exec: executortest.NewLocal(t)}
+	sbx := &kube.Sandbox{Namespace: "ns", Pod: "job-pod", Container: "job", PodIP: "127.0.0.1", AgentBaked: true}
+
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	probe, err := executor.ConnectAgent(ctx, clients, sbx, testToken)
-	if err != nil || probe.Shell == "" || sbx.AgentToken != testToken {
-		t.Fatalf("ConnectAgent = %+v, %v (token kept %q); want the agent probed over the network", probe, err, sbx.AgentToken)
+	transport, probe, err := executor.ConnectAgent(ctx, executortest.NewLocal(t), &slowAttach{stdin: stdin}, sbx, port, testToken)
+	if err != nil || probe.Shell == "" || transport.AgentToken != testToken {
+		t.Fatalf("ConnectAgent = %+v, %v (transport %v); want the agent probed over the network", probe, err, transport)
 	}
 
-	failing := &executor.Clients{Attach: &slowAttach{fail: errors.New("unable to upgrade connection: container not found")}, Exec: executortest.NewLocal(t)}
-	_, err = executor.ConnectAgent(ctx, failing, &executor.Sandbox{Namespace: "ns", Pod: "other-pod", Container: "job", PodIP: "127.0.0.1", AgentBaked: true}, "another-token-another-token-another-token")
-	if executor.KindOf(err) != executor.KindSystem || !strings.Contains(err.Error(), "pods/attach") || !strings.Contains(err.Error(), "container not found") {
+	failing := &slowAttach{fail: errors.New("unable to upgrade connection: container not found")}
+	_, _, err = executor.ConnectAgent(ctx, executortest.NewLocal(t), failing, &kube.Sandbox{Namespace: "ns", Pod: "other-pod", Container: "job", PodIP: "127.0.0.1", AgentBaked: true}, port, "another-token-another-token-another-token")
+	if failure.KindOf(err) != failure.KindSystem || !strings.Contains(err.Error(), "pods/attach") || !strings.Contains(err.Error(), "container not found") {
 		t.Fatalf("err = %v, want a system failure naming the attach and its cause", err)
 	}
 
 	// A pod the runner cannot reach: the agent is probed over exec, whatever the attach does,
 	// and the stages will go over exec (no token kept).
-	unreachable := &executor.Sandbox{Namespace: "ns", Pod: "job-pod", Container: "job", PodIP: "127.0.0.9", AgentBaked: true}
+	unreachable := &kube.Sandbox{Namespace: "ns", Pod: "job-pod", Container: "job", PodIP: "127.0.0.9", AgentBaked: true}
 	overExec := executortest.NewLocal(t)
-	probe, err = executor.ConnectAgent(ctx, &executor.Clients{Attach: &slowAttach{stdin: io.Discard}, Exec: overExec}, unreachable, testToken)
-	if err != nil || probe == nil || unreachable.AgentToken != "" || len(overExec.Commands()) == 0 {
-		t.Fatalf("ConnectAgent = %+v, %v (token kept %q, exec calls %v); want the probe over exec", probe, err, unreachable.AgentToken, overExec.Commands())
+	transport, probe, err = executor.ConnectAgent(ctx, overExec, &slowAttach{stdin: io.Discard}, unreachable, port, testToken)
+	if err != nil || probe == nil || transport.Network() || len(overExec.Commands()) == 0 {
+		t.Fatalf("ConnectAgent = %+v, %v (transport %v, exec calls %v); want the probe over exec", probe, err, transport, overExec.Commands())
 	}
 }
 

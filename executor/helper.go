@@ -8,7 +8,11 @@ import (
 	"os"
 	"strconv"
 
-	"github.com/sandbox-executor/sandbox-executor/executor/agent"
+	"github.com/sandbox-executor/sandbox-executor/failure"
+	"github.com/sandbox-executor/sandbox-executor/gitlab"
+	"github.com/sandbox-executor/sandbox-executor/kube"
+
+	"github.com/sandbox-executor/sandbox-executor/agent/wire"
 )
 
 // HelperName is what the runner calls in the cache and artifacts stages (`gitlab-runner
@@ -23,7 +27,7 @@ const helperScript = receiveFile + `umask 077 && mkdir -p "$1" && receive "$1/` 
 // into the pod as BinDir/gitlab-runner, streamed over exec stdin, and says in the job log how
 // long that took: cache and artifacts then work in any image without rebuilding it. Jobs known
 // to have no cache and no artifacts skip the copy (tens of MB, about a second or more).
-func InstallHelper(ctx context.Context, ex RemoteExecutor, sbx *Sandbox, path string, job *Job, log *JobLog) error {
+func InstallHelper(ctx context.Context, ex kube.RemoteExecutor, sbx *kube.Sandbox, path string, job *gitlab.Job, log *gitlab.JobLog) error {
 	if path == "" {
 		return nil
 	}
@@ -31,20 +35,20 @@ func InstallHelper(ctx context.Context, ex RemoteExecutor, sbx *Sandbox, path st
 		log.Debugf("The job has no cache and no artifacts: the runner helper is not copied")
 		return nil
 	}
-	start := log.now()
+	start := log.Now()
 	file, err := os.Open(path)
 	if err != nil {
-		return PermanentError(nil, "helper_binary %s: %v", path, unwrapPathError(err))
+		return failure.PermanentError(nil, "helper_binary %s: %v", path, failure.WithoutPath(err))
 	}
 	defer file.Close()
 	info, err := file.Stat()
 	if err != nil {
-		return PermanentError(nil, "helper_binary %s: %v", path, unwrapPathError(err))
+		return failure.PermanentError(nil, "helper_binary %s: %v", path, failure.WithoutPath(err))
 	}
 	var stderr bytes.Buffer
-	err = ex.Exec(ctx, ExecRequest{
+	err = ex.Exec(ctx, kube.ExecRequest{
 		Namespace: sbx.Namespace, Pod: sbx.Pod, Container: sbx.Container,
-		Command: []string{"/bin/sh", "-c", helperScript, "sh", agent.BinDir, strconv.FormatInt(info.Size(), 10)},
+		Command: []string{"/bin/sh", "-c", helperScript, "sh", wire.BinDir, strconv.FormatInt(info.Size(), 10)},
 		Stdin:   file,
 		Stdout:  io.Discard,
 		Stderr:  &stderr,
@@ -53,7 +57,7 @@ func InstallHelper(ctx context.Context, ex RemoteExecutor, sbx *Sandbox, path st
 		return err
 	}
 	log.Infof("Copied the runner helper (%s, %s) into the pod as %s/%s in %s",
-		path, megabytes(info.Size()), agent.BinDir, HelperName, Millis(log.now().Sub(start)))
+		path, megabytes(info.Size()), wire.BinDir, HelperName, gitlab.Millis(log.Now().Sub(start)))
 	return nil
 }
 

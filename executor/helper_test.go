@@ -12,8 +12,13 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/sandbox-executor/sandbox-executor/failure"
+	"github.com/sandbox-executor/sandbox-executor/gitlab"
+	"github.com/sandbox-executor/sandbox-executor/kube"
+
+	"github.com/sandbox-executor/sandbox-executor/agent/wire"
 	"github.com/sandbox-executor/sandbox-executor/executor"
-	"github.com/sandbox-executor/sandbox-executor/executor/agent"
+	"github.com/sandbox-executor/sandbox-executor/executor/executortest"
 )
 
 // shellExec runs the install command with this host's /bin/sh, with the pod's BinDir mapped
@@ -25,11 +30,11 @@ type shellExec struct {
 	calls  int
 }
 
-func (s *shellExec) Exec(ctx context.Context, req executor.ExecRequest) error {
+func (s *shellExec) Exec(ctx context.Context, req kube.ExecRequest) error {
 	s.calls++
 	args := append([]string(nil), req.Command...)
 	for i, a := range args {
-		if a == agent.BinDir {
+		if a == wire.BinDir {
 			args[i] = s.binDir
 		}
 	}
@@ -41,12 +46,12 @@ func (s *shellExec) Exec(ctx context.Context, req executor.ExecRequest) error {
 	err := cmd.Run()
 	var exit *exec.ExitError
 	if errors.As(err, &exit) {
-		return &executor.ExitError{Code: exit.ExitCode()}
+		return &kube.ExitError{Code: exit.ExitCode()}
 	}
 	return err
 }
 
-var needsHelper = &executor.Job{ID: 1, NeedsHelper: true}
+var needsHelper = &gitlab.Job{ID: 1, NeedsHelper: true}
 
 func writeHelper(t *testing.T, size int) (string, []byte) {
 	t.Helper()
@@ -62,8 +67,8 @@ func TestInstallHelperPutsTheBinaryOnThePodsPath(t *testing.T) {
 	path, data := writeHelper(t, 3<<20)
 	ex := &shellExec{binDir: filepath.Join(t.TempDir(), "bin")}
 	var log bytes.Buffer
-	sbx := &executor.Sandbox{Namespace: "ns", Pod: "pod-1", Container: "job"}
-	if err := executor.InstallHelper(context.Background(), ex, sbx, path, needsHelper, &executor.JobLog{W: &log}); err != nil {
+	sbx := &kube.Sandbox{Namespace: "ns", Pod: "pod-1", Container: "job"}
+	if err := executor.InstallHelper(context.Background(), ex, sbx, path, needsHelper, executortest.JobLog(&log)); err != nil {
 		t.Fatal(err)
 	}
 	installed := filepath.Join(ex.binDir, executor.HelperName)
@@ -74,7 +79,7 @@ func TestInstallHelperPutsTheBinaryOnThePodsPath(t *testing.T) {
 	if info, _ := os.Stat(installed); info.Mode().Perm() != 0o700 {
 		t.Errorf("mode %v, want 0700 (executable, private)", info.Mode().Perm())
 	}
-	if line := log.String(); !strings.Contains(line, "Copied the runner helper ("+path+", 3.1 MB) into the pod as "+agent.BinDir+"/gitlab-runner in ") {
+	if line := log.String(); !strings.Contains(line, "Copied the runner helper ("+path+", 3.1 MB) into the pod as "+wire.BinDir+"/gitlab-runner in ") {
 		t.Errorf("job log: %q", line)
 	}
 }
@@ -82,9 +87,9 @@ func TestInstallHelperPutsTheBinaryOnThePodsPath(t *testing.T) {
 func TestInstallHelperRefusesATruncatedCopy(t *testing.T) {
 	path, _ := writeHelper(t, 100000)
 	ex := &shellExec{binDir: filepath.Join(t.TempDir(), "bin"), limit: 65536}
-	sbx := &executor.Sandbox{Namespace: "ns", Pod: "pod-1", Container: "job"}
-	err := executor.InstallHelper(context.Background(), ex, sbx, path, needsHelper, &executor.JobLog{})
-	if executor.KindOf(err) != executor.KindSystem || !strings.Contains(fmt.Sprint(err), "received 65536 of 100000 bytes") {
+	sbx := &kube.Sandbox{Namespace: "ns", Pod: "pod-1", Container: "job"}
+	err := executor.InstallHelper(context.Background(), ex, sbx, path, needsHelper, executortest.JobLog(nil))
+	if failure.KindOf(err) != failure.KindSystem || !strings.Contains(fmt.Sprint(err), "received 65536 of 100000 bytes") {
 		t.Fatalf("err = %v, want a system failure (retried) saying what arrived", err)
 	}
 	if _, err := os.Stat(filepath.Join(ex.binDir, executor.HelperName)); !errors.Is(err, os.ErrNotExist) {
@@ -94,13 +99,13 @@ func TestInstallHelperRefusesATruncatedCopy(t *testing.T) {
 
 func TestInstallHelperOffOrMissing(t *testing.T) {
 	ex := &shellExec{binDir: t.TempDir()}
-	sbx := &executor.Sandbox{Namespace: "ns", Pod: "pod-1", Container: "job"}
-	if err := executor.InstallHelper(context.Background(), ex, sbx, "", needsHelper, &executor.JobLog{}); err != nil || ex.calls != 0 {
+	sbx := &kube.Sandbox{Namespace: "ns", Pod: "pod-1", Container: "job"}
+	if err := executor.InstallHelper(context.Background(), ex, sbx, "", needsHelper, executortest.JobLog(nil)); err != nil || ex.calls != 0 {
 		t.Errorf("helper_binary unset: %v, %d execs; want nothing done", err, ex.calls)
 	}
 	missing := filepath.Join(t.TempDir(), "gone")
-	err := executor.InstallHelper(context.Background(), ex, sbx, missing, needsHelper, &executor.JobLog{})
-	if executor.KindOf(err) != executor.KindPermanent || !strings.Contains(fmt.Sprint(err), missing) || ex.calls != 0 {
+	err := executor.InstallHelper(context.Background(), ex, sbx, missing, needsHelper, executortest.JobLog(nil))
+	if failure.KindOf(err) != failure.KindPermanent || !strings.Contains(fmt.Sprint(err), missing) || ex.calls != 0 {
 		t.Errorf("helper removed after config validation: %v, %d execs; want a permanent error naming it", err, ex.calls)
 	}
 }
@@ -122,20 +127,20 @@ func TestJobsWithoutCacheOrArtifactsSkipTheHelper(t *testing.T) {
 		if err := os.WriteFile(path, []byte(`{"id":5,`+tc.json+`}`), 0o600); err != nil {
 			t.Fatal(err)
 		}
-		job, err := executor.ReadJob(path)
+		job, err := gitlab.ReadJob(path)
 		if err != nil || job.NeedsHelper != tc.want {
 			t.Errorf("%s: NeedsHelper %v, %v; want %v", tc.json, job != nil && job.NeedsHelper, err, tc.want)
 		}
 	}
-	job, err := executor.JobFromEnv(func(k string) string { return map[string]string{"CUSTOM_ENV_CI_JOB_ID": "5"}[k] })
+	job, err := gitlab.JobFromEnv(func(k string) string { return map[string]string{"CUSTOM_ENV_CI_JOB_ID": "5"}[k] })
 	if err != nil || !job.NeedsHelper {
 		t.Errorf("a job known only from CUSTOM_ENV_*: NeedsHelper %v, %v; want true", job != nil && job.NeedsHelper, err)
 	}
 
 	ex := &shellExec{binDir: t.TempDir()}
 	path, _ := writeHelper(t, 10)
-	sbx := &executor.Sandbox{Namespace: "ns", Pod: "pod-1", Container: "job"}
-	if err := executor.InstallHelper(context.Background(), ex, sbx, path, &executor.Job{ID: 5}, &executor.JobLog{}); err != nil || ex.calls != 0 {
+	sbx := &kube.Sandbox{Namespace: "ns", Pod: "pod-1", Container: "job"}
+	if err := executor.InstallHelper(context.Background(), ex, sbx, path, &gitlab.Job{ID: 5}, executortest.JobLog(nil)); err != nil || ex.calls != 0 {
 		t.Errorf("a job without cache and artifacts: %v, %d execs; want no copy", err, ex.calls)
 	}
 }

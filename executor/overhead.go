@@ -3,6 +3,9 @@ package executor
 import (
 	"fmt"
 	"time"
+
+	"github.com/sandbox-executor/sandbox-executor/gitlab"
+	"github.com/sandbox-executor/sandbox-executor/kube"
 )
 
 // Overhead is the time the executor itself adds to a job, beyond what the job's scripts run:
@@ -26,18 +29,8 @@ func (o *Overhead) AddStage(wall, script time.Duration) {
 func (o *Overhead) Total() time.Duration { return o.Prepare + o.StageTotal }
 
 // Summary is the job log's closing line.
-func (o *Overhead) Summary(sbx *Sandbox) string {
+func (o *Overhead) Summary(sbx *kube.Sandbox) string {
 	origin, acquired := sbx.Origin()
 	return fmt.Sprintf("Sandbox summary: %s, %s in %s; executor overhead %s (prepare %s, %d stages %s)",
-		origin, acquired, Millis(o.Claim), Millis(o.Total()), Millis(o.Prepare), o.Stages, Millis(o.StageTotal))
-}
-
-// FinalStage reports whether stage is the last one the runner runs for a job, after which the
-// job log gets the summary: cleanup_file_variables on runners that write JOB_RESPONSE_FILE (13+),
-// the artifacts upload on older ones, which always run it and know no later stage.
-func FinalStage(stage string, modernRunner bool) bool {
-	if modernRunner {
-		return stage == "cleanup_file_variables"
-	}
-	return stage == "upload_artifacts_on_success" || stage == "upload_artifacts_on_failure"
+		origin, acquired, gitlab.Millis(o.Claim), gitlab.Millis(o.Total()), gitlab.Millis(o.Prepare), o.Stages, gitlab.Millis(o.StageTotal))
 }

@@ -15,7 +15,13 @@ import (
 	"sync"
 	"time"
 
-	"github.com/sandbox-executor/sandbox-executor/executor/agent"
+	"k8s.io/apimachinery/pkg/util/wait"
+
+	"github.com/sandbox-executor/sandbox-executor/failure"
+	"github.com/sandbox-executor/sandbox-executor/gitlab"
+	"github.com/sandbox-executor/sandbox-executor/kube"
+
+	"github.com/sandbox-executor/sandbox-executor/agent/wire"
 )
 
 // StageRunner runs one stage script in the job pod through the in-pod agent: the stage runs
@@ -23,29 +29,23 @@ import (
 // the agent reports the stage's exit status. A status that cannot be established is a system
 // failure, never a success.
 type StageRunner struct {
-	Exec    RemoteExecutor
-	Sandbox *Sandbox
+	Exec    kube.RemoteExecutor
+	Sandbox *kube.Sandbox
 	// PodGone explains why the pod cannot run stages any more ("" while it can).
 	PodGone func(ctx context.Context) (string, error)
-	Log     *JobLog
+	Log     *gitlab.JobLog
 	// Reconnects bounds re-attaches per stage.
 	Reconnects int
-	// Backoff is the wait before re-attach attempt n (1-based).
-	Backoff func(attempt int) time.Duration
+	// Backoff schedules the waits before each re-attach (kube.RetryBackoff in production).
+	Backoff wait.Backoff
 	// KillGrace is how long the stage gets between SIGTERM and SIGKILL on cancel.
 	KillGrace time.Duration
-	// StagesDir is where the agent keeps stage directories; empty means agent.StagesDir. Tests
+	// StagesDir is where the agent keeps stage directories; empty means wire.StagesDir. Tests
 	// that run the agent on the host point it elsewhere.
 	StagesDir string
 	// ScriptTime is set by Run: how long the script ran in the pod, from the agent's "started"
 	// acknowledgement to its exit status, as seen here (what is left of run's time is ours).
 	ScriptTime time.Duration
-}
-
-// DefaultBackoff doubles from 200 ms to a 5 s ceiling.
-func DefaultBackoff(attempt int) time.Duration {
-	d := 200 * time.Millisecond << min(attempt-1, 5)
-	return min(d, 5*time.Second)
 }
 
 // ErrCancelled is returned when the stage was stopped because the runner cancelled it.
@@ -57,7 +57,7 @@ var ErrCancelled = errors.New("stage cancelled")
 func (r *StageRunner) Run(ctx context.Context, name string, script []byte, stdout, stderr io.Writer) (int, error) {
 	root := r.StagesDir
 	if root == "" {
-		root = agent.StagesDir
+		root = wire.StagesDir
 	}
 	stageDir := path.Join(root, stageID(name))
 	sum := sha256.Sum256(script)
@@ -65,11 +65,12 @@ func (r *StageRunner) Run(ctx context.Context, name string, script []byte, stdou
 	delivered := &countingWriter{w: stdout}
 	started := false
 	var startedAt time.Time
+	retry := r.Backoff
 	for attempt := 0; ; attempt++ {
 		ctrl := newControlReader(stderr)
-		err := r.Exec.Exec(ctx, ExecRequest{
+		err := r.Exec.Exec(ctx, kube.ExecRequest{
 			Namespace: r.Sandbox.Namespace, Pod: r.Sandbox.Pod, Container: r.Sandbox.Container,
-			Command: agent.StartArgs(stageDir, len(script), digest, delivered.n, started),
+			Command: wire.StartArgs(stageDir, len(script), digest, delivered.n, started),
 			Stdin:   bytes.NewReader(script),
 			Stdout:  delivered,
 			Stderr:  ctrl,
@@ -88,13 +89,13 @@ func (r *StageRunner) Run(ctx context.Context, name string, script []byte, stdou
 			return 0, r.stop(stageDir, name)
 		}
 		if delivered.err != nil {
-			return 0, SystemError(delivered.err, "writing stage %s output to the runner", name)
+			return 0, failure.SystemError(delivered.err, "writing stage %s output to the runner", name)
 		}
 		// Whatever went wrong, a pod that is gone explains it best. A failed check proves
 		// nothing (an API server that just restarted denies requests until its caches sync):
 		// the re-attach decides.
 		if why, gerr := r.PodGone(ctx); why != "" {
-			return 0, SystemError(nil, "stage %s: %s", name, why)
+			return 0, failure.SystemError(nil, "stage %s: %s", name, why)
 		} else if gerr != nil {
 			r.Log.Debugf("checking pod %s: %v", r.Sandbox.Pod, gerr)
 		}
@@ -102,23 +103,23 @@ func (r *StageRunner) Run(ctx context.Context, name string, script []byte, stdou
 		if errors.As(err, &refused) {
 			// The agent accepted this job's token at prepare: one that refuses it now is a new
 			// agent in a restarted container, and the stage died with the old one.
-			return 0, SystemError(nil, "stage %s: the stage agent in pod %s no longer knows this job (%s): the job container was restarted and the stage is lost", name, r.Sandbox.Pod, refused.Reason)
+			return 0, failure.SystemError(nil, "stage %s: the stage agent in pod %s no longer knows this job (%s): the job container was restarted and the stage is lost", name, r.Sandbox.Pod, refused.Reason)
 		}
-		var exit *ExitError
-		if errors.As(err, &exit) && exit.Code == agent.ExitAgentFailure {
+		var exit *kube.ExitError
+		if errors.As(err, &exit) && exit.Code == wire.ExitAgentFailure {
 			// The agent ran and said why it could not run the stage (already on stderr).
-			return 0, SystemError(nil, "stage %s: the in-pod agent failed: %s", name, ctrl.LastText())
+			return 0, failure.SystemError(nil, "stage %s: the in-pod agent failed: %s", name, ctrl.LastText())
 		}
 		if err == nil {
 			err = errors.New("stream ended without the stage's exit status")
 		}
 		// Any other exit (the agent killed by a signal, say) is a lost stream like any other.
 		if attempt >= r.Reconnects {
-			return 0, SystemError(err, "stage %s: lost the stream to pod %s %d times; its exit status is unknown", name, r.Sandbox.Pod, attempt+1)
+			return 0, failure.SystemError(err, "stage %s: lost the stream to pod %s %d times; its exit status is unknown", name, r.Sandbox.Pod, attempt+1)
 		}
-		r.Log.Warnf("Stream to pod %s dropped (%s); re-attaching at byte %d (attempt %d/%d)", r.Sandbox.Pod, oneLine(err.Error()), delivered.n, attempt+1, r.Reconnects)
+		r.Log.Warnf("Stream to pod %s dropped (%s); re-attaching at byte %d (attempt %d/%d)", r.Sandbox.Pod, failure.OneLine(err.Error()), delivered.n, attempt+1, r.Reconnects)
 		select {
-		case <-time.After(r.Backoff(attempt + 1)):
+		case <-time.After(retry.Step()):
 		case <-ctx.Done():
 			return 0, r.stop(stageDir, name)
 		}
@@ -131,16 +132,16 @@ func (r *StageRunner) stop(stageDir, name string) error {
 	ctx, cancel := context.WithTimeout(context.Background(), r.KillGrace+15*time.Second)
 	defer cancel()
 	var stdout, stderr bytes.Buffer // separate: the streams are copied concurrently
-	err := r.Exec.Exec(ctx, ExecRequest{
+	err := r.Exec.Exec(ctx, kube.ExecRequest{
 		Namespace: r.Sandbox.Namespace, Pod: r.Sandbox.Pod, Container: r.Sandbox.Container,
-		Command: agent.KillArgs(stageDir, int(r.KillGrace/time.Second)),
+		Command: wire.KillArgs(stageDir, int(r.KillGrace/time.Second)),
 		Stdout:  &stdout, Stderr: &stderr,
 	})
 	if err != nil {
-		return SystemError(nil, "stage %s cancelled, but stopping its processes in pod %s failed: %s", name, r.Sandbox.Pod, oneLine(strings.TrimSpace(stderr.String()+" "+err.Error())))
+		return failure.SystemError(nil, "stage %s cancelled, but stopping its processes in pod %s failed: %s", name, r.Sandbox.Pod, failure.OneLine(strings.TrimSpace(stderr.String()+" "+err.Error())))
 	}
 	r.Log.Warnf("Stage %s cancelled: its processes in pod %s were stopped", name, r.Sandbox.Pod)
-	return &Error{Kind: KindSystem, Err: ErrCancelled, Msg: "stage " + name}
+	return &failure.Error{Kind: failure.KindSystem, Err: ErrCancelled, Msg: "stage " + name}
 }
 
 // stageID is unique per invocation: the runner may run a stage name more than once (retries of
@@ -199,7 +200,7 @@ func newControlReader(passthrough io.Writer) *controlReader {
 		sc.Buffer(make([]byte, 64<<10), 1<<20)
 		for sc.Scan() {
 			line := sc.Text()
-			if ctl, ok := agent.ParseControl(line); ok {
+			if ctl, ok := wire.ParseControl(line); ok {
 				c.mu.Lock()
 				switch {
 				case ctl.Started:

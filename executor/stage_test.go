@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -13,20 +14,24 @@ import (
 	"testing"
 	"time"
 
+	"k8s.io/apimachinery/pkg/util/wait"
+
+	"github.com/sandbox-executor/sandbox-executor/failure"
+	"github.com/sandbox-executor/sandbox-executor/kube"
+
 	"github.com/sandbox-executor/sandbox-executor/executor"
-	"github.com/sandbox-executor/sandbox-executor/executor/agent"
 	"github.com/sandbox-executor/sandbox-executor/executor/executortest"
 	"github.com/sandbox-executor/sandbox-executor/internal/testutil"
 )
 
-func newStageRunner(ex executor.RemoteExecutor, log *testutil.LockedBuffer, podGone string) *executor.StageRunner {
+func newStageRunner(ex kube.RemoteExecutor, log *testutil.LockedBuffer, podGone string) *executor.StageRunner {
 	return &executor.StageRunner{
 		Exec:       ex,
-		Sandbox:    &executor.Sandbox{Namespace: "ns", Pod: "job-pod", Container: "job"},
+		Sandbox:    &kube.Sandbox{Namespace: "ns", Pod: "job-pod", Container: "job"},
 		PodGone:    func(context.Context) (string, error) { return podGone, nil },
-		Log:        &executor.JobLog{W: log},
+		Log:        executortest.JobLog(log),
 		Reconnects: 5,
-		Backoff:    func(int) time.Duration { return time.Millisecond },
+		Backoff:    wait.Backoff{Duration: time.Millisecond},
 		KillGrace:  2 * time.Second,
 	}
 }
@@ -70,7 +75,7 @@ func testDeliversOutputAndExitCode(t *testing.T, newLocal func(testing.TB) *exec
 	}
 	// Who waited for the stage: the daemon leaves no keeper in the stage's session (0), a
 	// supervisor names itself.
-	keepers, _ := filepath.Glob(filepath.Join(agent.StagesDirInUse(), "*", "keeper"))
+	keepers, _ := filepath.Glob(filepath.Join(local.Agent.StagesDir(), "*", "keeper"))
 	if len(keepers) != 1 {
 		t.Fatalf("keeper files: %v", keepers)
 	}
@@ -149,19 +154,19 @@ func TestStageRunnerNeverReportsSuccessWithoutStatus(t *testing.T) {
 	if err == nil {
 		t.Fatalf("Run succeeded with exit %d although every stream dropped", code)
 	}
-	if executor.KindOf(err) != executor.KindSystem || !strings.Contains(err.Error(), "exit status is unknown") {
+	if failure.KindOf(err) != failure.KindSystem || !strings.Contains(err.Error(), "exit status is unknown") {
 		t.Errorf("err = %v, want a system failure saying the status is unknown", err)
 	}
-	waitStagesEnded(t)
+	waitStagesEnded(t, local.Agent.StagesDir())
 }
 
 // waitStagesEnded waits for the stages a test left running (detached, as in a pod) to record
 // their status, so that they are not writing while the test's directory is removed.
-func waitStagesEnded(t *testing.T) {
+func waitStagesEnded(t *testing.T, stagesDir string) {
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		dirs, _ := filepath.Glob(filepath.Join(agent.StagesDirInUse(), "*"))
-		statuses, _ := filepath.Glob(filepath.Join(agent.StagesDirInUse(), "*", "status"))
+		dirs, _ := filepath.Glob(filepath.Join(stagesDir, "*"))
+		statuses, _ := filepath.Glob(filepath.Join(stagesDir, "*", "status"))
 		if len(statuses) == len(dirs) {
 			return
 		}
@@ -178,7 +183,7 @@ func TestStageRunnerLostPodIsSystemFailureNamingThePod(t *testing.T) {
 	var out, log testutil.LockedBuffer
 	r := newStageRunner(local, &log, "pod ns/job-pod was deleted")
 	_, err := r.Run(context.Background(), "build_script", []byte("echo 0123456789; sleep 0.2\n"), &out, &out)
-	if executor.KindOf(err) != executor.KindSystem || !strings.Contains(err.Error(), "job-pod was deleted") {
+	if failure.KindOf(err) != failure.KindSystem || !strings.Contains(err.Error(), "job-pod was deleted") {
 		t.Fatalf("err = %v, want a system failure naming the deleted pod", err)
 	}
 }
@@ -188,7 +193,7 @@ func TestStageRunnerRefusesTruncatedScript(t *testing.T) {
 	var out, log testutil.LockedBuffer
 	r := newStageRunner(&truncatingExec{local}, &log, "")
 	_, err := r.Run(context.Background(), "build_script", []byte("echo executed-marker\n"), &out, &out)
-	if err == nil || executor.KindOf(err) != executor.KindSystem || !strings.Contains(err.Error(), "truncated") {
+	if err == nil || failure.KindOf(err) != failure.KindSystem || !strings.Contains(err.Error(), "truncated") {
 		t.Fatalf("err = %v, want a system failure about the truncated script", err)
 	}
 	if strings.Contains(out.String(), "executed-marker") {
@@ -197,9 +202,9 @@ func TestStageRunnerRefusesTruncatedScript(t *testing.T) {
 }
 
 // truncatingExec delivers only half of stdin, as a stream cut mid-upload would.
-type truncatingExec struct{ next executor.RemoteExecutor }
+type truncatingExec struct{ next kube.RemoteExecutor }
 
-func (e *truncatingExec) Exec(ctx context.Context, req executor.ExecRequest) error {
+func (e *truncatingExec) Exec(ctx context.Context, req kube.ExecRequest) error {
 	if req.Stdin != nil {
 		var b bytes.Buffer
 		b.ReadFrom(req.Stdin)
@@ -288,9 +293,9 @@ func TestStageRunnerNeverRestartsALostStage(t *testing.T) {
 	local := executortest.NewLocal(t)
 	local.CutAfter, local.Cuts = 5, 1
 	var out, log testutil.LockedBuffer
-	ex := &wipingExec{next: local}
+	ex := &wipingExec{t: t, next: local}
 	_, err := newStageRunner(ex, &log, "").Run(context.Background(), "build_script", []byte("echo 0123456789-first-run; sleep 0.3; echo done\n"), &out, &out)
-	if err == nil || executor.KindOf(err) != executor.KindSystem || !strings.Contains(err.Error(), "stage is gone") {
+	if err == nil || failure.KindOf(err) != failure.KindSystem || !strings.Contains(err.Error(), "stage is gone") {
 		t.Fatalf("err = %v, want a system failure saying the stage is gone", err)
 	}
 	if n := strings.Count(out.String(), "01234"); n != 1 {
@@ -298,18 +303,20 @@ func TestStageRunnerNeverRestartsALostStage(t *testing.T) {
 	}
 }
 
-// wipingExec deletes every stage directory before the second start, as a pod restart would.
+// wipingExec deletes every stage directory before the second start, once the first run has
+// ended (else its status would land in the wiped directory), as a pod restart would.
 type wipingExec struct {
-	next   executor.RemoteExecutor
+	t      *testing.T
+	next   *executortest.Local
 	starts int
 }
 
-func (w *wipingExec) Exec(ctx context.Context, req executor.ExecRequest) error {
+func (w *wipingExec) Exec(ctx context.Context, req kube.ExecRequest) error {
 	if req.Command[1] == "start" {
 		w.starts++
 		if w.starts == 2 {
-			time.Sleep(400 * time.Millisecond) // let the first run finish
-			os.RemoveAll(agent.StagesDirInUse())
+			waitStagesEnded(w.t, w.next.Agent.StagesDir())
+			os.RemoveAll(w.next.Agent.StagesDir())
 		}
 	}
 	return w.next.Exec(ctx, req)
@@ -324,9 +331,34 @@ func TestStageRunnerPutsBinDirFirstOnPath(t *testing.T) {
 		if err != nil || code != 0 {
 			t.Fatalf("Run: code %d, %v", code, err)
 		}
-		bin := filepath.Join(filepath.Dir(agent.StagesDirInUse()), "bin")
+		bin := filepath.Join(filepath.Dir(local.Agent.StagesDir()), "bin")
 		if got := stdout.String(); !strings.HasPrefix(got, bin+":") || !strings.Contains(got, "/bin") {
 			t.Errorf("PATH = %q, want %s first, then the image's", got, bin)
 		}
 	})
+}
+
+// refusingAgent is a restarted agent: it no longer knows the job's token.
+type refusingAgent struct{ calls int }
+
+func (r *refusingAgent) Exec(context.Context, kube.ExecRequest) error {
+	r.calls++
+	return &executor.RefusedError{Addr: "10.88.0.9:7543", Reason: "unknown token"}
+}
+
+func TestStageRunnerEndsTheJobWhenTheAgentForgotIt(t *testing.T) {
+	agent := &refusingAgent{}
+	r := &executor.StageRunner{
+		Exec: agent, Sandbox: &kube.Sandbox{Namespace: "ns", Pod: "job-pod", Container: "job"},
+		PodGone:    func(context.Context) (string, error) { return "", nil },
+		Log:        executortest.JobLog(&strings.Builder{}),
+		Reconnects: 5, Backoff: wait.Backoff{Duration: time.Millisecond},
+	}
+	_, err := r.Run(context.Background(), "build_script", []byte("echo hi\n"), io.Discard, io.Discard)
+	if failure.KindOf(err) != failure.KindSystem || !strings.Contains(err.Error(), "no longer knows this job") {
+		t.Fatalf("err = %v, want a system failure saying the agent lost the job", err)
+	}
+	if agent.calls != 1 {
+		t.Errorf("the runner tried %d times, want 1: a restarted container will not bring the stage back", agent.calls)
+	}
 }

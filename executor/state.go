@@ -4,99 +4,132 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"os"
 	"path/filepath"
 
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"github.com/sandbox-executor/sandbox-executor/failure"
+	"github.com/sandbox-executor/sandbox-executor/kube"
 )
 
-// stateFile is where prepare leaves the claimed sandbox for the stages after it: the runner's
+// JobState is what prepare leaves the later stages of a job: its sandbox, how the stages reach
+// the sandbox's agent, and the executor's own time so far.
+type JobState struct {
+	Sandbox   *kube.Sandbox
+	Transport Transport
+	Overhead  Overhead
+}
+
+// stateFile is where prepare leaves the job's state for the stages after it: the runner's
 // per-job TMPDIR, which it removes when the job ends.
 const stateFile = "sandbox-executor-state.json"
 
-// SaveSandbox records the claimed sandbox for later stages.
-func SaveSandbox(tmpDir string, sbx *Sandbox) error {
-	if tmpDir == "" {
-		return nil // older runners: later stages resolve the claim again
+// stateVersion is the version of stateRecord written now. Version 0 is the same schema from
+// before the record was versioned: a job whose runner host is upgraded mid-job keeps its state.
+const stateVersion = 1
+
+// stateRecord is the state file's schema. It is kept apart from kube.Sandbox so that a change to
+// the one is a decision about the other, and versioned so that a reader knows what it reads.
+type stateRecord struct {
+	Version      int      `json:"version"`
+	Namespace    string   `json:"namespace"`
+	Claim        string   `json:"claim"`
+	Pool         string   `json:"pool"`
+	SandboxName  string   `json:"sandbox"`
+	Pod          string   `json:"pod"`
+	PodUID       string   `json:"podUID"`
+	Container    string   `json:"container"`
+	RuntimeClass string   `json:"runtimeClass"`
+	Warm         bool     `json:"warm"`
+	ColdTemplate string   `json:"coldTemplate,omitempty"`
+	PodIP        string   `json:"podIP,omitempty"`
+	AgentToken   string   `json:"agentToken,omitempty"`
+	AgentBaked   bool     `json:"agentBaked,omitempty"`
+	Restarts     int32    `json:"restarts,omitempty"`
+	Overhead     Overhead `json:"overhead"`
+}
+
+func recordOf(job *JobState) stateRecord {
+	s := job.Sandbox
+	return stateRecord{
+		Version: stateVersion, Namespace: s.Namespace, Claim: s.Claim, Pool: s.Pool, SandboxName: s.SandboxName,
+		Pod: s.Pod, PodUID: s.PodUID, Container: s.Container, RuntimeClass: s.RuntimeClass, Warm: s.Warm,
+		ColdTemplate: s.ColdTemplate, PodIP: s.PodIP, AgentToken: job.Transport.AgentToken, AgentBaked: s.AgentBaked,
+		Restarts: s.Restarts, Overhead: job.Overhead,
 	}
-	data, err := json.Marshal(sbx)
+}
+
+func (r *stateRecord) job() *JobState {
+	return &JobState{
+		Sandbox: &kube.Sandbox{
+			Namespace: r.Namespace, Claim: r.Claim, Pool: r.Pool, SandboxName: r.SandboxName, Pod: r.Pod,
+			PodUID: r.PodUID, Container: r.Container, RuntimeClass: r.RuntimeClass, Warm: r.Warm,
+			ColdTemplate: r.ColdTemplate, PodIP: r.PodIP, AgentBaked: r.AgentBaked, Restarts: r.Restarts,
+		},
+		Transport: Transport{AgentToken: r.AgentToken},
+		Overhead:  r.Overhead,
+	}
+}
+
+// SaveJob records the job's state for later stages.
+func SaveJob(tmpDir string, job *JobState) error {
+	if tmpDir == "" {
+		return nil // older runners: later stages find the sandbox again
+	}
+	data, err := json.Marshal(recordOf(job))
 	if err != nil {
 		return err
 	}
 	tmp := filepath.Join(tmpDir, stateFile+".tmp")
 	if err := os.WriteFile(tmp, data, 0o600); err != nil {
-		return SystemError(err, "saving job state")
+		return failure.SystemError(err, "saving job state")
 	}
 	return os.Rename(tmp, filepath.Join(tmpDir, stateFile))
 }
 
-// SavedSandbox is the sandbox prepare saved for the job named claimName, or nil if there is none
-// (no TMPDIR, prepare did not get that far, another job's state).
-func SavedSandbox(tmpDir, claimName string) (*Sandbox, error) {
+// SavedJob is the state prepare saved for the job named claimName, or nil if there is none (no
+// TMPDIR, prepare did not get that far, another job's state). A file that cannot be read as
+// state is an error naming it.
+func SavedJob(tmpDir, claimName string) (*JobState, error) {
 	if tmpDir == "" {
 		return nil, nil
 	}
-	data, err := os.ReadFile(filepath.Join(tmpDir, stateFile))
+	path := filepath.Join(tmpDir, stateFile)
+	data, err := os.ReadFile(path)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil, nil
 	}
 	if err != nil {
-		return nil, SystemError(err, "reading job state")
+		return nil, failure.SystemError(err, "reading job state")
 	}
-	var sbx Sandbox
-	if json.Unmarshal(data, &sbx) != nil || sbx.Pod == "" || sbx.JobObject() != claimName {
+	var record stateRecord
+	if err := json.Unmarshal(data, &record); err != nil {
+		return nil, failure.SystemError(nil, "job state file %s is corrupt (%v): the runner's TMPDIR was changed behind its back", path, err)
+	}
+	if record.Version > stateVersion {
+		return nil, failure.SystemError(nil, "job state file %s has version %d, this sandbox-executor reads up to %d: run one version of it per runner host", path, record.Version, stateVersion)
+	}
+	job := record.job()
+	if job.Sandbox.Pod == "" || job.Sandbox.JobObject() != claimName {
 		return nil, nil
 	}
-	return &sbx, nil
+	return job, nil
 }
 
-// Origin says where the job's sandbox came from, for the job log ("pool duo-default (warm
-// start)"), and how the job got it ("claimed", or "created" for a cold start of its own).
-func (s *Sandbox) Origin() (origin, acquired string) {
-	if s.ColdTemplate != "" {
-		return fmt.Sprintf("template %s (cold start: no warm pool serves the image)", s.ColdTemplate), "created"
-	}
-	launch := "cold"
-	if s.Warm {
-		launch = "warm"
-	}
-	return fmt.Sprintf("pool %s (%s start)", s.Pool, launch), "claimed"
-}
-
-// JobObject names what the job owns: its claim, or its cold-started Sandbox (named like the
-// claim would be).
-func (s *Sandbox) JobObject() string {
-	if s.ColdTemplate != "" {
-		return s.SandboxName
-	}
-	return s.Claim
-}
-
-// LoadSandbox finds the job's sandbox: from prepare's state file when there is one, else by
-// resolving the job's deterministic claim name again, or the cold-started Sandbox of that name.
-func (c *Claimer) LoadSandbox(ctx context.Context, tmpDir, namespace, claimName string, runtimeClasses []string) (*Sandbox, error) {
-	if saved, err := SavedSandbox(tmpDir, claimName); saved != nil || err != nil {
+// LoadJob finds the job's state: from prepare's state file when there is one, else by finding
+// its sandbox again (find), with stages over exec.
+func LoadJob(ctx context.Context, tmpDir, claimName string, find func(context.Context) (*kube.Sandbox, error)) (*JobState, error) {
+	if saved, err := SavedJob(tmpDir, claimName); saved != nil || err != nil {
 		return saved, err
 	}
-	claim, err := c.Clients.Extensions.ExtensionsV1beta1().SandboxClaims(namespace).Get(ctx, claimName, metav1.GetOptions{})
-	if isObjectNotFound(err) {
-		if cold, err := c.findColdStart(ctx, namespace, claimName, runtimeClasses); cold != nil || err != nil {
-			return cold, err
-		}
-		return nil, SystemError(nil, "SandboxClaim (or cold-started Sandbox) %s/%s is gone: the job's sandbox was released or expired", namespace, claimName)
-	}
+	sbx, err := find(ctx)
 	if err != nil {
-		return nil, explainAPIError(err, apiCall{"get", resourceClaims, namespace, claimName})
+		return nil, err
 	}
-	if ok, why := claimReady(claim); !ok {
-		return nil, SystemError(nil, "SandboxClaim %s/%s is not Ready: %s", namespace, claimName, why)
-	}
-	return c.Resolve(ctx, claim, runtimeClasses)
+	return &JobState{Sandbox: sbx}, nil
 }
 
-// ForgetSandbox removes the state file after cleanup.
-func ForgetSandbox(tmpDir string) {
+// ForgetJob removes the state file after cleanup.
+func ForgetJob(tmpDir string) {
 	if tmpDir != "" {
 		_ = os.Remove(filepath.Join(tmpDir, stateFile))
 	}

@@ -1,14 +1,19 @@
 // Package stages holds what every stage of the custom executor protocol shares; each stage
-// (configure, prepare, run, cleanup) is a package of its own below it.
+// (configure, prepare, run, cleanup) is a package of its own below it. The operator commands
+// (package operator) run in the same Env.
 package stages
 
 import (
+	"context"
 	"io"
 	"path/filepath"
 	"time"
 
+	"k8s.io/utils/clock"
+
 	"github.com/sandbox-executor/sandbox-executor/config"
-	"github.com/sandbox-executor/sandbox-executor/executor"
+	"github.com/sandbox-executor/sandbox-executor/gitlab"
+	"github.com/sandbox-executor/sandbox-executor/kube"
 )
 
 // DriverName is reported to the runner, which prints it in the job log.
@@ -18,72 +23,82 @@ const DriverName = "sandbox-executor"
 // where output goes (stdout and stderr both land in the job log, except for config).
 type Env struct {
 	Config  *config.Config
-	Runner  executor.RunnerEnv
+	Runner  gitlab.RunnerEnv
 	Version string
 	Stdout  io.Writer
 	Stderr  io.Writer
 	// Getenv reads the stage's environment.
 	Getenv func(string) string
-	// Clients connects to the cluster; called only by stages that need it.
-	Clients func() (*executor.Clients, error)
-	// Now is the clock, replaced in tests.
-	Now func() time.Time
+	// Clients connects to the cluster; called only by commands that need it.
+	Clients func() (*kube.Clients, error)
+	// Clock is the stage's time (a fake clock in tests).
+	Clock clock.Clock
 	// Started is when this invocation began, before the configuration was read: the start of
 	// what the stage costs the job.
 	Started time.Time
+}
+
+// Cluster is what the protocol stages ask of Kubernetes (kube.Claimer does it).
+type Cluster interface {
+	CheckPool(ctx context.Context, namespace, pool string) (kube.PoolStatus, error)
+	WaitPoolReady(ctx context.Context, namespace, pool string, timeout time.Duration) error
+	Claim(ctx context.Context, req kube.ClaimRequest) (*kube.Sandbox, error)
+	ColdStart(ctx context.Context, req kube.ClaimRequest, template string) (*kube.Sandbox, error)
+	Find(ctx context.Context, namespace, claimName string, runtimeClasses []string) (*kube.Sandbox, error)
+	PodGone(ctx context.Context, sbx *kube.Sandbox) (string, error)
+	Release(ctx context.Context, namespace, claim string) error
+	ReleaseColdStart(ctx context.Context, namespace, name string) error
+	Exec() kube.RemoteExecutor
+	Attach() kube.Attacher
 }
 
 // Elapsed is the time since this invocation began (since the stage's own start when Started is
 // unset).
 func (e *Env) Elapsed(fallback time.Time) time.Duration {
 	if e.Started.IsZero() {
-		return e.Since(fallback)
+		return e.Clock.Since(fallback)
 	}
-	return e.Since(e.Started)
+	return e.Clock.Since(e.Started)
 }
 
 // Log is the job log for the executor's own lines.
-func (e *Env) Log() *executor.JobLog {
-	return &executor.JobLog{W: e.Stderr, Debug: e.Config.Debug, Now: e.Now}
+func (e *Env) Log() *gitlab.JobLog {
+	return gitlab.NewJobLog(e.Stderr, e.Config.Debug, e.Clock)
 }
 
-// Claimer connects to the cluster.
-func (e *Env) Claimer() (*executor.Claimer, error) {
+// Cluster connects to the cluster.
+func (e *Env) Cluster() (Cluster, error) {
+	claimer, err := e.Claimer()
+	if err != nil {
+		return nil, err
+	}
+	return claimer, nil
+}
+
+// Claimer connects to the cluster, for the operator commands that list and release.
+func (e *Env) Claimer() (*kube.Claimer, error) {
 	clients, err := e.Clients()
 	if err != nil {
 		return nil, err
 	}
-	return &executor.Claimer{Clients: clients, Now: e.Now, Debugf: e.Log().Debugf}, nil
+	log := e.Log()
+	claimer := kube.NewClaimer(clients, e.Clock)
+	claimer.Step = func(step string, took time.Duration) { log.Debugf("%s in %s", step, gitlab.Millis(took)) }
+	return claimer, nil
 }
 
 // Job identifies the job: from JOB_RESPONSE_FILE (the trusted source), or on runners too old
 // to write it, from CUSTOM_ENV_* variables.
-func (e *Env) Job() (*executor.Job, error) {
+func (e *Env) Job() (*gitlab.Job, error) {
 	if e.Runner.JobResponseFile == "" && e.Getenv != nil {
-		return executor.JobFromEnv(e.Getenv)
+		return gitlab.JobFromEnv(e.Getenv)
 	}
-	return executor.ReadJob(e.Runner.JobResponseFile)
+	return gitlab.ReadJob(e.Runner.JobResponseFile)
 }
 
 // ClaimName is the job's claim, derived from the trusted job JSON.
-func (e *Env) ClaimName(job *executor.Job) string {
-	return executor.ClaimName(e.Config.RunnerName, job.ID)
-}
-
-// Since measures time with the stage's clock.
-func (e *Env) Since(t time.Time) time.Duration {
-	if e.Now != nil {
-		return e.Now().Sub(t)
-	}
-	return time.Since(t)
-}
-
-// Clock returns the current time from the stage's clock.
-func (e *Env) Clock() time.Time {
-	if e.Now != nil {
-		return e.Now()
-	}
-	return time.Now()
+func (e *Env) ClaimName(job *gitlab.Job) string {
+	return kube.ClaimName(e.Config.RunnerName, job.ID)
 }
 
 // AgentNextTo is the default agent binary path: beside the executor binary.

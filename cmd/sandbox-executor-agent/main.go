@@ -4,7 +4,7 @@ package main
 import (
 	"os"
 
-	"github.com/sandbox-executor/sandbox-executor/executor/agent"
+	"github.com/sandbox-executor/sandbox-executor/agent"
 )
 
 func main() { os.Exit(agent.Main(os.Args[1:], os.Stdin, os.Stdout, os.Stderr)) }

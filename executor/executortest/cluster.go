@@ -2,11 +2,19 @@ package executortest
 
 import (
 	"context"
+	"io"
 	"maps"
+	"strconv"
+	"sync/atomic"
 	"testing"
+	"time"
+
+	"github.com/sandbox-executor/sandbox-executor/gitlab"
+	"github.com/sandbox-executor/sandbox-executor/kube"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -14,12 +22,11 @@ import (
 	"k8s.io/apimachinery/pkg/watch"
 	kubefake "k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
+	testingclock "k8s.io/utils/clock/testing"
 	sandboxv1beta1 "sigs.k8s.io/agent-sandbox/api/v1beta1"
 	sandboxfake "sigs.k8s.io/agent-sandbox/clients/k8s/clientset/versioned/fake"
 	extfake "sigs.k8s.io/agent-sandbox/clients/k8s/extensions/clientset/versioned/fake"
 	extv1beta1 "sigs.k8s.io/agent-sandbox/extensions/api/v1beta1"
-
-	"github.com/sandbox-executor/sandbox-executor/executor"
 )
 
 // Namespace is where the fake cluster keeps its pool, claims, sandboxes and pods.
@@ -36,8 +43,8 @@ const PodIP = "127.0.0.9"
 const Template = "duo-gvisor"
 
 var (
-	claimsGVR    = schema.GroupVersionResource{Group: "extensions.agents.x-k8s.io", Version: "v1beta1", Resource: "sandboxclaims"}
-	sandboxesGVR = schema.GroupVersionResource{Group: "agents.x-k8s.io", Version: "v1beta1", Resource: "sandboxes"}
+	claimsGVR    = kube.SandboxClaims.WithVersion(kube.APIVersion)
+	sandboxesGVR = kube.Sandboxes.WithVersion(kube.APIVersion)
 )
 
 // Cluster is the fake clientsets plus a stand-in for the agent-sandbox controller: when a
@@ -47,7 +54,7 @@ type Cluster struct {
 	Kube       *kubefake.Clientset
 	Sandboxes  *sandboxfake.Clientset
 	Extensions *extfake.Clientset
-	Clients    *executor.Clients
+	Clients    *kube.Clients
 	// RuntimeClass of the pods the controller hands out; "" for none.
 	RuntimeClass string
 	// ReadyReason, when set, makes claims and Sandboxes Ready=False with this reason instead of
@@ -77,16 +84,58 @@ func NewCluster(t testing.TB, objects ...runtime.Object) *Cluster {
 		Spec:       extv1beta1.SandboxWarmPoolSpec{Replicas: &replicas},
 		Status:     extv1beta1.SandboxWarmPoolStatus{ReadyReplicas: 2},
 	}
+	objects = append([]runtime.Object{pool, HardenedTemplate()}, objects...)
+	for _, obj := range objects {
+		// As stored by an API server (see stampResourceVersions).
+		if m, err := meta.Accessor(obj); err == nil && m.GetResourceVersion() == "" {
+			m.SetResourceVersion("1")
+		}
+	}
 	fc := &Cluster{
 		Kube:         kubefake.NewSimpleClientset(),
 		Sandboxes:    sandboxfake.NewSimpleClientset(),
-		Extensions:   extfake.NewSimpleClientset(append([]runtime.Object{pool, HardenedTemplate()}, objects...)...),
+		Extensions:   extfake.NewSimpleClientset(objects...),
 		RuntimeClass: "gvisor",
 	}
+	stampResourceVersions(&fc.Extensions.Fake, fc.Extensions.Tracker())
+	stampResourceVersions(&fc.Sandboxes.Fake, fc.Sandboxes.Tracker())
 	reconcileOnWatch(&fc.Extensions.Fake, fc.Extensions.Tracker(), claimsGVR, func() { fc.bindClaims(t) })
 	reconcileOnWatch(&fc.Sandboxes.Fake, fc.Sandboxes.Tracker(), sandboxesGVR, func() { fc.startSandboxes(t) })
-	fc.Clients = &executor.Clients{Kube: fc.Kube, Sandboxes: fc.Sandboxes, Extensions: fc.Extensions}
+	fc.Clients = &kube.Clients{Kube: fc.Kube, Sandboxes: fc.Sandboxes, Extensions: fc.Extensions}
 	return fc
+}
+
+// Claimer is a kube.Claimer of the fake cluster, dated by a fake clock at Now.
+func (fc *Cluster) Claimer() *kube.Claimer {
+	return kube.NewClaimer(fc.Clients, testingclock.NewFakePassiveClock(Now))
+}
+
+// JobLog is a job log writing to w (nil for nowhere), dated by a fake clock at Now.
+func JobLog(w io.Writer) *gitlab.JobLog {
+	return gitlab.NewJobLog(w, false, testingclock.NewFakePassiveClock(Now))
+}
+
+// Now is the fake cluster's time, for claimers that need not control it.
+var Now = time.Date(2026, 11, 21, 10, 0, 0, 0, time.UTC)
+
+// stampResourceVersions gives every object created or updated through fake a resourceVersion, as
+// the API server does: the fake tracker keeps objects' own empty, and client-go's RetryWatcher,
+// which kube's waits use, cannot start from an empty one or resume past an event without one.
+func stampResourceVersions(fake *k8stesting.Fake, tracker k8stesting.ObjectTracker) {
+	var version atomic.Int64
+	fake.PrependReactor("*", "*", func(action k8stesting.Action) (bool, runtime.Object, error) {
+		if action.GetVerb() != "create" && action.GetVerb() != "update" {
+			return false, nil, nil
+		}
+		// Stamp a copy: the caller's object stays as it was.
+		action = action.DeepCopy()
+		obj, err := meta.Accessor(action.(interface{ GetObject() runtime.Object }).GetObject())
+		if err != nil {
+			return false, nil, nil
+		}
+		obj.SetResourceVersion(strconv.FormatInt(version.Add(1), 10))
+		return k8stesting.ObjectReaction(tracker)(action)
+	})
 }
 
 // reconcileOnWatch serves watches of gvr from the fake's tracker and runs the fake controller's

@@ -17,21 +17,32 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sandbox-executor/sandbox-executor/executor"
-	"github.com/sandbox-executor/sandbox-executor/executor/agent"
+	"go.uber.org/goleak"
+
+	"github.com/sandbox-executor/sandbox-executor/agent"
+	"github.com/sandbox-executor/sandbox-executor/kube"
+
+	"github.com/sandbox-executor/sandbox-executor/agent/wire"
 )
 
 // AgentEnv marks a test binary re-executed as the agent's stage supervisor.
 const AgentEnv = "SANDBOX_EXECUTOR_TEST_AS_AGENT"
 
 // Main must be called from TestMain of packages that use Local: the agent starts stage
-// supervisors by re-executing its own binary, which in a test is the test binary.
-func Main(m interface{ Run() int }) {
+// supervisors by re-executing its own binary, which in a test is the test binary. The tests
+// themselves run as VerifyNoLeaks runs them.
+func Main(m goleak.TestingM) {
 	if os.Getenv(AgentEnv) == "1" {
 		os.Exit(agent.Main(os.Args[1:], os.Stdin, os.Stdout, os.Stderr))
 	}
 	os.Setenv(AgentEnv, "1")
-	os.Exit(m.Run())
+	VerifyNoLeaks(m)
+}
+
+// VerifyNoLeaks runs the tests and fails the run when they leave goroutines behind, other than
+// klog's flush daemon, which client-go's init starts for the life of the process.
+func VerifyNoLeaks(m goleak.TestingM) {
+	goleak.VerifyTestMain(m, goleak.IgnoreTopFunction("k8s.io/klog/v2.(*flushDaemon).run.func1"))
 }
 
 // Local runs agent commands in this process against stage directories in a temporary
@@ -42,7 +53,9 @@ type Local struct {
 	CutAfter int
 	Cuts     int
 	// Probe is returned for the install command.
-	Probe agent.Probe
+	Probe wire.Probe
+	// Agent runs the commands, with its stage directories in the test's temporary directory.
+	Agent *agent.Agent
 
 	running  sync.WaitGroup
 	mu       sync.Mutex
@@ -56,11 +69,9 @@ func NewLocal(t testing.TB) *Local {
 	if err := os.MkdirAll(stages, 0o700); err != nil {
 		t.Fatal(err)
 	}
-	restore := agent.SetStagesDir(stages)
-	t.Cleanup(restore)
-	l := &Local{Probe: agent.Probe{Shell: "/bin/sh", KernelRelease: "4.19.0-gvisor"}}
-	// Cleanups run last-in first-out: agent commands left running by a cancelled Exec finish
-	// before the stages directory is restored.
+	l := &Local{Probe: wire.Probe{Shell: "/bin/sh", KernelRelease: "4.19.0-gvisor"}, Agent: agent.New(agent.Options{StagesDir: stages})}
+	// Agent commands left running by a cancelled Exec finish before the test's temporary
+	// directory is removed (cleanups run last-in first-out).
 	t.Cleanup(func() {
 		done := make(chan struct{})
 		go func() { l.running.Wait(); close(done) }()
@@ -77,10 +88,10 @@ func NewLocal(t testing.TB) *Local {
 func NewLocalWithDaemon(t testing.TB) *Local {
 	l := NewLocal(t)
 	var out, errOut strings.Builder
-	if code := agent.Main([]string{"init"}, strings.NewReader(""), &out, &errOut); code != 0 {
+	if code := l.Agent.Run([]string{"init"}, strings.NewReader(""), &out, &errOut); code != 0 {
 		t.Fatalf("agent init: %s", errOut.String())
 	}
-	pidFile := filepath.Join(filepath.Dir(agent.StagesDirInUse()), "daemon.pid")
+	pidFile := filepath.Join(filepath.Dir(l.Agent.StagesDir()), "daemon.pid")
 	t.Cleanup(func() {
 		data, err := os.ReadFile(pidFile)
 		if err != nil {
@@ -98,8 +109,8 @@ func NewLocalWithDaemon(t testing.TB) *Local {
 // ErrStreamCut is the error a cut stream reports.
 var ErrStreamCut = errors.New("simulated: connection reset by peer")
 
-// Exec implements executor.RemoteExecutor.
-func (l *Local) Exec(ctx context.Context, req executor.ExecRequest) error {
+// Exec implements kube.RemoteExecutor.
+func (l *Local) Exec(ctx context.Context, req kube.ExecRequest) error {
 	var stdin []byte
 	if req.Stdin != nil {
 		stdin, _ = io.ReadAll(req.Stdin)
@@ -118,12 +129,12 @@ func (l *Local) Exec(ctx context.Context, req executor.ExecRequest) error {
 		fmt.Fprintf(req.Stdout, `{"shell":%q,"kernel_release":%q,"uid":0}`+"\n", l.Probe.Shell, l.Probe.KernelRelease)
 		return nil
 	}
-	if req.Command[0] != agent.BinaryPath {
+	if req.Command[0] != wire.BinaryPath {
 		return fmt.Errorf("executortest: unexpected command %q", req.Command)
 	}
 	args := make([]string, 0, len(req.Command)-1)
 	for _, a := range req.Command[1:] {
-		args = append(args, strings.Replace(a, agent.StagesDir, agent.StagesDirInUse(), 1))
+		args = append(args, strings.Replace(a, wire.StagesDir, l.Agent.StagesDir(), 1))
 	}
 	// Like a real stream, nothing reaches the caller's writers once Exec has returned.
 	stdoutGate, stderrGate := &gate{w: req.Stdout}, &gate{w: req.Stderr}
@@ -137,7 +148,7 @@ func (l *Local) Exec(ctx context.Context, req executor.ExecRequest) error {
 	l.running.Add(1)
 	go func() {
 		defer l.running.Done()
-		done <- agent.Main(args, strings.NewReader(string(stdin)), stdout, stderrGate)
+		done <- l.Agent.Run(args, strings.NewReader(string(stdin)), stdout, stderrGate)
 	}()
 	select {
 	case code := <-done:
@@ -145,7 +156,7 @@ func (l *Local) Exec(ctx context.Context, req executor.ExecRequest) error {
 			return ErrStreamCut
 		}
 		if code != 0 {
-			return &executor.ExitError{Code: code}
+			return &kube.ExitError{Code: code}
 		}
 		return nil
 	case <-ctx.Done():

@@ -5,6 +5,9 @@ package cleanup
 import (
 	"context"
 
+	"github.com/sandbox-executor/sandbox-executor/failure"
+	"github.com/sandbox-executor/sandbox-executor/kube"
+
 	"github.com/sandbox-executor/sandbox-executor/config"
 	"github.com/sandbox-executor/sandbox-executor/executor"
 	"github.com/sandbox-executor/sandbox-executor/stages"
@@ -18,17 +21,19 @@ func Run(ctx context.Context, env *stages.Env) error {
 	}
 	ctx, cancel := context.WithTimeout(ctx, env.Config.CleanupTimeout.Duration)
 	defer cancel()
-	claimer, err := env.Claimer()
+	cluster, err := env.Cluster()
 	if err != nil {
 		return err
 	}
 	name := env.ClaimName(job)
-	saved, err := executor.SavedSandbox(env.Runner.TmpDir, name)
-	if err != nil {
-		return err
-	}
 	// Prepare's state says what the job owns. Without it (prepare failed half-way, or an old
-	// runner without TMPDIR) a cold start may have made a Sandbox: delete both kinds.
+	// runner without TMPDIR) a cold start may have made a Sandbox: delete both kinds. A state
+	// file that cannot be read is reported, after releasing as if there were none.
+	state, stateErr := executor.SavedJob(env.Runner.TmpDir, name)
+	var saved *kube.Sandbox
+	if state != nil {
+		saved = state.Sandbox
+	}
 	releaseClaim := saved == nil || saved.ColdTemplate == ""
 	releaseColdStart := saved != nil && saved.ColdTemplate != "" || saved == nil && env.Config.UnknownImage == config.UnknownImageCold
 	for _, release := range []struct {
@@ -36,20 +41,20 @@ func Run(ctx context.Context, env *stages.Env) error {
 		kind   string
 		delete func(ctx context.Context, namespace, name string) error
 	}{
-		{releaseClaim, "SandboxClaim", claimer.Release},
-		{releaseColdStart, "Sandbox", claimer.ReleaseColdStart},
+		{releaseClaim, "SandboxClaim", cluster.Release},
+		{releaseColdStart, "Sandbox", cluster.ReleaseColdStart},
 	} {
 		if !release.wanted {
 			continue
 		}
 		if err := release.delete(ctx, env.Config.Namespace, name); err != nil {
 			if ctx.Err() != nil {
-				return executor.SystemError(nil, "releasing %s %s/%s: no answer within cleanup_timeout %s; its shutdownTime will reap it", release.kind, env.Config.Namespace, name, env.Config.CleanupTimeout.Duration)
+				return failure.SystemError(nil, "releasing %s %s/%s: no answer within cleanup_timeout %s; its shutdownTime will reap it", release.kind, env.Config.Namespace, name, env.Config.CleanupTimeout.Duration)
 			}
 			return err
 		}
 		env.Log().Debugf("Released %s %s/%s", release.kind, env.Config.Namespace, name)
 	}
-	executor.ForgetSandbox(env.Runner.TmpDir)
-	return nil
+	executor.ForgetJob(env.Runner.TmpDir)
+	return stateErr
 }

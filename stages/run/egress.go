@@ -6,9 +6,10 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/sandbox-executor/sandbox-executor/gitlab"
+
 	"github.com/sandbox-executor/sandbox-executor/config"
 	"github.com/sandbox-executor/sandbox-executor/egress"
-	"github.com/sandbox-executor/sandbox-executor/executor"
 )
 
 const (
@@ -25,7 +26,7 @@ var egressClient = &http.Client{Transport: &http.Transport{Proxy: nil}, Timeout:
 
 // reportBlocked warns in the job log about every destination the pool's egress proxy refused
 // to the pod since the stage started, once per destination. It never fails the job.
-func reportBlocked(ctx context.Context, log *executor.JobLog, pool *config.Pool, podIP string, since time.Time) {
+func reportBlocked(ctx context.Context, log *gitlab.JobLog, pool *config.Pool, podIP string, since time.Time) {
 	if pool == nil || pool.EgressProxy == "" || podIP == "" {
 		return
 	}

@@ -8,6 +8,10 @@ import (
 	"os"
 	"time"
 
+	"github.com/sandbox-executor/sandbox-executor/failure"
+	"github.com/sandbox-executor/sandbox-executor/gitlab"
+	"github.com/sandbox-executor/sandbox-executor/kube"
+
 	"github.com/sandbox-executor/sandbox-executor/executor"
 	"github.com/sandbox-executor/sandbox-executor/stages"
 )
@@ -20,45 +24,45 @@ const killGrace = 5 * time.Second
 func Run(ctx context.Context, env *stages.Env, scriptPath, stageName string) error {
 	script, err := os.ReadFile(scriptPath)
 	if err != nil {
-		return executor.SystemError(nil, "reading stage script %s: %v", scriptPath, errors.Unwrap(err))
+		return failure.SystemError(nil, "reading stage script %s: %v", scriptPath, errors.Unwrap(err))
 	}
 	job, err := env.Job()
 	if err != nil {
 		return err
 	}
-	claimer, err := env.Claimer()
+	cluster, err := env.Cluster()
 	if err != nil {
 		return err
 	}
-	sbx, err := claimer.LoadSandbox(ctx, env.Runner.TmpDir, env.Config.Namespace, env.ClaimName(job), env.Config.RuntimeClasses)
+	name := env.ClaimName(job)
+	state, err := executor.LoadJob(ctx, env.Runner.TmpDir, name, func(ctx context.Context) (*kube.Sandbox, error) {
+		return cluster.Find(ctx, env.Config.Namespace, name, env.Config.RuntimeClasses)
+	})
 	if err != nil {
 		return err
 	}
-	transport := claimer.Clients.Exec
-	if sbx.AgentToken != "" && sbx.PodIP != "" {
-		transport = executor.NewAgentNetwork(sbx.PodIP, sbx.AgentToken, claimer.Clients.Exec)
-	}
+	sbx := state.Sandbox
 	runner := &executor.StageRunner{
-		Exec:       transport,
+		Exec:       state.Transport.Executor(sbx, cluster.Exec()),
 		Sandbox:    sbx,
-		PodGone:    func(ctx context.Context) (string, error) { return claimer.PodGone(ctx, sbx) },
+		PodGone:    func(ctx context.Context) (string, error) { return cluster.PodGone(ctx, sbx) },
 		Log:        env.Log(),
 		Reconnects: env.Config.Reconnects,
-		Backoff:    executor.DefaultBackoff,
+		Backoff:    kube.RetryBackoff(),
 		KillGrace:  killGrace,
 	}
-	started := env.Clock()
+	started := env.Clock.Now()
 	code, err := runner.Run(ctx, stageName, script, env.Stdout, env.Stderr)
 	reportBlocked(ctx, env.Log(), env.Config.Pool(sbx.Pool), sbx.PodIP, started)
 	if err != nil {
 		return err
 	}
-	accountOverhead(env, sbx, stageName, env.Elapsed(started), runner.ScriptTime)
+	accountOverhead(env, state, stageName, env.Elapsed(started), runner.ScriptTime)
 	if code != 0 {
 		if err := env.Runner.WriteBuildExitCode(code); err != nil {
 			return err
 		}
-		return executor.BuildError(code)
+		return failure.BuildError(code)
 	}
 	return nil
 }
@@ -66,15 +70,15 @@ func Run(ctx context.Context, env *stages.Env, scriptPath, stageName string) err
 // accountOverhead adds this stage's own cost to the job's state, and closes the job log with the
 // executor's summary after the job's last stage. It is bookkeeping: a state file it cannot write
 // costs the summary its accuracy, never the stage its outcome.
-func accountOverhead(env *stages.Env, sbx *executor.Sandbox, stageName string, wall, script time.Duration) {
-	if env.Runner.TmpDir == "" || sbx.Overhead.Prepare == 0 {
+func accountOverhead(env *stages.Env, state *executor.JobState, stageName string, wall, script time.Duration) {
+	if env.Runner.TmpDir == "" || state.Overhead.Prepare == 0 {
 		return // no state from prepare (older runners): nothing to add up
 	}
-	sbx.Overhead.AddStage(wall, script)
-	if err := executor.SaveSandbox(env.Runner.TmpDir, sbx); err != nil {
+	state.Overhead.AddStage(wall, script)
+	if err := executor.SaveJob(env.Runner.TmpDir, state); err != nil {
 		env.Log().Debugf("job state not saved after stage %s, the summary will miss its cost: %v", stageName, err)
 	}
-	if executor.FinalStage(stageName, env.Runner.JobResponseFile != "") {
-		env.Log().Infof("%s", sbx.Overhead.Summary(sbx))
+	if gitlab.FinalStage(stageName, env.Runner.JobResponseFile != "") {
+		env.Log().Infof("%s", state.Overhead.Summary(state.Sandbox))
 	}
 }

@@ -18,6 +18,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sandbox-executor/sandbox-executor/kube"
+
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -27,7 +29,6 @@ import (
 	extv1beta1 "sigs.k8s.io/agent-sandbox/extensions/api/v1beta1"
 
 	"github.com/sandbox-executor/sandbox-executor/config"
-	"github.com/sandbox-executor/sandbox-executor/executor"
 	"github.com/sandbox-executor/sandbox-executor/tests/fakegitlab"
 	"github.com/sandbox-executor/sandbox-executor/tests/localcluster"
 	"github.com/sandbox-executor/sandbox-executor/tests/runner"
@@ -50,7 +51,7 @@ const goneTimeout = 2 * time.Minute
 type Cluster struct {
 	*localcluster.Env
 	// Admin has full rights.
-	Admin *executor.Clients
+	Admin *kube.Clients
 	// AdminConfig is an executor configuration with the admin kubeconfig (Admin's).
 	AdminConfig string
 }
@@ -73,13 +74,13 @@ func Connect(t testing.TB) *Cluster {
 }
 
 // clients connects as an executor with the configuration at path does.
-func clients(t testing.TB, path string) *executor.Clients {
+func clients(t testing.TB, path string) *kube.Clients {
 	t.Helper()
 	cfg, err := config.Load(path)
 	if err != nil {
 		t.Fatal(err)
 	}
-	cs, err := executor.NewClients(cfg)
+	cs, err := kube.NewClients(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -101,7 +102,7 @@ func RESTConfig(t testing.TB, kubeconfig string) *rest.Config {
 // the job. The output is stdout followed by stderr.
 func (c *Cluster) Exec(ctx context.Context, pod string, command ...string) (string, error) {
 	var stdout, stderr bytes.Buffer // one buffer each: the streams are copied concurrently
-	err := c.Admin.Exec.Exec(ctx, executor.ExecRequest{
+	err := c.Admin.Exec.Exec(ctx, kube.ExecRequest{
 		Namespace: Namespace, Pod: pod, Container: "job", Command: command, Stdout: &stdout, Stderr: &stderr,
 	})
 	return stdout.String() + stderr.String(), err
@@ -150,7 +151,7 @@ func (c *Cluster) NewRunnerWith(t testing.TB, prefix string, cfg localcluster.Co
 func (r *Runner) Definition() runner.CustomExecutor { return r.CustomExecutor(r.ConfigPath) }
 
 // Clients connects to the cluster as the executor with this runner's configuration does.
-func (r *Runner) Clients(t testing.TB) *executor.Clients {
+func (r *Runner) Clients(t testing.TB) *kube.Clients {
 	t.Helper()
 	return clients(t, r.ConfigPath)
 }
@@ -347,7 +348,7 @@ func (j *Job) MustRun(t testing.TB, body string) Result {
 }
 
 // ClaimName is the job's SandboxClaim.
-func (j *Job) ClaimName() string { return executor.ClaimName(j.Runner.Name, j.ID) }
+func (j *Job) ClaimName() string { return kube.ClaimName(j.Runner.Name, j.ID) }
 
 // findPod follows the job's claim (or, for a cold start of unknown_image = "cold", its Sandbox of
 // the claim's name) to its sandbox and pod, with admin rights and without the executor's checks,
@@ -446,7 +447,7 @@ func (j *Job) leftovers(t testing.TB, ctx context.Context) []string {
 	} else if !apierrors.IsNotFound(err) {
 		t.Fatal(err)
 	}
-	selector := executor.LabelJobID + "=" + strconv.FormatInt(j.ID, 10) + "," + executor.LabelRunner + "=" + executor.RunnerLabel(j.Runner.Name)
+	selector := kube.LabelJobID + "=" + strconv.FormatInt(j.ID, 10) + "," + kube.LabelRunner + "=" + kube.RunnerLabel(j.Runner.Name)
 	claims, err := claimsAPI.List(ctx, metav1.ListOptions{LabelSelector: selector})
 	if err != nil {
 		t.Fatal(err)

@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"k8s.io/apimachinery/pkg/api/meta"
+
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -19,7 +21,7 @@ import (
 	"k8s.io/utils/ptr"
 	extv1beta1 "sigs.k8s.io/agent-sandbox/extensions/api/v1beta1"
 
-	"github.com/sandbox-executor/sandbox-executor/executor"
+	"github.com/sandbox-executor/sandbox-executor/kube"
 	"github.com/sandbox-executor/sandbox-executor/tests/clustertest"
 	"github.com/sandbox-executor/sandbox-executor/tests/fakegitlab"
 	"github.com/sandbox-executor/sandbox-executor/tests/localcluster"
@@ -99,7 +101,7 @@ func rawClaim(b *testing.B, c *clustertest.Cluster, pool string) time.Duration {
 	}
 	defer claims.Delete(context.Background(), name, metav1.DeleteOptions{})
 	for ev := range w.ResultChan() {
-		if cl, ok := ev.Object.(*extv1beta1.SandboxClaim); ok && executor.ClaimReady(cl) {
+		if cl, ok := ev.Object.(*extv1beta1.SandboxClaim); ok && meta.IsStatusConditionTrue(cl.Status.Conditions, "Ready") && cl.Status.SandboxStatus.Name != "" {
 			return time.Since(start)
 		}
 	}
@@ -231,7 +233,7 @@ func plainPodUntilExec(b *testing.B, c *clustertest.Cluster) time.Duration {
 		}
 	}
 	for {
-		err := c.Admin.Exec.Exec(ctx, executor.ExecRequest{Namespace: namespace, Pod: name, Container: "job", Command: []string{"true"}, Stdout: io.Discard, Stderr: io.Discard})
+		err := c.Admin.Exec.Exec(ctx, kube.ExecRequest{Namespace: namespace, Pod: name, Container: "job", Command: []string{"true"}, Stdout: io.Discard, Stderr: io.Discard})
 		if err == nil {
 			return time.Since(start)
 		}
@@ -280,7 +282,7 @@ func BenchmarkLogThroughput(b *testing.B) {
 	for i := 0; i < benchN(3); i++ {
 		var n countingWriter
 		start := time.Now()
-		if err := clients.Exec.Exec(context.Background(), executor.ExecRequest{Namespace: namespace, Pod: pod, Container: "job",
+		if err := clients.Exec.Exec(context.Background(), kube.ExecRequest{Namespace: namespace, Pod: pod, Container: "job",
 			Command: []string{"/bin/bash", "-c", command}, Stdout: &n, Stderr: io.Discard}); err != nil || n != size {
 			b.Fatalf("raw exec: %v, %d bytes", err, n)
 		}

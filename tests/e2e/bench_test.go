@@ -15,6 +15,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sandbox-executor/sandbox-executor/gitlab"
+	"github.com/sandbox-executor/sandbox-executor/kube"
+	"k8s.io/utils/clock"
+
 	"github.com/sandbox-executor/sandbox-executor/executor"
 	"github.com/sandbox-executor/sandbox-executor/tests/clustertest"
 	"github.com/sandbox-executor/sandbox-executor/tests/fakegitlab"
@@ -54,14 +58,18 @@ func BenchmarkStageOverhead(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	var sbx executor.Sandbox
-	if err := json.Unmarshal(state, &sbx); err != nil || sbx.AgentToken == "" {
+	var saved struct {
+		kube.Sandbox
+		AgentToken string `json:"agentToken"`
+	}
+	if err := json.Unmarshal(state, &saved); err != nil || saved.AgentToken == "" {
 		b.Fatalf("prepare left no network token: %v", err)
 	}
-	network := executor.NewAgentNetwork(sbx.PodIP, sbx.AgentToken, clients.Exec)
-	stageOver := func(ex executor.RemoteExecutor) *executor.StageRunner {
-		return &executor.StageRunner{Exec: ex, Sandbox: &sbx, Log: &executor.JobLog{},
-			PodGone: func(context.Context) (string, error) { return "", nil }, Reconnects: 3, Backoff: executor.DefaultBackoff, KillGrace: time.Second}
+	sbx := saved.Sandbox
+	network := executor.NewAgentNetwork(sbx.PodIP, saved.AgentToken, clients.Exec)
+	stageOver := func(ex kube.RemoteExecutor) *executor.StageRunner {
+		return &executor.StageRunner{Exec: ex, Sandbox: &sbx, Log: gitlab.NewJobLog(nil, false, clock.RealClock{}),
+			PodGone: func(context.Context) (string, error) { return "", nil }, Reconnects: 3, Backoff: kube.RetryBackoff(), KillGrace: time.Second}
 	}
 	viaExec, viaNetwork := stageOver(clients.Exec), stageOver(network)
 	script := []byte("echo stage\n")
@@ -79,7 +87,7 @@ func BenchmarkStageOverhead(b *testing.B) {
 	for i := 0; i < n; i++ { // interleaved, so drift on a shared machine hits every path alike
 		var out, errOut bytes.Buffer
 		t0 := time.Now()
-		if err := clients.Exec.Exec(context.Background(), executor.ExecRequest{Namespace: namespace, Pod: pod, Container: "job",
+		if err := clients.Exec.Exec(context.Background(), kube.ExecRequest{Namespace: namespace, Pod: pod, Container: "job",
 			Command: []string{"/bin/bash", "-s"}, Stdin: bytes.NewReader(script), Stdout: &out, Stderr: &errOut}); err != nil {
 			b.Fatal(err)
 		}

@@ -8,13 +8,14 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/sandbox-executor/sandbox-executor/kube"
+
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	sandboxv1beta1 "sigs.k8s.io/agent-sandbox/api/v1beta1"
 	sandboxclient "sigs.k8s.io/agent-sandbox/clients/k8s/clientset/versioned"
 
-	"github.com/sandbox-executor/sandbox-executor/executor"
 	"github.com/sandbox-executor/sandbox-executor/tests/clustertest"
 	"github.com/sandbox-executor/sandbox-executor/tests/localcluster"
 )
@@ -49,8 +50,8 @@ func TestColdImageStartsASandboxFromTheTemplate(t *testing.T) {
 	if err != nil {
 		t.Fatalf("the job's Sandbox: %v", err)
 	}
-	for k, v := range map[string]string{executor.LabelManagedBy: executor.ManagedByValue, executor.LabelRunner: executor.RunnerLabel(r.Name),
-		executor.LabelJobID: strconv.FormatInt(j.ID, 10), executor.LabelProjectID: "42", executor.LabelPipelineID: "4242"} {
+	for k, v := range map[string]string{kube.LabelManagedBy: kube.ManagedByValue, kube.LabelRunner: kube.RunnerLabel(r.Name),
+		kube.LabelJobID: strconv.FormatInt(j.ID, 10), kube.LabelProjectID: "42", kube.LabelPipelineID: "4242"} {
 		if sbx.Labels[k] != v {
 			t.Errorf("Sandbox label %s = %q, want %q", k, sbx.Labels[k], v)
 		}

@@ -14,9 +14,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sandbox-executor/sandbox-executor/kube"
+
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/sandbox-executor/sandbox-executor/executor"
 	"github.com/sandbox-executor/sandbox-executor/tests/clustertest"
 	"github.com/sandbox-executor/sandbox-executor/tests/localcluster"
 )
@@ -78,7 +79,7 @@ func TestDoctorAllOKOnLocalCluster(t *testing.T) {
 		"ok    template duo-gvisor (pool duo-default): runtimeClassName gvisor",
 		"ok    template posix-gvisor (pool duo-posix): runtimeClassName gvisor",
 	}
-	for _, p := range executor.RequiredPermissions {
+	for _, p := range kube.RequiredPermissions {
 		want = append(want, "ok    rbac "+p.String()+": allowed in namespace "+namespace)
 	}
 	for _, w := range want {

@@ -14,7 +14,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sandbox-executor/sandbox-executor/executor/agent"
+	"github.com/sandbox-executor/sandbox-executor/agent/wire"
 	"github.com/sandbox-executor/sandbox-executor/tests/clustertest"
 	"github.com/sandbox-executor/sandbox-executor/tests/localcluster"
 )
@@ -107,15 +107,15 @@ func TestNetworkTransport(t *testing.T) {
 		t.Errorf("BUILD_EXIT_CODE_FILE = %q, want 5", code)
 	}
 	ip := j.PodObject(t).Status.PodIP
-	conn, err := net.DialTimeout("tcp", net.JoinHostPort(ip, strconv.Itoa(agent.NetworkPort)), 5*time.Second)
+	conn, err := net.DialTimeout("tcp", net.JoinHostPort(ip, strconv.Itoa(wire.NetworkPort)), 5*time.Second)
 	if err != nil {
 		t.Fatalf("the agent is not reachable over the pod network: %v (prepare log: %s)", err, prep)
 	}
 	defer conn.Close()
-	io.WriteString(conn, agent.RequestHeader("not-the-token-not-the-token-not-the", []string{"kill", "--dir", agent.StagesDir + "/x"}, 0))
+	io.WriteString(conn, wire.RequestHeader("not-the-token-not-the-token-not-the", []string{"kill", "--dir", wire.StagesDir + "/x"}, 0))
 	var refusal bytes.Buffer
-	code, err := agent.ReadFrames(conn, io.Discard, &refusal)
-	if err != nil || code != agent.ExitRefused || !strings.Contains(refusal.String(), "unauthorized") {
+	code, err := wire.ReadFrames(conn, io.Discard, &refusal)
+	if err != nil || code != wire.ExitRefused || !strings.Contains(refusal.String(), "unauthorized") {
 		t.Errorf("a request with a wrong token: exit %d, %q, %v; want it refused", code, refusal.String(), err)
 	}
 }

@@ -3,7 +3,7 @@
 // (tests/scale/kwok.sh up). Run it through `make bench-scale`.
 //
 // Each round fires N claims at once, each through the executor's own claim path
-// (executor.Claimer.Claim: create, a watch on that one claim, then Resolve's two GETs and its
+// (kube.Claimer.Claim: create, a watch on that one claim, then Resolve's two GETs and its
 // fail-closed pod check), each on its own API server connection as N separate `prepare`
 // processes would be. A separate single watch on all claims of the namespace records when each
 // claim turned Ready as the API server published it: that is the control plane's latency, the
@@ -36,6 +36,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/sandbox-executor/sandbox-executor/kube"
+
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -46,12 +48,12 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/utils/clock"
 	sandboxv1beta1 "sigs.k8s.io/agent-sandbox/api/v1beta1"
 	sandboxclient "sigs.k8s.io/agent-sandbox/clients/k8s/clientset/versioned"
 	extclient "sigs.k8s.io/agent-sandbox/clients/k8s/extensions/clientset/versioned"
 	extv1beta1 "sigs.k8s.io/agent-sandbox/extensions/api/v1beta1"
 
-	"github.com/sandbox-executor/sandbox-executor/executor"
 	"github.com/sandbox-executor/sandbox-executor/tests/localcluster"
 )
 
@@ -387,7 +389,7 @@ func (b *bench) round(ctx context.Context, idx, n int, warm bool) (*result, erro
 	jobID := func(i int) int64 { return int64(idx*100000 + i) }
 	names := map[string]bool{}
 	for i := range n {
-		names[executor.ClaimName(runnerName, jobID(i))] = true
+		names[kube.ClaimName(runnerName, jobID(i))] = true
 	}
 	readyAt, allReady, err := b.watchReady(watchCtx, names)
 	if err != nil {
@@ -400,7 +402,7 @@ func (b *bench) round(ctx context.Context, idx, n int, warm bool) (*result, erro
 	before := b.snapshot(ctx)
 	starts := make([]time.Time, n)
 	ends := make([]time.Time, n)
-	results := make([]*executor.Sandbox, n)
+	results := make([]*kube.Sandbox, n)
 	errs := make([]error, n)
 	var wg sync.WaitGroup
 	gate := make(chan struct{})
@@ -408,11 +410,11 @@ func (b *bench) round(ctx context.Context, idx, n int, warm bool) (*result, erro
 		wg.Go(func() {
 			<-gate
 			starts[i] = time.Now()
-			results[i], errs[i] = claimers[i].claimer.Claim(ctx, executor.ClaimRequest{
+			results[i], errs[i] = claimers[i].claimer.Claim(ctx, kube.ClaimRequest{
 				Namespace:      b.o.namespace,
 				Pool:           poolName,
 				Runner:         runnerName,
-				Job:            &executor.Job{ID: jobID(i), Timeout: time.Hour},
+				Job:            kube.Job{ID: jobID(i), Timeout: time.Hour},
 				Grace:          5 * time.Minute,
 				ReadyTimeout:   b.o.roundTimeout,
 				RuntimeClasses: []string{"gvisor"},
@@ -542,7 +544,7 @@ func waitFor(ctx context.Context, timeout time.Duration, what string, cond func(
 
 // claimer is one simulated `prepare` process: its own connection, its own clients.
 type claimer struct {
-	claimer *executor.Claimer
+	claimer *kube.Claimer
 	close   func()
 }
 
@@ -565,7 +567,7 @@ func (b *bench) claimers(ctx context.Context, n int) ([]claimer, error) {
 				errs[i] = err
 				return
 			}
-			clients := &executor.Clients{}
+			clients := &kube.Clients{}
 			if clients.Kube, err = kubernetes.NewForConfigAndClient(cfg, httpClient); err == nil {
 				if clients.Sandboxes, err = sandboxclient.NewForConfigAndClient(cfg, httpClient); err == nil {
 					clients.Extensions, err = extclient.NewForConfigAndClient(cfg, httpClient)
@@ -575,7 +577,7 @@ func (b *bench) claimers(ctx context.Context, n int) ([]claimer, error) {
 				errs[i] = err
 				return
 			}
-			c := &executor.Claimer{Clients: clients}
+			c := kube.NewClaimer(clients, clock.RealClock{})
 			if _, err := c.CheckPool(ctx, b.o.namespace, poolName); err != nil {
 				errs[i] = err
 				return

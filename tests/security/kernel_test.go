@@ -17,7 +17,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/dynamic"
 
-	"github.com/sandbox-executor/sandbox-executor/executor/agent"
+	"github.com/sandbox-executor/sandbox-executor/agent/wire"
 	"github.com/sandbox-executor/sandbox-executor/tests/clustertest"
 	"github.com/sandbox-executor/sandbox-executor/tests/localcluster"
 )
@@ -95,12 +95,12 @@ func TestPoolWithoutGVisorIsRefused(t *testing.T) {
 			// would be visible.
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()
-			out, err := c.Exec(ctx, j.Pod, "sh", "-c", "echo control-ok; ls -a "+agent.BaseDir+" 2>&1; ls -a /tmp")
+			out, err := c.Exec(ctx, j.Pod, "sh", "-c", "echo control-ok; ls -a "+wire.BaseDir+" 2>&1; ls -a /tmp")
 			if !strings.Contains(out, "control-ok") {
 				t.Fatalf("admin exec into the refused pod %s failed: %v %s", j.Pod, err, out)
 			}
 			if !strings.Contains(out, "No such file") {
-				t.Errorf("the refused pod %s has our directory %s: prepare put something in it:\n%s", j.Pod, agent.BaseDir, out)
+				t.Errorf("the refused pod %s has our directory %s: prepare put something in it:\n%s", j.Pod, wire.BaseDir, out)
 			}
 		})
 	}

@@ -8,13 +8,14 @@ import (
 	"strings"
 	"testing"
 
+	sbxkube "github.com/sandbox-executor/sandbox-executor/kube"
+
 	authv1 "k8s.io/api/authorization/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
-	"github.com/sandbox-executor/sandbox-executor/executor"
 	"github.com/sandbox-executor/sandbox-executor/tests/clustertest"
 )
 
@@ -57,10 +58,10 @@ func TestExecutorCanDoOnlyItsJob(t *testing.T) {
 		t.Fatal(err)
 	}
 	ns := clustertest.Namespace
-	// What the executor needs is executor.RequiredPermissions, which deploy/base/rbac.yaml grants,
-	// and executor.ColdStartPermissions, which deploy/local adds (deploy/components/cold-images).
+	// What the executor needs is kube.RequiredPermissions, which deploy/base/rbac.yaml grants,
+	// and kube.ColdStartPermissions, which deploy/local adds (deploy/components/cold-images).
 	var allowed []access
-	for _, p := range slices.Concat(executor.RequiredPermissions, executor.ColdStartPermissions) {
+	for _, p := range slices.Concat(sbxkube.RequiredPermissions, sbxkube.ColdStartPermissions) {
 		resource, sub, _ := strings.Cut(p.Resource, "/")
 		allowed = append(allowed, access{p.Verb, p.Group, resource, sub, ns})
 	}

@@ -14,17 +14,22 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/sandbox-executor/sandbox-executor/failure"
+	"github.com/sandbox-executor/sandbox-executor/gitlab"
+	"github.com/sandbox-executor/sandbox-executor/kube"
+	"github.com/sandbox-executor/sandbox-executor/operator"
+	"k8s.io/utils/clock"
+
 	"github.com/go-logr/logr"
 	"github.com/urfave/cli/v2"
 	"k8s.io/klog/v2"
 
 	"github.com/sandbox-executor/sandbox-executor/config"
-	"github.com/sandbox-executor/sandbox-executor/executor"
+	"github.com/sandbox-executor/sandbox-executor/operator/doctor"
+	"github.com/sandbox-executor/sandbox-executor/operator/gc"
 	"github.com/sandbox-executor/sandbox-executor/stages"
 	"github.com/sandbox-executor/sandbox-executor/stages/cleanup"
 	"github.com/sandbox-executor/sandbox-executor/stages/configure"
-	"github.com/sandbox-executor/sandbox-executor/stages/doctor"
-	"github.com/sandbox-executor/sandbox-executor/stages/gc"
 	"github.com/sandbox-executor/sandbox-executor/stages/prepare"
 	"github.com/sandbox-executor/sandbox-executor/stages/run"
 )
@@ -43,22 +48,22 @@ func Main() {
 
 // Deps lets tests replace the cluster connection.
 type Deps struct {
-	Clients func(*config.Config) (*executor.Clients, error)
+	Clients func(*config.Config) (*kube.Clients, error)
 }
 
 // Run runs the command line with the given streams and environment and returns the exit code.
 func Run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv func(string) string) int {
-	return RunWith(ctx, args, stdout, stderr, getenv, Deps{Clients: executor.NewClients})
+	return RunWith(ctx, args, stdout, stderr, getenv, Deps{Clients: kube.NewClients})
 }
 
 // RunWith is Run with replaceable dependencies.
 func RunWith(ctx context.Context, args []string, stdout, stderr io.Writer, getenv func(string) string, deps Deps) int {
 	started := time.Now()
-	runnerEnv := executor.RunnerEnvFrom(getenv)
+	runnerEnv := gitlab.RunnerEnvFrom(getenv)
 	newEnv := func(c *cli.Context) (*stages.Env, error) {
 		cfg, err := config.Load(config.ResolvePath(c.String("config"), getenv))
 		if err != nil {
-			return nil, executor.PermanentError(err, "")
+			return nil, failure.PermanentError(err, "")
 		}
 		return &stages.Env{
 			Config:  cfg,
@@ -67,12 +72,13 @@ func RunWith(ctx context.Context, args []string, stdout, stderr io.Writer, geten
 			Stdout:  stdout,
 			Stderr:  stderr,
 			Getenv:  getenv,
-			Clients: func() (*executor.Clients, error) { return deps.Clients(cfg) },
+			Clients: func() (*kube.Clients, error) { return deps.Clients(cfg) },
+			Clock:   clock.RealClock{},
 			Started: started,
 		}, nil
 	}
 	actionRan := false
-	stage := func(fn func(*cli.Context, *stages.Env) error) cli.ActionFunc {
+	var stage operator.Setup = func(fn func(*cli.Context, *stages.Env) error) cli.ActionFunc {
 		return func(c *cli.Context) error {
 			actionRan = true
 			env, err := newEnv(c)
@@ -108,32 +114,13 @@ func RunWith(ctx context.Context, args []string, stdout, stderr io.Writer, geten
 				ArgsUsage: "SCRIPT STAGE",
 				Action: stage(func(c *cli.Context, env *stages.Env) error {
 					if c.NArg() != 2 {
-						return executor.PermanentError(nil, "run takes 2 arguments, SCRIPT and STAGE; got %d", c.NArg())
+						return failure.PermanentError(nil, "run takes 2 arguments, SCRIPT and STAGE; got %d", c.NArg())
 					}
 					return run.Run(c.Context, env, c.Args().Get(0), c.Args().Get(1))
 				}),
 			},
-			{
-				Name:  "gc",
-				Usage: "report (or with --delete, delete) this runner's claims whose jobs must be over",
-				Flags: []cli.Flag{
-					&cli.BoolFlag{Name: "delete", Usage: "delete them; without it gc only reports"},
-					&cli.DurationFlag{Name: "older-than", Usage: "also reap claims older than this, whatever their shutdownTime"},
-				},
-				Action: stage(func(c *cli.Context, env *stages.Env) error {
-					return gc.Run(c.Context, env, gc.Options{Delete: c.Bool("delete"), OlderThan: c.Duration("older-than")})
-				}),
-			},
-			{
-				Name:  "doctor",
-				Usage: "check the cluster before use: CRDs, RBAC, RuntimeClasses, pools and their templates (exit 1 on any FAIL)",
-				Flags: []cli.Flag{
-					&cli.BoolFlag{Name: "kubelet", Usage: "also read every node's kubelet podPidsLimit (needs cluster-admin credentials)"},
-				},
-				Action: stage(func(c *cli.Context, env *stages.Env) error {
-					return doctor.Run(c.Context, env, doctor.Options{Kubelet: c.Bool("kubelet")})
-				}),
-			},
+			gc.Command(stage),
+			doctor.Command(stage),
 			{
 				Name:   "cleanup",
 				Usage:  "cleanup_exec: release the job's sandbox",
@@ -148,9 +135,9 @@ func RunWith(ctx context.Context, args []string, stdout, stderr io.Writer, geten
 	err := app.RunContext(ctx, args)
 	if err != nil && !actionRan {
 		// A misconfigured runner (bad run_args) will not get better by retrying.
-		err = executor.PermanentError(err, "usage")
+		err = failure.PermanentError(err, "usage")
 	}
-	if err != nil && executor.KindOf(err) != executor.KindBuild {
+	if err != nil && failure.KindOf(err) != failure.KindBuild {
 		fmt.Fprintf(stderr, "sandbox-executor: ERROR: %s\n", oneLine(err))
 	}
 	return ExitCode(err, runnerEnv)
@@ -158,12 +145,12 @@ func RunWith(ctx context.Context, args []string, stdout, stderr io.Writer, geten
 
 // ExitCode maps a stage's outcome onto the runner's protocol: script failures and permanent
 // errors are build failures (not retried), everything else is a system failure (retried).
-func ExitCode(err error, env executor.RunnerEnv) int {
+func ExitCode(err error, env gitlab.RunnerEnv) int {
 	if err == nil {
 		return 0
 	}
-	switch executor.KindOf(err) {
-	case executor.KindBuild, executor.KindPermanent:
+	switch failure.KindOf(err) {
+	case failure.KindBuild, failure.KindPermanent:
 		return env.BuildFailureExitCode
 	default:
 		return env.SystemFailureExitCode
@@ -172,15 +159,11 @@ func ExitCode(err error, env executor.RunnerEnv) int {
 
 func oneLine(err error) string {
 	msg := err.Error()
-	var ee *executor.Error
+	var ee *failure.Error
 	if errors.As(err, &ee) && ee.Msg == "" && ee.Err != nil {
 		msg = ee.Err.Error()
 	}
-	msg = strings.TrimSuffix(msg, ": ")
-	if i := strings.IndexAny(msg, "\r\n"); i >= 0 {
-		msg = msg[:i]
-	}
-	return msg
+	return failure.OneLine(strings.TrimSuffix(msg, ": "))
 }
 
 // silenceClientLogs keeps client-go's own log lines (klog) out of job logs: what matters reaches

@@ -12,13 +12,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sandbox-executor/sandbox-executor/kube"
+
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	sandboxv1beta1 "sigs.k8s.io/agent-sandbox/api/v1beta1"
 	extv1beta1 "sigs.k8s.io/agent-sandbox/extensions/api/v1beta1"
 
 	"github.com/sandbox-executor/sandbox-executor/cmd/sandbox-executor/app"
 	"github.com/sandbox-executor/sandbox-executor/config"
-	"github.com/sandbox-executor/sandbox-executor/executor"
 	"github.com/sandbox-executor/sandbox-executor/executor/executortest"
 )
 
@@ -92,7 +93,7 @@ images = ["ci:*"]
 // run invokes the binary's command line and returns exit code, stdout and stderr.
 func (h *harness) run(args ...string) (int, string, string) {
 	var stdout, stderr bytes.Buffer
-	deps := app.Deps{Clients: func(*config.Config) (*executor.Clients, error) {
+	deps := app.Deps{Clients: func(*config.Config) (*kube.Clients, error) {
 		c := *h.cluster.Clients
 		c.Exec = h.local
 		return &c, nil
@@ -122,7 +123,7 @@ func TestJobLifecycleAndExitCodes(t *testing.T) {
 
 	out := step(0, "config")
 	var cfgOut map[string]any
-	if err := json.Unmarshal([]byte(out), &cfgOut); err != nil || cfgOut["builds_dir"] != "/builds" || cfgOut["hostname"] != executor.ClaimName("test-runner", 777) {
+	if err := json.Unmarshal([]byte(out), &cfgOut); err != nil || cfgOut["builds_dir"] != "/builds" || cfgOut["hostname"] != kube.ClaimName("test-runner", 777) {
 		t.Fatalf("config output %q: %v", out, err)
 	}
 	log := step(0, "prepare")
@@ -147,7 +148,7 @@ func TestJobLifecycleAndExitCodes(t *testing.T) {
 		t.Errorf("last stage's log lacks the summary line:\n%s", summary)
 	}
 
-	claim, err := h.cluster.Extensions.ExtensionsV1beta1().SandboxClaims(executortest.Namespace).Get(context.Background(), executor.ClaimName("test-runner", 777), metav1.GetOptions{})
+	claim, err := h.cluster.Extensions.ExtensionsV1beta1().SandboxClaims(executortest.Namespace).Get(context.Background(), kube.ClaimName("test-runner", 777), metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -228,7 +229,7 @@ func TestGCReapsOnlyThisRunnersExpiredClaims(t *testing.T) {
 		ts := metav1.NewTime(shutdown)
 		_, err := claims.Create(ctx, &extv1beta1.SandboxClaim{
 			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: executortest.Namespace, Labels: map[string]string{
-				executor.LabelManagedBy: executor.ManagedByValue, executor.LabelRunner: runner, executor.LabelJobID: name}},
+				kube.LabelManagedBy: kube.ManagedByValue, kube.LabelRunner: runner, kube.LabelJobID: name}},
 			Spec: extv1beta1.SandboxClaimSpec{WarmPoolRef: extv1beta1.SandboxWarmPoolRef{Name: executortest.Pool},
 				Lifecycle: &extv1beta1.Lifecycle{ShutdownTime: &ts, ShutdownPolicy: extv1beta1.ShutdownPolicyDelete}},
 		}, metav1.CreateOptions{})
@@ -264,7 +265,7 @@ func TestGCReapsOnlyThisRunnersExpiredClaims(t *testing.T) {
 // state; an image allowed by neither list is a build failure naming both.
 func TestColdStartJobLifecycle(t *testing.T) {
 	h := newHarnessWithConfig(t, "tools/jq:1", coldConfig)
-	name := executor.ClaimName("test-runner", 777)
+	name := kube.ClaimName("test-runner", 777)
 	sandboxes := h.cluster.Sandboxes.AgentsV1beta1().Sandboxes(executortest.Namespace)
 	exists := func() bool {
 		_, err := sandboxes.Get(context.Background(), name, metav1.GetOptions{})
@@ -340,7 +341,7 @@ func TestGCReapsOnlyThisRunnersExpiredColdStarts(t *testing.T) {
 		t.Helper()
 		ts := metav1.NewTime(shutdown)
 		sbx := &sandboxv1beta1.Sandbox{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: executortest.Namespace,
-			Labels:          map[string]string{executor.LabelManagedBy: executor.ManagedByValue, executor.LabelRunner: runner, executor.LabelJobID: name},
+			Labels:          map[string]string{kube.LabelManagedBy: kube.ManagedByValue, kube.LabelRunner: runner, kube.LabelJobID: name},
 			OwnerReferences: []metav1.OwnerReference{{APIVersion: "extensions.agents.x-k8s.io/v1beta1", Kind: owner, Name: "x", Controller: &isController}}}}
 		sbx.Spec.ShutdownTime = &ts
 		if _, err := sandboxes.Create(ctx, sbx, metav1.CreateOptions{}); err != nil {

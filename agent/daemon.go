@@ -1,0 +1,221 @@
+package agent
+
+import (
+	"bufio"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// The stage daemon is started once per job, at prepare, in a session of its own. It starts each
+// stage's shell itself and waits for it, so a stage costs one process start in the pod (the
+// shell) beyond the exec, instead of two (a supervisor, then the shell): process starts are
+// what gVisor charges most for. When the daemon is not there, start falls back to a supervisor
+// per stage, with the same files and guarantees.
+
+// daemonSocket is where the daemon listens; only the container user can reach BaseDir.
+func (a *Agent) daemonSocket() string { return filepath.Join(filepath.Dir(a.stagesDir), "agent.sock") }
+
+// initCommand starts the job's daemon and reports on the pod. With --listen, the daemon also
+// serves the network path, authenticated by the token read from stdin.
+func (a *Agent) initCommand(args []string, stdin io.Reader, stdout io.Writer) error {
+	fs := flag.NewFlagSet("init", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	listen := fs.String("listen", "", "also serve agent commands on this TCP address")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if *listen != "" {
+		if err := a.saveToken(stdin); err != nil {
+			return err
+		}
+	}
+	if err := a.startDaemon(*listen); err != nil {
+		return err
+	}
+	return probe(stdout)
+}
+
+// startDaemon starts the daemon unless one answers already, and returns once it listens.
+func (a *Agent) startDaemon(listen string) error {
+	if conn, err := net.DialTimeout("unix", a.daemonSocket(), time.Second); err == nil {
+		conn.Close()
+		return nil
+	}
+	if err := spawnDetached("daemon", "--stages", a.stagesDir, "--listen", listen); err != nil {
+		return fmt.Errorf("starting the stage daemon: %w", err)
+	}
+	return nil
+}
+
+func (a *Agent) daemonCommand(args []string) error {
+	fs := flag.NewFlagSet("daemon", flag.ContinueOnError)
+	fs.StringVar(&a.stagesDir, "stages", a.stagesDir, "stage directories")
+	listen := fs.String("listen", "", "also serve agent commands on this TCP address")
+	tokenStdin := fs.Bool("token-stdin", false, "take the network path's token from lines on stdin")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	tokens := &tokenBox{}
+	switch {
+	case *tokenStdin:
+		go tokens.readFrom(os.Stdin)
+	case *listen != "":
+		token, err := a.takeToken()
+		if err != nil {
+			return err
+		}
+		tokens.set(token)
+	}
+	syscall.CloseOnExec(3)
+	ready := os.NewFile(3, "ready")
+	fail := func(err error) error {
+		fmt.Fprint(ready, err.Error())
+		ready.Close()
+		return err
+	}
+	base := filepath.Dir(a.stagesDir)
+	_ = os.Remove(a.daemonSocket())
+	ln, err := net.Listen("unix", a.daemonSocket())
+	if err != nil {
+		return fail(err)
+	}
+	// The pid lets tests that run the agent on the host stop the daemon they started.
+	_ = writeFileAtomic(filepath.Join(base, "daemon.pid"), []byte(strconv.Itoa(os.Getpid())), 0o600)
+	if *listen != "" {
+		tcp, err := net.Listen("tcp", *listen)
+		if err != nil {
+			return fail(err)
+		}
+		go func() { _ = a.serveNetwork(tcp, tokens) }()
+	}
+	d := &daemon{agent: a}
+	if shell, err := findShell(); err == nil {
+		// Without a spare, stages start on demand: slower, never wrong.
+		d.spares, _ = newSpares(shell, filepath.Join(base, "spares"))
+	}
+	fmt.Fprint(ready, "ok")
+	ready.Close()
+	for {
+		conn, err := ln.Accept()
+		if err != nil {
+			return err
+		}
+		go d.serveSpawn(conn)
+	}
+}
+
+type daemon struct {
+	agent  *Agent
+	spares *spares
+}
+
+// serveSpawn handles one "spawn DIR SHELL" request: it starts the stage and answers "ok" once
+// its pgid is recorded, then waits for it and records its status.
+func (d *daemon) serveSpawn(conn net.Conn) {
+	defer conn.Close()
+	line, err := bufio.NewReader(conn).ReadString('\n')
+	if err != nil {
+		return
+	}
+	fields := strings.Split(strings.TrimSuffix(line, "\n"), "\t")
+	if len(fields) != 3 || fields[0] != "spawn" {
+		fmt.Fprint(conn, "bad request")
+		return
+	}
+	dir, shell := fields[1], fields[2]
+	if err := d.agent.checkStageDir(dir); err != nil {
+		fmt.Fprint(conn, err.Error())
+		return
+	}
+	if sp := d.spares.take(shell); sp != nil && sp.assign(dir) == nil {
+		fmt.Fprint(conn, "ok")
+		return
+	}
+	// Its own session: the stage's whole tree is one session to sweep on kill, and the daemon
+	// (the keeper) is outside it.
+	cmd, err := startStage(dir, shell, &syscall.SysProcAttr{Setsid: true}, 0)
+	if err != nil {
+		fmt.Fprint(conn, err.Error())
+		return
+	}
+	fmt.Fprint(conn, "ok")
+	conn.Close()
+	_ = writeFileAtomic(filepath.Join(dir, "status"), []byte(strconv.Itoa(exitCode(cmd.Wait()))), 0o600)
+}
+
+// spawnViaDaemon asks the job's daemon to start the stage; errNoDaemon when there is none.
+func (a *Agent) spawnViaDaemon(dir, shell string) error {
+	conn, err := net.DialTimeout("unix", a.daemonSocket(), time.Second)
+	if err != nil {
+		return errNoDaemon
+	}
+	defer conn.Close()
+	_ = conn.SetDeadline(time.Now().Add(30 * time.Second))
+	if _, err := fmt.Fprintf(conn, "spawn\t%s\t%s\n", dir, shell); err != nil {
+		return errNoDaemon
+	}
+	answer, _ := io.ReadAll(conn)
+	if string(answer) != "ok" {
+		return fmt.Errorf("starting stage: %s", strings.TrimSpace(string(answer)))
+	}
+	return nil
+}
+
+var errNoDaemon = errors.New("no stage daemon")
+
+// startStage starts the stage's shell with its output appended to out, and records the process
+// group to stop on cancel, the session to sweep, and the keeper to spare (0: the session leader
+// is the stage itself, nothing to spare).
+func startStage(dir, shell string, attr *syscall.SysProcAttr, keeper int) (*exec.Cmd, error) {
+	out, err := os.OpenFile(filepath.Join(dir, "out"), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	defer out.Close()
+	cmd := exec.Command(shell, filepath.Join(dir, "script"))
+	cmd.Env = stageEnv(os.Environ(), filepath.Join(filepath.Dir(filepath.Dir(dir)), "bin"))
+	cmd.Stdout, cmd.Stderr = out, out
+	cmd.SysProcAttr = attr
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	pid := cmd.Process.Pid
+	sid := pid
+	if keeper != 0 {
+		sid = keeper
+	}
+	for name, value := range map[string]int{"keeper": keeper, "sid": sid} {
+		if err := writeFileAtomic(filepath.Join(dir, name), []byte(strconv.Itoa(value)), 0o600); err != nil {
+			return nil, err
+		}
+	}
+	// pgid last: its presence means "started", for re-attaches and kill.
+	if err := writeFileAtomic(filepath.Join(dir, "pgid"), []byte(strconv.Itoa(pid)), 0o600); err != nil {
+		return nil, err
+	}
+	return cmd, nil
+}
+
+// stageEnv puts bin (BinDir: next to the stages directory) first on PATH.
+func stageEnv(env []string, bin string) []string {
+	out := make([]string, 0, len(env)+1)
+	path := "PATH=" + bin + ":/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+	for _, kv := range env {
+		if v, ok := strings.CutPrefix(kv, "PATH="); ok {
+			path = "PATH=" + bin + ":" + v
+			continue
+		}
+		out = append(out, kv)
+	}
+	return append(out, path)
+}

@@ -1,0 +1,117 @@
+package agent
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+
+	"github.com/sandbox-executor/sandbox-executor/agent/wire"
+)
+
+// Templates can bake the agent into their pods: an init container runs "install" to copy the
+// agent into a volume, and the job container's command is "serve". The stage daemon then runs
+// from the moment the warm pod starts, with a spare shell ready, and a claimed pod needs no
+// copy and no exec at prepare: only the job's token, written to the container's stdin.
+
+// installCommand copies this binary to DEST, for an init container.
+func installCommand(args []string) error {
+	if len(args) != 1 || !filepath.IsAbs(args[0]) {
+		return errors.New("usage: install DEST (an absolute path)")
+	}
+	self, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	src, err := os.Open(self)
+	if err != nil {
+		return err
+	}
+	defer src.Close()
+	tmp := args[0] + ".tmp"
+	dst, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o755)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(dst, src); err != nil {
+		dst.Close()
+		return err
+	}
+	if err := dst.Close(); err != nil {
+		return err
+	}
+	return os.Rename(tmp, args[0])
+}
+
+// serveCommand runs as the job container's command: it lays out BaseDir, starts the stage
+// daemon with the container's stdin (where the executor writes the job's token), and reaps:
+// as the container's PID 1 it inherits every orphaned process of the job's stages.
+func (a *Agent) serveCommand(args []string, stdout io.Writer) error {
+	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	listen := fs.String("listen", fmt.Sprintf(":%d", wire.NetworkPort), "serve agent commands on this TCP address too")
+	fs.StringVar(&a.stagesDir, "stages", a.stagesDir, "stage directories (tests move them)")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	self, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	base := filepath.Dir(a.stagesDir)
+	if err := os.MkdirAll(a.stagesDir, 0o700); err != nil {
+		return err
+	}
+	if err := os.Chmod(base, 0o700); err != nil {
+		return err
+	}
+	// Stage commands name BinaryPath, wherever the agent was installed.
+	link := filepath.Join(base, filepath.Base(wire.BinaryPath))
+	if target, err := os.Readlink(link); err != nil || target != self {
+		_ = os.Remove(link)
+		if err := os.Symlink(self, link); err != nil {
+			return err
+		}
+	}
+	terms := make(chan os.Signal, 1)
+	// PID 1 gets no default action for SIGTERM: end promptly when the pod is deleted.
+	signal.Notify(terms, syscall.SIGTERM, syscall.SIGINT)
+	go func() { <-terms; os.Exit(0) }()
+
+	readyR, readyW, err := os.Pipe()
+	if err != nil {
+		return err
+	}
+	defer readyR.Close()
+	cmd := exec.Command(self, "daemon", "--stages", a.stagesDir, "--listen", *listen, "--token-stdin")
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
+	cmd.ExtraFiles = []*os.File{readyW}
+	if err := cmd.Start(); err != nil {
+		readyW.Close()
+		return err
+	}
+	readyW.Close()
+	if msg, _ := io.ReadAll(readyR); string(msg) != "ok" {
+		return fmt.Errorf("starting the stage daemon: %s", strings.TrimSpace(string(msg)))
+	}
+	fmt.Fprintln(stdout, "sandbox-executor-agent: stage daemon ready")
+	for {
+		var ws syscall.WaitStatus
+		pid, err := syscall.Wait4(-1, &ws, 0, nil)
+		if errors.Is(err, syscall.EINTR) {
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		if pid == cmd.Process.Pid {
+			return fmt.Errorf("the stage daemon ended (status %#x)", ws)
+		}
+	}
+}

@@ -1,0 +1,219 @@
+// Package wire is the protocol between the executor and the stage agent in the pod: where the
+// agent lives, its command lines, the control lines on its stderr, and the framing of the
+// network path. Both sides import it; it uses only the standard library, as the agent must.
+//
+// Layout in the pod (BaseDir is 0700, owned by the container user):
+//
+//	BaseDir/agent                the agent binary
+//	BaseDir/bin/                 tools put first on every stage's PATH
+//	BaseDir/agent.sock           the job's stage daemon (started by "init" at prepare)
+//	BaseDir/stages/<id>/script   the stage script, delivered over exec stdin
+//	BaseDir/stages/<id>/out      stdout and stderr of the stage, merged as a job log is
+//	BaseDir/stages/<id>/pgid     the stage's process group, written once it runs
+//	BaseDir/stages/<id>/sid      the session to sweep for escaped descendants on kill
+//	BaseDir/stages/<id>/keeper   the process waiting for the stage, spared on kill (0: none)
+//	BaseDir/stages/<id>/status   the exit code, written atomically after the stage ends
+package wire
+
+import (
+	"encoding/base64"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"strconv"
+	"strings"
+	"time"
+)
+
+const (
+	// BaseDir is the executor's private directory in the pod.
+	BaseDir = "/tmp/.sandbox-executor"
+	// BinaryPath is where prepare installs the agent.
+	BinaryPath = BaseDir + "/agent"
+	// StagesDir holds one directory per stage invocation.
+	StagesDir = BaseDir + "/stages"
+	// BinDir comes first on every stage's PATH: tools the executor ships into the pod (the
+	// runner's helper binary for cache and artifacts) work without rebuilding the job's image.
+	BinDir = BaseDir + "/bin"
+)
+
+// Control lines travel on the exec stream's stderr, so the job's own output (stdout) is passed
+// through byte for byte. A control line starts with an ASCII record separator, which a shell
+// script's stderr does not produce by accident.
+const controlPrefix = "\x1esandbox-executor:"
+
+// ExitAgentFailure is the agent's own exit code when it cannot start or follow a stage; the
+// reason is on stderr. A stage's exit code is reported in a status line, never as the agent's.
+const ExitAgentFailure = 125
+
+// StatusLine reports a finished stage's exit code.
+func StatusLine(code int) string { return fmt.Sprintf("%sstatus %d\n", controlPrefix, code) }
+
+// StartedLine acknowledges that the stage runs (or ran): from then on, a re-attach must find it.
+func StartedLine() string { return controlPrefix + "started\n" }
+
+// HeartbeatLine keeps idle streams alive through proxies and load balancers during silent stages.
+func HeartbeatLine() string { return controlPrefix + "heartbeat\n" }
+
+// Control is a parsed control line.
+type Control struct {
+	Heartbeat bool
+	Started   bool
+	// Status is the stage's exit code, valid when neither Heartbeat nor Started is set.
+	Status int
+}
+
+// ParseControl recognises a control line (without its newline). ok is false for ordinary text.
+func ParseControl(line string) (c Control, ok bool) {
+	rest, found := strings.CutPrefix(line, controlPrefix)
+	if !found {
+		return Control{}, false
+	}
+	switch rest {
+	case "heartbeat":
+		return Control{Heartbeat: true}, true
+	case "started":
+		return Control{Started: true}, true
+	}
+	if v, found := strings.CutPrefix(rest, "status "); found {
+		code, err := strconv.Atoi(v)
+		if err == nil {
+			return Control{Status: code}, true
+		}
+	}
+	return Control{}, false
+}
+
+// StartArgs is the agent command line for starting (or re-attaching to) a stage. The script
+// itself goes over stdin; its size and digest let the agent refuse a truncated delivery instead
+// of running half a script.
+// With resume, the agent refuses to start the stage afresh: the caller knows it was started, so a
+// missing stage means the pod lost it (restarted, or replaced under the same name).
+func StartArgs(stageDir string, size int, sha256Hex string, offset int64, resume bool) []string {
+	args := []string{BinaryPath, "start", "--dir", stageDir, "--size", strconv.Itoa(size), "--sha256", sha256Hex, "--offset", strconv.FormatInt(offset, 10)}
+	if resume {
+		args = append(args, "--resume")
+	}
+	return args
+}
+
+// KillArgs is the agent command line that stops a stage's whole process tree.
+func KillArgs(stageDir string, graceSeconds int) []string {
+	return []string{BinaryPath, "kill", "--dir", stageDir, "--grace", strconv.Itoa(graceSeconds) + "s"}
+}
+
+// Probe is the agent's report on the pod, printed as JSON by "probe".
+type Probe struct {
+	Shell         string `json:"shell"`
+	KernelRelease string `json:"kernel_release"`
+	KernelVersion string `json:"kernel_version"`
+	UID           int    `json:"uid"`
+}
+
+// HeartbeatEvery is how often a silent stage's stream carries a heartbeat: it keeps proxies from
+// closing an idle stream, and it lets the runner side tell a silent stage from a dead pod.
+const HeartbeatEvery = 5 * time.Second
+
+// PodAgentPath is where templates that bake the agent in mount it (read-only) in the job
+// container; a job container whose command starts with it runs "serve".
+const PodAgentPath = "/opt/sandbox-executor/agent"
+
+// The stage daemon can also serve agent commands over the pod network, so that a runner in the
+// cluster runs a stage with one TCP connection instead of an exec through the API server and the
+// kubelet. A connection carries one command: a header line "SBX1 <token> <base64 JSON args>
+// <stdin length>", then the stdin bytes; the answer is frames (stdout, stderr, exit). Plain TCP
+// rather than HTTP keeps net/http, and megabytes, out of the agent copied into every pod.
+
+// NetworkPort is where the daemon listens in the pod when prepare asks for the network path.
+const NetworkPort = 7543
+
+// ExitRefused is the exit code of a network request the agent refused (bad token or arguments).
+const ExitRefused = 126
+
+// MinTokenLen keeps guessable tokens out: the executor makes 64 hex characters.
+const MinTokenLen = 32
+
+// Frame types on the wire: a byte, a big-endian uint32 length, the payload.
+const (
+	FrameStdout byte = 1
+	FrameStderr byte = 2
+	FrameExit   byte = 3
+)
+
+// RequestHeader is the first line of a network request.
+func RequestHeader(token string, args []string, stdinLen int) string {
+	encoded, _ := json.Marshal(args)
+	return fmt.Sprintf("SBX1 %s %s %d\n", token, base64.StdEncoding.EncodeToString(encoded), stdinLen)
+}
+
+// Request is a parsed request header.
+type Request struct {
+	Token    string
+	Args     []string
+	StdinLen int
+}
+
+// ParseRequestHeader reads a header line made by RequestHeader; the error is what the agent
+// answers a malformed one with.
+func ParseRequestHeader(line string) (Request, error) {
+	fields := strings.Fields(line)
+	if len(fields) != 4 || fields[0] != "SBX1" {
+		return Request{}, errors.New("unauthorized")
+	}
+	req := Request{Token: fields[1]}
+	encoded, err := base64.StdEncoding.DecodeString(fields[2])
+	if err != nil || json.Unmarshal(encoded, &req.Args) != nil || len(req.Args) == 0 {
+		return Request{Token: req.Token}, errors.New("bad arguments")
+	}
+	req.StdinLen, err = strconv.Atoi(fields[3])
+	if err != nil || req.StdinLen < 0 {
+		return Request{Token: req.Token, Args: req.Args}, errors.New("bad stdin length")
+	}
+	return req, nil
+}
+
+// WriteFrame writes one frame; callers that share w serialise their calls.
+func WriteFrame(w io.Writer, kind byte, p []byte) error {
+	buf := make([]byte, 5+len(p))
+	buf[0] = kind
+	binary.BigEndian.PutUint32(buf[1:5], uint32(len(p)))
+	copy(buf[5:], p)
+	_, err := w.Write(buf)
+	return err
+}
+
+// ReadFrames demultiplexes a response body onto stdout and stderr and returns the command's exit
+// code; io.ErrUnexpectedEOF when the stream ended before the exit frame.
+func ReadFrames(r io.Reader, stdout, stderr io.Writer) (int, error) {
+	var hdr [5]byte
+	buf := make([]byte, 64<<10)
+	for {
+		if _, err := io.ReadFull(r, hdr[:]); err != nil {
+			if errors.Is(err, io.EOF) {
+				err = io.ErrUnexpectedEOF
+			}
+			return 0, err
+		}
+		n := int(binary.BigEndian.Uint32(hdr[1:]))
+		if n > len(buf) {
+			buf = make([]byte, n)
+		}
+		if _, err := io.ReadFull(r, buf[:n]); err != nil {
+			return 0, io.ErrUnexpectedEOF
+		}
+		switch hdr[0] {
+		case FrameStdout:
+			if _, err := stdout.Write(buf[:n]); err != nil {
+				return 0, err
+			}
+		case FrameStderr:
+			if _, err := stderr.Write(buf[:n]); err != nil {
+				return 0, err
+			}
+		case FrameExit:
+			return strconv.Atoi(string(buf[:n]))
+		}
+	}
+}

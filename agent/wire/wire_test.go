@@ -1,0 +1,59 @@
+package wire_test
+
+import (
+	"bytes"
+	"io"
+	"reflect"
+	"testing"
+
+	"github.com/sandbox-executor/sandbox-executor/agent/wire"
+)
+
+func TestControlLinesRoundTrip(t *testing.T) {
+	for line, want := range map[string]wire.Control{
+		wire.StartedLine():   {Started: true},
+		wire.HeartbeatLine(): {Heartbeat: true},
+		wire.StatusLine(137): {Status: 137},
+	} {
+		got, ok := wire.ParseControl(line[:len(line)-1])
+		if !ok || got != want {
+			t.Errorf("ParseControl(%q) = %+v, %t; want %+v", line, got, ok, want)
+		}
+	}
+	if _, ok := wire.ParseControl("status 0"); ok {
+		t.Error("ordinary text parsed as a control line")
+	}
+}
+
+func TestRequestHeaderRoundTrip(t *testing.T) {
+	args := []string{"start", "--dir", "/tmp/x y", "--size", "3"}
+	got, err := wire.ParseRequestHeader(wire.RequestHeader("tok", args, 3))
+	if err != nil || got.Token != "tok" || !reflect.DeepEqual(got.Args, args) || got.StdinLen != 3 {
+		t.Fatalf("ParseRequestHeader = %+v, %v", got, err)
+	}
+	for _, bad := range []string{"", "SBX2 tok e30= 0\n", "SBX1 tok !!! 0\n", "SBX1 tok WyJwcm9iZSJd -1\n"} {
+		if _, err := wire.ParseRequestHeader(bad); err == nil {
+			t.Errorf("ParseRequestHeader(%q) accepted", bad)
+		}
+	}
+}
+
+func TestFramesRoundTrip(t *testing.T) {
+	var stream bytes.Buffer
+	for _, f := range []struct {
+		kind byte
+		data string
+	}{{wire.FrameStdout, "out"}, {wire.FrameStderr, "err"}, {wire.FrameStdout, "more"}, {wire.FrameExit, "3"}} {
+		if err := wire.WriteFrame(&stream, f.kind, []byte(f.data)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var stdout, stderr bytes.Buffer
+	code, err := wire.ReadFrames(&stream, &stdout, &stderr)
+	if err != nil || code != 3 || stdout.String() != "outmore" || stderr.String() != "err" {
+		t.Fatalf("ReadFrames = %d, %v, %q, %q", code, err, stdout.String(), stderr.String())
+	}
+	if _, err := wire.ReadFrames(bytes.NewReader([]byte{wire.FrameStdout, 0, 0, 0, 1, 'x'}), io.Discard, io.Discard); err != io.ErrUnexpectedEOF {
+		t.Errorf("a stream without its exit frame: %v, want io.ErrUnexpectedEOF", err)
+	}
+}

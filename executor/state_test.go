@@ -1,0 +1,105 @@
+package executor_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sandbox-executor/sandbox-executor/executor"
+	"github.com/sandbox-executor/sandbox-executor/failure"
+	"github.com/sandbox-executor/sandbox-executor/kube"
+)
+
+const stateFileName = "sandbox-executor-state.json"
+
+func coldStartState() *executor.JobState {
+	return &executor.JobState{
+		Sandbox: &kube.Sandbox{Namespace: "ns", SandboxName: "job-7-abc", Pod: "job-7-abc", PodUID: "uid", Container: "job",
+			RuntimeClass: "gvisor", ColdTemplate: "duo-gvisor", PodIP: "10.0.0.7", AgentBaked: true, Restarts: 2},
+		Transport: executor.Transport{AgentToken: testToken},
+		Overhead:  executor.Overhead{Claim: time.Second, Prepare: 2 * time.Second, Stages: 1, StageTotal: time.Millisecond},
+	}
+}
+
+// What prepare saves is what the stages after it load, field for field.
+func TestSavedJobRoundTrips(t *testing.T) {
+	dir := t.TempDir()
+	want := coldStartState()
+	if err := executor.SaveJob(dir, want); err != nil {
+		t.Fatal(err)
+	}
+	got, err := executor.SavedJob(dir, "job-7-abc")
+	if err != nil || got == nil || *got.Sandbox != *want.Sandbox || got.Transport != want.Transport || got.Overhead != want.Overhead {
+		t.Fatalf("SavedJob = %+v, %v; want %+v", got, err, want)
+	}
+	loaded, err := executor.LoadJob(context.Background(), dir, "job-7-abc", func(context.Context) (*kube.Sandbox, error) {
+		t.Error("LoadJob looked in the cluster although prepare left the job's state")
+		return nil, nil
+	})
+	if err != nil || *loaded.Sandbox != *want.Sandbox {
+		t.Errorf("LoadJob = %+v, %v", loaded, err)
+	}
+}
+
+// A state file written before cold starts existed, or before the record had a version, still
+// loads as a claim's.
+func TestSavedJobOfAClaim(t *testing.T) {
+	dir := t.TempDir()
+	sbx := &kube.Sandbox{Namespace: "ns", Claim: "job-1-abc", Pool: "p", SandboxName: "p-xyz", Pod: "p-xyz"}
+	if err := executor.SaveJob(dir, &executor.JobState{Sandbox: sbx}); err != nil {
+		t.Fatal(err)
+	}
+	data, _ := os.ReadFile(filepath.Join(dir, stateFileName))
+	if strings.Contains(string(data), "coldTemplate") || strings.Contains(string(data), "agentToken") {
+		t.Errorf("a claim's state over exec mentions coldTemplate or agentToken: %s", data)
+	}
+	if got, err := executor.SavedJob(dir, "job-1-abc"); err != nil || got == nil || got.Sandbox.JobObject() != "job-1-abc" {
+		t.Errorf("SavedJob = %+v, %v", got, err)
+	}
+	if got, _ := executor.SavedJob(dir, "job-2-abc"); got != nil {
+		t.Errorf("another job's state: %+v", got)
+	}
+	unversioned := `{"namespace":"ns","claim":"job-1-abc","pool":"p","sandbox":"p-xyz","pod":"p-xyz","podUID":"u","container":"job","runtimeClass":"gvisor","warm":true,"overhead":{"claim":0,"prepare":5,"stages":0,"stageTotal":0}}`
+	if err := os.WriteFile(filepath.Join(dir, stateFileName), []byte(unversioned), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := executor.SavedJob(dir, "job-1-abc"); err != nil || got == nil || !got.Sandbox.Warm || got.Overhead.Prepare != 5 {
+		t.Errorf("SavedJob of an unversioned file = %+v, %v", got, err)
+	}
+}
+
+// A state file that is not state is a system failure that names it, not a missing file.
+func TestCorruptStateFileIsAnErrorNamingIt(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, stateFileName)
+	for _, content := range []string{`{"namespace":`, `{"version":99,"pod":"p","claim":"job-1-abc"}`} {
+		if err := os.WriteFile(path, []byte(content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		got, err := executor.SavedJob(dir, "job-1-abc")
+		if got != nil || failure.KindOf(err) != failure.KindSystem || !strings.Contains(err.Error(), path) {
+			t.Errorf("SavedJob of %q = %+v, %v; want a system failure naming %s", content, got, err, path)
+		}
+		if _, err := executor.LoadJob(context.Background(), dir, "job-1-abc", func(context.Context) (*kube.Sandbox, error) {
+			return &kube.Sandbox{Pod: "found-again"}, nil
+		}); err == nil {
+			t.Errorf("LoadJob of %q found the sandbox again instead of failing", content)
+		}
+	}
+}
+
+// The agent token authenticates the network path to the job's pod: no format shows it.
+func TestTheAgentTokenIsNeverPrinted(t *testing.T) {
+	state := coldStartState()
+	for _, format := range []string{"%v", "%+v", "%#v", "%s"} {
+		for _, value := range []any{state.Transport, *state, state} {
+			if out := fmt.Sprintf(format, value); strings.Contains(out, testToken) {
+				t.Errorf("Sprintf(%q) shows the token: %s", format, out)
+			}
+		}
+	}
+}

@@ -1,0 +1,165 @@
+// Package gitlab is the runner's side of the custom executor protocol: the job as GitLab sent it,
+// what the runner passes every stage (exit codes, files, TMPDIR), and the job log's format.
+// It knows nothing of Kubernetes.
+package gitlab
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"strconv"
+	"time"
+
+	"github.com/sandbox-executor/sandbox-executor/failure"
+)
+
+// Job is what prepare needs to know about a job. It is read from $JOB_RESPONSE_FILE, the job
+// JSON GitLab sent the runner: CUSTOM_ENV_* variables can be overridden by job variables, so
+// they are never trusted for identity, timeout or image.
+type Job struct {
+	ID         int64
+	ProjectID  int64
+	PipelineID int64
+	Image      string
+	// Timeout is the job's timeout as GitLab set it (runner_info.timeout).
+	Timeout time.Duration
+	// NeedsHelper tells whether a stage will call the runner's helper binary in the pod: the
+	// job has a cache, artifacts, or dependencies' artifacts to download. True when unknown.
+	NeedsHelper bool
+}
+
+// archivePaths is a cache: or artifacts: entry; without paths or untracked, the runner skips it.
+type archivePaths struct {
+	Paths     []string `json:"paths"`
+	Untracked bool     `json:"untracked"`
+}
+
+func anyArchive(entries []archivePaths) bool {
+	for _, e := range entries {
+		if len(e.Paths) > 0 || e.Untracked {
+			return true
+		}
+	}
+	return false
+}
+
+// jobResponse mirrors the parts of GitLab's job JSON that we read.
+type jobResponse struct {
+	ID      int64 `json:"id"`
+	JobInfo struct {
+		ProjectID int64 `json:"project_id"`
+	} `json:"job_info"`
+	RunnerInfo struct {
+		Timeout int64 `json:"timeout"`
+	} `json:"runner_info"`
+	Image struct {
+		Name string `json:"name"`
+	} `json:"image"`
+	Variables []struct {
+		Key   string `json:"key"`
+		Value string `json:"value"`
+	} `json:"variables"`
+	Cache        []archivePaths `json:"cache"`
+	Artifacts    []archivePaths `json:"artifacts"`
+	Dependencies []struct {
+		ArtifactsFile struct {
+			Filename string `json:"filename"`
+		} `json:"artifacts_file"`
+	} `json:"dependencies"`
+}
+
+// DefaultJobTimeout applies when the job JSON carries no timeout (GitLab's own default).
+const DefaultJobTimeout = time.Hour
+
+// ReadJob parses the job JSON at path. Errors never quote the file: it holds the job token.
+func ReadJob(path string) (*Job, error) {
+	if path == "" {
+		return nil, failure.PermanentError(nil, "JOB_RESPONSE_FILE is not set: run this command from gitlab-runner's custom executor")
+	}
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, failure.SystemError(nil, "reading JOB_RESPONSE_FILE %s: %v", path, failure.WithoutPath(err))
+	}
+	var resp jobResponse
+	if err := json.Unmarshal(data, &resp); err != nil {
+		return nil, failure.PermanentError(nil, "JOB_RESPONSE_FILE %s is not valid job JSON", path)
+	}
+	if resp.ID <= 0 {
+		return nil, failure.PermanentError(nil, "JOB_RESPONSE_FILE %s has no job id", path)
+	}
+	job := &Job{ID: resp.ID, ProjectID: resp.JobInfo.ProjectID, Image: resp.Image.Name, Timeout: DefaultJobTimeout}
+	job.NeedsHelper = anyArchive(resp.Cache) || anyArchive(resp.Artifacts)
+	for _, d := range resp.Dependencies {
+		job.NeedsHelper = job.NeedsHelper || d.ArtifactsFile.Filename != ""
+	}
+	if resp.RunnerInfo.Timeout > 0 {
+		job.Timeout = time.Duration(resp.RunnerInfo.Timeout) * time.Second
+	}
+	for _, v := range resp.Variables {
+		switch v.Key {
+		case "CI_PIPELINE_ID":
+			job.PipelineID, _ = strconv.ParseInt(v.Value, 10, 64)
+		case "CI_PROJECT_ID":
+			if job.ProjectID == 0 {
+				job.ProjectID, _ = strconv.ParseInt(v.Value, 10, 64)
+			}
+		}
+	}
+	return job, nil
+}
+
+// JobFromEnv reads the job from CUSTOM_ENV_* variables, for runners older than 13 that write no
+// JOB_RESPONSE_FILE. Job variables can override these, so on such runners a job could pick
+// another job's claim name; modern runners never take this path.
+func JobFromEnv(getenv func(string) string) (*Job, error) {
+	id, err := strconv.ParseInt(getenv("CUSTOM_ENV_CI_JOB_ID"), 10, 64)
+	if err != nil || id <= 0 {
+		return nil, failure.PermanentError(nil, "neither JOB_RESPONSE_FILE nor CUSTOM_ENV_CI_JOB_ID is set: run this command from gitlab-runner's custom executor")
+	}
+	job := &Job{ID: id, Image: getenv("CUSTOM_ENV_CI_JOB_IMAGE"), Timeout: DefaultJobTimeout, NeedsHelper: true}
+	job.ProjectID, _ = strconv.ParseInt(getenv("CUSTOM_ENV_CI_PROJECT_ID"), 10, 64)
+	job.PipelineID, _ = strconv.ParseInt(getenv("CUSTOM_ENV_CI_PIPELINE_ID"), 10, 64)
+	if secs, err := strconv.ParseInt(getenv("CUSTOM_ENV_CI_JOB_TIMEOUT"), 10, 64); err == nil && secs > 0 {
+		job.Timeout = time.Duration(secs) * time.Second
+	}
+	return job, nil
+}
+
+// RunnerEnv is what the runner tells every stage through its environment.
+type RunnerEnv struct {
+	BuildFailureExitCode  int
+	SystemFailureExitCode int
+	// BuildExitCodeFile receives the script's exit code (runner 17.9+); empty on older runners.
+	BuildExitCodeFile string
+	JobResponseFile   string
+	// TmpDir is the runner's per-job temporary directory, shared by all stages of a job.
+	TmpDir string
+}
+
+// RunnerEnvFrom reads the runner's variables, with the runner's defaults for missing exit codes.
+func RunnerEnvFrom(getenv func(string) string) RunnerEnv {
+	code := func(key string, def int) int {
+		if v, err := strconv.Atoi(getenv(key)); err == nil {
+			return v
+		}
+		return def
+	}
+	return RunnerEnv{
+		BuildFailureExitCode:  code("BUILD_FAILURE_EXIT_CODE", 1),
+		SystemFailureExitCode: code("SYSTEM_FAILURE_EXIT_CODE", 2),
+		BuildExitCodeFile:     getenv("BUILD_EXIT_CODE_FILE"),
+		JobResponseFile:       getenv("JOB_RESPONSE_FILE"),
+		TmpDir:                getenv("TMPDIR"),
+	}
+}
+
+// WriteBuildExitCode records a script's exit code where the runner reads it.
+func (e RunnerEnv) WriteBuildExitCode(code int) error {
+	if e.BuildExitCodeFile == "" {
+		return nil
+	}
+	if err := os.WriteFile(e.BuildExitCodeFile, []byte(fmt.Sprintf("%d\n", code)), 0o600); err != nil {
+		return failure.SystemError(err, "writing BUILD_EXIT_CODE_FILE")
+	}
+	return nil
+}

@@ -1,0 +1,173 @@
+package kube
+
+import (
+	"context"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	extv1beta1 "sigs.k8s.io/agent-sandbox/extensions/api/v1beta1"
+
+	"github.com/sandbox-executor/sandbox-executor/failure"
+)
+
+// Claim creates the job's claim, or adopts it if a retried prepare already made it, and waits
+// until its sandbox is Ready and verified.
+func (c *Claimer) Claim(ctx context.Context, req ClaimRequest) (*Sandbox, error) {
+	name := ClaimName(req.Runner, req.Job.ID)
+	claims := c.clients.Extensions.ExtensionsV1beta1().SandboxClaims(req.Namespace)
+	shutdown := c.shutdownTime(req)
+	want := &extv1beta1.SandboxClaim{
+		ObjectMeta: metav1.ObjectMeta{
+			Name:      name,
+			Namespace: req.Namespace,
+			Labels:    jobLabels(req.Job, req.Runner),
+		},
+		Spec: extv1beta1.SandboxClaimSpec{
+			WarmPoolRef: extv1beta1.SandboxWarmPoolRef{Name: req.Pool},
+			// Delete, not the default Retain: a runner that dies never runs cleanup, and the
+			// claim must not outlive the job by more than the grace period.
+			Lifecycle: &extv1beta1.Lifecycle{ShutdownTime: &shutdown, ShutdownPolicy: extv1beta1.ShutdownPolicyDelete},
+		},
+	}
+	since := c.clock.Now()
+	claim, err := createOrAdopt(ctx, claims, want, "SandboxClaim", SandboxClaims.String())
+	if err != nil {
+		return nil, err
+	}
+	c.step(&since, "SandboxClaim %s created", name)
+	ready, err := c.waitClaimReady(ctx, claim, req.ReadyTimeout)
+	if err != nil {
+		return nil, err
+	}
+	c.step(&since, "SandboxClaim Ready on Sandbox %s", ready.Status.SandboxStatus.Name)
+	sbx, err := c.Resolve(ctx, ready, req.RuntimeClasses)
+	if err == nil {
+		c.step(&since, "pod %s found and verified (runtime %s)", sbx.Pod, sbx.RuntimeClass)
+	}
+	return sbx, err
+}
+
+// creator is the part of a typed client that createOrAdopt uses.
+type creator[T any] interface {
+	Create(ctx context.Context, obj T, opts metav1.CreateOptions) (T, error)
+	Get(ctx context.Context, name string, opts metav1.GetOptions) (T, error)
+}
+
+// createOrAdopt creates the job's object, or adopts the one a retried prepare already made: it
+// must carry this job's label and not be on its way out.
+func createOrAdopt[T metav1.Object](ctx context.Context, client creator[T], want T, kind, resource string) (T, error) {
+	var none T
+	ns, name := want.GetNamespace(), want.GetName()
+	got, err := client.Create(ctx, want, metav1.CreateOptions{})
+	if apierrors.IsAlreadyExists(err) {
+		got, err = client.Get(ctx, name, metav1.GetOptions{})
+		if err == nil && got.GetLabels()[LabelJobID] != want.GetLabels()[LabelJobID] {
+			return none, failure.PermanentError(nil, "%s %s/%s exists but belongs to another job", kind, ns, name)
+		}
+		if err == nil && got.GetDeletionTimestamp() != nil {
+			return none, failure.SystemError(nil, "%s %s/%s from an earlier attempt is still being deleted", kind, ns, name)
+		}
+	}
+	if err != nil {
+		return none, explainAPIError(err, apiCall{"create", resource, ns, name})
+	}
+	return got, nil
+}
+
+// claimReady reports whether the claim is Ready with a sandbox, and a description of where it
+// stands otherwise.
+func claimReady(claim *extv1beta1.SandboxClaim) (bool, string) {
+	ready, _, why := claimState(claim)
+	return ready, why
+}
+
+// permanentClaimReasons are Ready=False reasons that waiting cannot fix.
+var permanentClaimReasons = []string{"TemplateNotFound", "WarmPoolNotFound", "VolumeClaimTemplatesError"}
+
+func claimState(claim *extv1beta1.SandboxClaim) (ready, hopeless bool, why string) {
+	ready, hopeless, why = readyState(claim.Status.Conditions, permanentClaimReasons)
+	if ready && claim.Status.SandboxStatus.Name == "" {
+		return false, false, "Ready=True but no sandbox named yet"
+	}
+	return ready, hopeless, why
+}
+
+// waitClaimReady watches the claim until Ready (waitReady).
+func (c *Claimer) waitClaimReady(ctx context.Context, claim *extv1beta1.SandboxClaim, timeout time.Duration) (*extv1beta1.SandboxClaim, error) {
+	return waitReady(ctx, readyWatch[*extv1beta1.SandboxClaim]{
+		kind:     "SandboxClaim",
+		resource: SandboxClaims.String(),
+		origin:   "pool " + claim.Spec.WarmPoolRef.Name,
+		client:   c.clients.Extensions.ExtensionsV1beta1().SandboxClaims(claim.Namespace),
+		state:    claimState,
+	}, claim, timeout)
+}
+
+// Resolve finds the pod behind a Ready claim and fails closed unless it runs an allowed
+// RuntimeClass and belongs to this claim.
+func (c *Claimer) Resolve(ctx context.Context, claim *extv1beta1.SandboxClaim, runtimeClasses []string) (*Sandbox, error) {
+	ns, name := claim.Namespace, claim.Status.SandboxStatus.Name
+	// The pod is almost always named like its Sandbox: read both at once, and read the pod the
+	// Sandbox names only if it names another (one round trip saved on every prepare).
+	var guess podRead
+	guessed := make(chan struct{})
+	go func() {
+		defer close(guessed)
+		guess.pod, guess.err = c.clients.Kube.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
+	}()
+	sbx, err := c.clients.Sandboxes.AgentsV1beta1().Sandboxes(ns).Get(ctx, name, metav1.GetOptions{})
+	<-guessed
+	if err != nil {
+		return nil, explainAPIError(err, apiCall{"get", Sandboxes.String(), ns, name})
+	}
+	out, err := c.verifiedSandbox(ctx, sbx, &guess, podOwner{claimUID: claim.UID, template: "the SandboxTemplate of pool " + claim.Spec.WarmPoolRef.Name}, runtimeClasses)
+	if err != nil {
+		return nil, err
+	}
+	out.Claim = claim.Name
+	out.Pool = claim.Spec.WarmPoolRef.Name
+	return out, nil
+}
+
+// Release deletes the job's claim; the Sandbox and its pod are garbage-collected with it.
+// A claim already gone is success, so cleanup may run any number of times.
+func (c *Claimer) Release(ctx context.Context, namespace, claim string) error {
+	return deleteIgnoringNotFound(ctx, c.clients.Extensions.ExtensionsV1beta1().SandboxClaims(namespace), claim, apiCall{"delete", SandboxClaims.String(), namespace, claim})
+}
+
+// deleter is the part of a typed client that deleteIgnoringNotFound uses.
+type deleter interface {
+	Delete(ctx context.Context, name string, opts metav1.DeleteOptions) error
+}
+
+// deleteIgnoringNotFound deletes the named object and what it owns (in the background); an object
+// already gone is success.
+func deleteIgnoringNotFound(ctx context.Context, client deleter, name string, call apiCall) error {
+	policy := metav1.DeletePropagationBackground
+	err := client.Delete(ctx, name, metav1.DeleteOptions{PropagationPolicy: &policy})
+	if err == nil || isObjectNotFound(err) {
+		return nil
+	}
+	return explainAPIError(err, call)
+}
+
+// Find finds the job's sandbox again by the job's deterministic claim name: its claim, else the
+// cold-started Sandbox of that name. The stages after prepare need it when prepare left no state
+// (runners without TMPDIR).
+func (c *Claimer) Find(ctx context.Context, namespace, claimName string, runtimeClasses []string) (*Sandbox, error) {
+	claim, err := c.clients.Extensions.ExtensionsV1beta1().SandboxClaims(namespace).Get(ctx, claimName, metav1.GetOptions{})
+	if isObjectNotFound(err) {
+		if cold, err := c.findColdStart(ctx, namespace, claimName, runtimeClasses); cold != nil || err != nil {
+			return cold, err
+		}
+		return nil, failure.SystemError(nil, "SandboxClaim (or cold-started Sandbox) %s/%s is gone: the job's sandbox was released or expired", namespace, claimName)
+	}
+	if err != nil {
+		return nil, explainAPIError(err, apiCall{"get", SandboxClaims.String(), namespace, claimName})
+	}
+	if ok, why := claimReady(claim); !ok {
+		return nil, failure.SystemError(nil, "SandboxClaim %s/%s is not Ready: %s", namespace, claimName, why)
+	}
+	return c.Resolve(ctx, claim, runtimeClasses)
+}

@@ -1,0 +1,209 @@
+package kube_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	testingclock "k8s.io/utils/clock/testing"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	k8stesting "k8s.io/client-go/testing"
+	extv1beta1 "sigs.k8s.io/agent-sandbox/extensions/api/v1beta1"
+
+	"github.com/sandbox-executor/sandbox-executor/executor/executortest"
+	"github.com/sandbox-executor/sandbox-executor/failure"
+	"github.com/sandbox-executor/sandbox-executor/kube"
+)
+
+func testRequest() kube.ClaimRequest {
+	return kube.ClaimRequest{
+		Namespace: executortest.Namespace, Pool: "duo-default", Runner: "runner-a",
+		Job:   kube.Job{ID: 4242, ProjectID: 7, PipelineID: 99, Timeout: time.Hour},
+		Grace: 10 * time.Minute, ReadyTimeout: 5 * time.Second, RuntimeClasses: []string{"gvisor"},
+	}
+}
+
+func TestClaimCreatesLabelledClaimWithLifecycle(t *testing.T) {
+	fc := executortest.NewCluster(t)
+	now := time.Date(2026, 11, 21, 10, 0, 0, 0, time.UTC)
+	c := kube.NewClaimer(fc.Clients, testingclock.NewFakePassiveClock(now))
+	sbx, err := c.Claim(context.Background(), testRequest())
+	if err != nil {
+		t.Fatalf("Claim: %v", err)
+	}
+	want := kube.Sandbox{Namespace: executortest.Namespace, Claim: kube.ClaimName("runner-a", 4242), Pool: "duo-default",
+		SandboxName: "duo-default-abcde", Pod: "duo-default-abcde", Container: "job", RuntimeClass: "gvisor", Warm: true, PodIP: executortest.PodIP}
+	if *sbx != want {
+		t.Errorf("sandbox = %+v\nwant      %+v", *sbx, want)
+	}
+	claim, err := fc.Extensions.ExtensionsV1beta1().SandboxClaims(executortest.Namespace).Get(context.Background(), sbx.Claim, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for k, v := range map[string]string{kube.LabelRunner: "runner-a", kube.LabelJobID: "4242", kube.LabelProjectID: "7", kube.LabelPipelineID: "99", kube.LabelManagedBy: "sandbox-executor"} {
+		if claim.Labels[k] != v {
+			t.Errorf("label %s = %q, want %q", k, claim.Labels[k], v)
+		}
+	}
+	lc := claim.Spec.Lifecycle
+	if lc == nil || lc.ShutdownPolicy != extv1beta1.ShutdownPolicyDelete || !lc.ShutdownTime.Time.Equal(now.Add(70*time.Minute)) {
+		t.Errorf("lifecycle = %+v, want Delete at job timeout + grace (%s)", lc, now.Add(70*time.Minute))
+	}
+	if len(claim.Spec.Env) != 0 || claim.Spec.WarmPoolRef.Name != "duo-default" {
+		t.Errorf("claim spec must only reference the pool (env forces cold starts): %+v", claim.Spec)
+	}
+}
+
+func TestClaimAdoptsItsOwnClaimOnRetry(t *testing.T) {
+	fc := executortest.NewCluster(t)
+	c := fc.Claimer()
+	assertRetryAdopts(t, func() (*kube.Sandbox, error) { return c.Claim(context.Background(), testRequest()) }, func() int {
+		list, _ := fc.Extensions.ExtensionsV1beta1().SandboxClaims(executortest.Namespace).List(context.Background(), metav1.ListOptions{})
+		return len(list.Items)
+	})
+}
+
+// assertRetryAdopts runs a prepare's acquire twice, as a retried prepare does: the second adopts
+// what the first made (count objects in all), and gets the same sandbox.
+func assertRetryAdopts(t *testing.T, acquire func() (*kube.Sandbox, error), count func() int) *kube.Sandbox {
+	t.Helper()
+	first, err := acquire()
+	if err != nil {
+		t.Fatal(err)
+	}
+	second, err := acquire()
+	if err != nil {
+		t.Fatalf("retry: %v", err)
+	}
+	if *first != *second {
+		t.Errorf("retry got %+v, want the same sandbox %+v", second, first)
+	}
+	if n := count(); n != 1 {
+		t.Errorf("%d objects after a retry, want 1", n)
+	}
+	return first
+}
+
+func TestClaimFailsClosedOnRuntimeClass(t *testing.T) {
+	for _, rc := range []string{"", "runc"} {
+		fc := executortest.NewCluster(t)
+		fc.RuntimeClass = rc
+		_, err := fc.Claimer().Claim(context.Background(), testRequest())
+		if failure.KindOf(err) != failure.KindPermanent || !strings.Contains(err.Error(), "refusing pod") {
+			t.Errorf("runtimeClass %q: err = %v, want a permanent refusal", rc, err)
+		}
+	}
+}
+
+func TestClaimReadyTimeoutNamesLastCondition(t *testing.T) {
+	fc := executortest.NewCluster(t)
+	fc.ReadyReason = "SandboxNotReady"
+	req := testRequest()
+	req.ReadyTimeout = 300 * time.Millisecond
+	_, err := fc.Claimer().Claim(context.Background(), req)
+	if failure.KindOf(err) != failure.KindSystem || !strings.Contains(err.Error(), "not Ready within ready_timeout 300ms") || !strings.Contains(err.Error(), "reason=SandboxNotReady") {
+		t.Errorf("err = %v, want a timeout naming the last condition", err)
+	}
+}
+
+func TestClaimPermanentReasonFailsFast(t *testing.T) {
+	fc := executortest.NewCluster(t)
+	fc.ReadyReason = "TemplateNotFound"
+	_, err := fc.Claimer().Claim(context.Background(), testRequest())
+	if failure.KindOf(err) != failure.KindPermanent || !strings.Contains(err.Error(), "TemplateNotFound") {
+		t.Errorf("err = %v, want a permanent error naming TemplateNotFound", err)
+	}
+}
+
+func TestAPIErrorsAreExplained(t *testing.T) {
+	gr := schema.GroupResource{Group: "extensions.agents.x-k8s.io", Resource: "sandboxwarmpools"}
+	missingCRD := &apierrors.StatusError{ErrStatus: metav1.Status{Status: metav1.StatusFailure, Code: 404, Reason: metav1.StatusReasonNotFound, Message: "the server could not find the requested resource", Details: &metav1.StatusDetails{}}}
+	for _, tc := range []struct {
+		name string
+		err  error
+		kind failure.Kind
+		want string
+	}{
+		{"pool missing", apierrors.NewNotFound(gr, "duo-default"), failure.KindPermanent, `SandboxWarmPool "duo-default" not found in namespace "sandbox-executor"`},
+		{"missing CRD", missingCRD, failure.KindPermanent, "CRD missing: the API server does not serve sandboxwarmpools.extensions.agents.x-k8s.io"},
+		{"RBAC", apierrors.NewForbidden(gr, "duo-default", nil), failure.KindPermanent, `RBAC denied: cannot get sandboxwarmpools.extensions.agents.x-k8s.io in namespace sandbox-executor`},
+		{"overloaded", apierrors.NewTooManyRequests("slow down", 1), failure.KindSystem, "kubernetes API error"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			fc := executortest.NewCluster(t)
+			fc.Extensions.PrependReactor("get", "sandboxwarmpools", func(k8stesting.Action) (bool, runtime.Object, error) { return true, nil, tc.err })
+			_, err := fc.Claimer().CheckPool(context.Background(), executortest.Namespace, "duo-default")
+			if failure.KindOf(err) != tc.kind || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("err = %v (kind %d), want kind %d containing %q", err, failure.KindOf(err), tc.kind, tc.want)
+			}
+			if strings.Contains(err.Error(), "\n") {
+				t.Errorf("error spans several lines: %q", err)
+			}
+		})
+	}
+}
+
+// Release (a claim) and ReleaseColdStart (a cold start's Sandbox) may run any number of times.
+func TestReleaseIsIdempotent(t *testing.T) {
+	ctx := context.Background()
+	for _, tc := range []struct {
+		kind    string
+		acquire func(c *kube.Claimer) (*kube.Sandbox, error)
+		release func(c *kube.Claimer, sbx *kube.Sandbox) error
+		gone    func(fc *executortest.Cluster, sbx *kube.Sandbox) error
+	}{
+		{"claim",
+			func(c *kube.Claimer) (*kube.Sandbox, error) { return c.Claim(ctx, testRequest()) },
+			func(c *kube.Claimer, sbx *kube.Sandbox) error {
+				return c.Release(ctx, sbx.Namespace, sbx.Claim)
+			},
+			func(fc *executortest.Cluster, sbx *kube.Sandbox) error {
+				_, err := fc.Extensions.ExtensionsV1beta1().SandboxClaims(sbx.Namespace).Get(ctx, sbx.Claim, metav1.GetOptions{})
+				return err
+			}},
+		{"cold start",
+			func(c *kube.Claimer) (*kube.Sandbox, error) {
+				return c.ColdStart(ctx, coldRequest(), executortest.Template)
+			},
+			func(c *kube.Claimer, sbx *kube.Sandbox) error {
+				return c.ReleaseColdStart(ctx, sbx.Namespace, sbx.SandboxName)
+			},
+			func(fc *executortest.Cluster, sbx *kube.Sandbox) error {
+				_, err := fc.Sandboxes.AgentsV1beta1().Sandboxes(sbx.Namespace).Get(ctx, sbx.SandboxName, metav1.GetOptions{})
+				return err
+			}},
+	} {
+		fc := executortest.NewCluster(t)
+		c := fc.Claimer()
+		sbx, err := tc.acquire(c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := 0; i < 2; i++ {
+			if err := tc.release(c, sbx); err != nil {
+				t.Fatalf("%s: release #%d: %v", tc.kind, i+1, err)
+			}
+		}
+		if err := tc.gone(fc, sbx); !apierrors.IsNotFound(err) {
+			t.Errorf("%s still there after release: %v", tc.kind, err)
+		}
+	}
+}
+
+func TestClaimNameIsDeterministicAndDNSSafe(t *testing.T) {
+	a, b := kube.ClaimName("Runner One", 123456789), kube.ClaimName("Runner One", 123456789)
+	if a != b {
+		t.Fatalf("ClaimName not deterministic: %s vs %s", a, b)
+	}
+	if kube.ClaimName("Runner Two", 123456789) == a {
+		t.Error("two runners got the same claim name for one job id")
+	}
+	if len(a) > 63 || strings.ToLower(a) != a || strings.ContainsAny(a, " _.") {
+		t.Errorf("claim name %q is not a DNS label", a)
+	}
+}

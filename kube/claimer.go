@@ -1,0 +1,66 @@
+package kube
+
+import (
+	"fmt"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"k8s.io/utils/clock"
+)
+
+// ClaimRequest describes the claim prepare makes for a job.
+type ClaimRequest struct {
+	Namespace      string
+	Pool           string
+	Runner         string
+	Job            Job
+	Grace          time.Duration
+	ReadyTimeout   time.Duration
+	RuntimeClasses []string
+}
+
+// Job is what the cluster is told of a job: who it is (labels), its image (cold starts) and its
+// timeout (how long what it owns may live).
+type Job struct {
+	ID, ProjectID, PipelineID int64
+	Image                     string
+	Timeout                   time.Duration
+}
+
+// Claimer claims and releases sandboxes.
+type Claimer struct {
+	clients *Clients
+	// clock dates shutdown times and times steps.
+	clock clock.PassiveClock
+	// Step, when set, is told each finished step of a claim and how long it took (the job log's
+	// debug lines).
+	Step func(step string, took time.Duration)
+}
+
+// step reports a finished step and its duration in debug mode, and starts the next one.
+func (c *Claimer) step(since *time.Time, format string, args ...any) {
+	if c.Step == nil {
+		return
+	}
+	now := c.clock.Now()
+	c.Step(fmt.Sprintf(format, args...), now.Sub(*since))
+	*since = now
+}
+
+// NewClaimer claims through clients and dates by clk (clock.RealClock{} outside tests).
+func NewClaimer(clients *Clients, clk clock.PassiveClock) *Claimer {
+	return &Claimer{clients: clients, clock: clk}
+}
+
+// shutdownTime is when agent-sandbox deletes what the job made even if cleanup never runs: the
+// job's timeout plus claim_grace from now.
+func (c *Claimer) shutdownTime(req ClaimRequest) metav1.Time {
+	return metav1.NewTime(c.clock.Now().Add(req.Job.Timeout + req.Grace).Truncate(time.Second))
+}
+
+// Exec is the transport that runs commands in job pods (pods/exec).
+func (c *Claimer) Exec() RemoteExecutor { return c.clients.Exec }
+
+// Attach writes to the stdin of a job container (pods/attach).
+func (c *Claimer) Attach() Attacher { return c.clients.Attach }

@@ -1,0 +1,9 @@
+package kube_test
+
+import (
+	"testing"
+
+	"github.com/sandbox-executor/sandbox-executor/executor/executortest"
+)
+
+func TestMain(m *testing.M) { executortest.VerifyNoLeaks(m) }

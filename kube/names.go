@@ -1,0 +1,90 @@
+// Package kube is everything sandbox-executor knows of Kubernetes: the clients, exec and attach,
+// claims, warm pools, cold starts, the verification of a job pod, why a pod is gone, the listing
+// gc reaps from, waiting for Ready, the wording of API errors, the permissions it needs and the
+// cluster reads doctor makes. No other product package imports client-go.
+package kube
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"strconv"
+	"strings"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	sandboxv1beta1 "sigs.k8s.io/agent-sandbox/api/v1beta1"
+	extv1beta1 "sigs.k8s.io/agent-sandbox/extensions/api/v1beta1"
+)
+
+// The resources sandbox-executor uses, named after the agent-sandbox API packages so that the
+// groups are spelled in one place.
+var (
+	Sandboxes        = sandboxv1beta1.GroupVersion.WithResource("sandboxes").GroupResource()
+	SandboxClaims    = extv1beta1.GroupVersion.WithResource("sandboxclaims").GroupResource()
+	SandboxTemplates = extv1beta1.GroupVersion.WithResource("sandboxtemplates").GroupResource()
+	SandboxWarmPools = extv1beta1.GroupVersion.WithResource("sandboxwarmpools").GroupResource()
+	Pods             = schema.GroupResource{Resource: "pods"}
+	RuntimeClasses   = schema.GroupResource{Group: "node.k8s.io", Resource: "runtimeclasses"}
+)
+
+// CRDs are the agent-sandbox resources the executor uses; APIVersion is the version its clients
+// speak.
+var CRDs = []schema.GroupResource{Sandboxes, SandboxClaims, SandboxTemplates, SandboxWarmPools}
+
+// APIVersion is the agent-sandbox API version of the typed clients.
+var APIVersion = sandboxv1beta1.GroupVersion.Version
+
+// Labels put on every claim, so that operators, gc and NetworkPolicies can find a job's claim.
+const (
+	LabelManagedBy  = "app.kubernetes.io/managed-by"
+	LabelRunner     = "sandbox-executor.gitlab.io/runner"
+	LabelJobID      = "sandbox-executor.gitlab.io/job-id"
+	LabelProjectID  = "sandbox-executor.gitlab.io/project-id"
+	LabelPipelineID = "sandbox-executor.gitlab.io/pipeline-id"
+	ManagedByValue  = "sandbox-executor"
+)
+
+// ClaimName is deterministic per runner and job, so that a prepare retried by the runner adopts
+// the claim it already made. It fits a DNS label: claims may name cold-started pods.
+func ClaimName(runner string, jobID int64) string {
+	sum := sha256.Sum256([]byte(runner))
+	return "job-" + strconv.FormatInt(jobID, 10) + "-" + hex.EncodeToString(sum[:])[:10]
+}
+
+// RunnerLabel makes a runner name fit a label value.
+func RunnerLabel(runner string) string {
+	var b strings.Builder
+	for _, r := range strings.ToLower(runner) {
+		switch {
+		case r >= 'a' && r <= 'z', r >= '0' && r <= '9', r == '-', r == '_', r == '.':
+			b.WriteRune(r)
+		default:
+			b.WriteByte('-')
+		}
+	}
+	s := b.String()
+	if len(s) > 63 {
+		s = s[:63]
+	}
+	return strings.Trim(s, "-_.")
+}
+
+// jobLabels are put on everything prepare creates for a job.
+func jobLabels(job Job, runner string) map[string]string {
+	labels := map[string]string{
+		LabelManagedBy: ManagedByValue,
+		LabelRunner:    RunnerLabel(runner),
+		LabelJobID:     strconv.FormatInt(job.ID, 10),
+	}
+	if job.ProjectID > 0 {
+		labels[LabelProjectID] = strconv.FormatInt(job.ProjectID, 10)
+	}
+	if job.PipelineID > 0 {
+		labels[LabelPipelineID] = strconv.FormatInt(job.PipelineID, 10)
+	}
+	return labels
+}
+
+func runnerSelector(runner string) metav1.ListOptions {
+	return metav1.ListOptions{LabelSelector: LabelManagedBy + "=" + ManagedByValue + "," + LabelRunner + "=" + RunnerLabel(runner)}
+}

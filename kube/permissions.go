@@ -1,0 +1,63 @@
+package kube
+
+// Permission is one verb on one resource that sandbox-executor needs. deploy/base/rbac.yaml
+// grants exactly RequiredPermissions (a unit test holds the two together), and doctor checks each
+// one with a SelfSubjectAccessReview.
+type Permission struct {
+	// Group is the API group ("" for the core group).
+	Group string
+	// Resource is the plural resource, with "/subresource" where there is one ("pods/exec").
+	Resource string
+	Verb     string
+	// Why names the command and call that need it, for doctor's fix hints and for reviewers.
+	Why string
+}
+
+// String is the resource as RBAC and kubectl name it: "create sandboxclaims.extensions.agents.x-k8s.io".
+func (p Permission) String() string {
+	resource := p.Resource
+	if p.Group != "" {
+		resource += "." + p.Group
+	}
+	return p.Verb + " " + resource
+}
+
+// RequiredPermissions is every API call sandbox-executor makes in its namespace, one verb each.
+// Add an entry here when the code makes a new call; the RBAC test then demands the Role follows.
+var RequiredPermissions = []Permission{
+	{SandboxWarmPools.Group, SandboxWarmPools.Resource, "get", "prepare, doctor: the pool exists (CheckPool)"},
+	{SandboxWarmPools.Group, SandboxWarmPools.Resource, "list", "prepare: drained_pool = wait, the pool's state before watching (WaitPoolReady)"},
+	{SandboxWarmPools.Group, SandboxWarmPools.Resource, "watch", "prepare: drained_pool = wait, until the pool has a ready sandbox (WaitPoolReady)"},
+	{SandboxClaims.Group, SandboxClaims.Resource, "create", "prepare: claim a sandbox for the job (Claim)"},
+	{SandboxClaims.Group, SandboxClaims.Resource, "get", "prepare: adopt a retried job's claim, re-read after a watch ends; run: load the claim"},
+	{SandboxClaims.Group, SandboxClaims.Resource, "watch", "prepare: wait for the claim to become Ready"},
+	{SandboxClaims.Group, SandboxClaims.Resource, "list", "gc: this runner's claims (RunnerClaims)"},
+	{SandboxClaims.Group, SandboxClaims.Resource, "delete", "cleanup, gc: release a claim (Release)"},
+	{SandboxTemplates.Group, SandboxTemplates.Resource, "get", "doctor: check the pools' templates are hardened; prepare: unknown_image = cold, read cold_template (ColdStart)"},
+	{Sandboxes.Group, Sandboxes.Resource, "get", "prepare: the claimed sandbox and its pod's name (Resolve); adopt a retried cold start; run: load a cold-started Sandbox"},
+	{Pods.Group, Pods.Resource, "get", "prepare: verify the pod's RuntimeClass (Resolve); run: is the pod still there (PodGone)"},
+	// The exec API is a POST (SPDY, verb create) or a GET upgraded to WebSocket (verb get on
+	// older API servers, create where AuthorizePodWebsocketUpgradeCreatePermission is on).
+	{"", "pods/exec", "create", "prepare, run: the in-pod agent over exec"},
+	{"", "pods/exec", "get", "prepare, run: the in-pod agent over exec (WebSocket)"},
+	// Attach follows the same POST/WebSocket rules as exec.
+	{"", "pods/attach", "create", "prepare: hand the job's token to a baked-in agent (ConnectAgent)"},
+	{"", "pods/attach", "get", "prepare: hand the job's token to a baked-in agent (WebSocket)"},
+}
+
+// ColdStartPermissions is what unknown_image = "cold" needs beyond RequiredPermissions: creating
+// Sandboxes from a template is a wider right than claiming from a pool, so the default Role does
+// not grant it. deploy/components/cold-images grants exactly this list (a unit test holds the two
+// together), and doctor checks it only when the config sets unknown_image = "cold".
+var ColdStartPermissions = []Permission{
+	{Sandboxes.Group, Sandboxes.Resource, "create", "prepare: unknown_image = cold, the job's Sandbox from cold_template (ColdStart)"},
+	{Sandboxes.Group, Sandboxes.Resource, "watch", "prepare: unknown_image = cold, wait for the Sandbox to become Ready (ColdStart)"},
+	{Sandboxes.Group, Sandboxes.Resource, "delete", "cleanup, gc: delete a cold-started Sandbox (ReleaseColdStart)"},
+	{Sandboxes.Group, Sandboxes.Resource, "list", "gc: this runner's cold-started Sandboxes (RunnerColdStarts)"},
+}
+
+// ClusterPermissions is what doctor reads outside the namespace. Jobs never need it; without it
+// doctor cannot confirm the RuntimeClasses exist and says so.
+var ClusterPermissions = []Permission{
+	{RuntimeClasses.Group, RuntimeClasses.Resource, "get", "doctor: the configured RuntimeClasses exist"},
+}

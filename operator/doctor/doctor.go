@@ -1,0 +1,426 @@
+// Package doctor implements the doctor command: it checks a cluster before sandbox-executor uses
+// it, with the executor's own credentials, and prints one line per check:
+//
+//	ok|warn|FAIL  <check>: <detail>[; fix: <what to do>]
+//
+// A FAIL means jobs will fail; a warn means they run but less safely or more slowly than they
+// should. doctor fails (exit 1) when any check FAILs.
+package doctor
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/sandbox-executor/sandbox-executor/operator"
+	"github.com/urfave/cli/v2"
+
+	"github.com/sandbox-executor/sandbox-executor/failure"
+	"github.com/sandbox-executor/sandbox-executor/kube"
+
+	"github.com/go-logr/logr"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	extv1beta1 "sigs.k8s.io/agent-sandbox/extensions/api/v1beta1"
+
+	"github.com/sandbox-executor/sandbox-executor/config"
+	"github.com/sandbox-executor/sandbox-executor/stages"
+)
+
+// Status is a check's outcome.
+type Status string
+
+const (
+	OK   Status = "ok"
+	Warn Status = "warn"
+	Fail Status = "FAIL"
+)
+
+// Result is one check's line.
+type Result struct {
+	Status Status
+	Check  string
+	Detail string
+	Fix    string
+}
+
+func (r Result) String() string {
+	s := fmt.Sprintf("%-4s  %s: %s", r.Status, r.Check, r.Detail)
+	if r.Fix != "" {
+		s += "; fix: " + r.Fix
+	}
+	return s
+}
+
+// Command is the doctor verb and its flags.
+func Command(setup operator.Setup) *cli.Command {
+	return &cli.Command{
+		Name:  "doctor",
+		Usage: "check the cluster before use: CRDs, RBAC, RuntimeClasses, pools and their templates (exit 1 on any FAIL)",
+		Flags: []cli.Flag{
+			&cli.BoolFlag{Name: "kubelet", Usage: "also read every node's kubelet podPidsLimit (needs cluster-admin credentials)"},
+		},
+		Action: setup(func(c *cli.Context, env *stages.Env) error {
+			return Run(c.Context, env, Options{Kubelet: c.Bool("kubelet")})
+		}),
+	}
+}
+
+// Options select optional checks.
+type Options struct {
+	// Kubelet reads every node's kubelet configuration (podPidsLimit). It needs list nodes and
+	// get nodes/proxy, which the executor is never granted: run it with cluster-admin credentials.
+	Kubelet bool
+}
+
+// Checker runs the checks against one cluster.
+type Checker struct {
+	Config  *config.Config
+	Clients *kube.Clients
+	Options Options
+	// KubeletConfigz returns a node's /configz through the API server's node proxy; tests
+	// replace it.
+	KubeletConfigz func(ctx context.Context, node string) ([]byte, error)
+
+	// tolerations of the job pods (templates and RuntimeClasses seen so far): the kubelet check
+	// skips nodes whose taints keep job pods off.
+	tolerations []corev1.Toleration
+}
+
+// Run prints every check's line and fails when any check FAILs.
+func Run(ctx context.Context, env *stages.Env, opts Options) error {
+	clients, err := env.Clients()
+	if err != nil {
+		fmt.Fprintln(env.Stdout, Result{Fail, "kubernetes client", err.Error(), "set kubeconfig/context in " + env.Config.Path() + ", or run in the cluster with a ServiceAccount token"})
+		return err
+	}
+	failed := 0
+	results := (&Checker{Config: env.Config, Clients: clients, Options: opts}).Run(ctx)
+	for _, r := range results {
+		fmt.Fprintln(env.Stdout, r)
+		if r.Status == Fail {
+			failed++
+		}
+	}
+	if failed > 0 {
+		return failure.PermanentError(nil, "doctor: %d of %d checks failed", failed, len(results))
+	}
+	return nil
+}
+
+// Run runs the checks in order. Nothing else is worth asking an API server that does not answer.
+func (c *Checker) Run(ctx context.Context) []Result {
+	c.tolerations = nil
+	api := c.checkAPI()
+	if api.Status == Fail {
+		return []Result{api}
+	}
+	out := []Result{api}
+	out = append(out, c.checkCRDs()...)
+	out = append(out, c.checkRBAC(ctx)...)
+	out = append(out, c.checkRuntimeClasses(ctx)...)
+	out = append(out, c.checkPools(ctx)...)
+	if c.Options.Kubelet {
+		out = append(out, c.checkKubelets(ctx)...)
+	}
+	return out
+}
+
+func (c *Checker) checkAPI() Result {
+	version, err := c.Clients.ServerVersion()
+	if err != nil {
+		return Result{Fail, "kubernetes API", oneLine(err), "check the kubeconfig (" + c.kubeconfigName() + ") and that the API server is reachable from here"}
+	}
+	return Result{OK, "kubernetes API", "server " + version, ""}
+}
+
+func (c *Checker) kubeconfigName() string {
+	if c.Config.Kubeconfig == "" {
+		return "in-cluster ServiceAccount, else $KUBECONFIG"
+	}
+	return c.Config.Kubeconfig
+}
+
+// checkCRDs asks discovery (open to every authenticated identity) which versions serve each CRD.
+func (c *Checker) checkCRDs() []Result {
+	served, err := c.Clients.ServedVersions(kube.CRDs)
+	var discErr *kube.DiscoveryError
+	switch {
+	case errors.As(err, &discErr) && discErr.GroupVersion != "":
+		return []Result{{Fail, "crds", "API discovery of " + discErr.GroupVersion + " failed: " + oneLine(err), "check the agent-sandbox conversion webhook and the API server"}}
+	case err != nil:
+		return []Result{{Fail, "crds", "API discovery failed: " + oneLine(err), "check the API server and its aggregated APIs"}}
+	}
+	var out []Result
+	for _, gr := range kube.CRDs {
+		check := "crd " + gr.String()
+		versions := served[gr]
+		switch {
+		case len(versions) == 0:
+			out = append(out, Result{Fail, check, "not served by the API server", "install agent-sandbox v0.5.x with its extensions CRDs and run its controller with --extensions"})
+		case !slices.Contains(versions, kube.APIVersion):
+			out = append(out, Result{Fail, check, "served as " + strings.Join(versions, ", ") + "; sandbox-executor needs " + kube.APIVersion, "upgrade agent-sandbox to v0.5.x"})
+		default:
+			out = append(out, Result{OK, check, "served versions " + strings.Join(versions, ", "), ""})
+		}
+	}
+	return out
+}
+
+// checkRBAC asks the API server, verb by verb, whether this identity may make each call the
+// executor makes.
+func (c *Checker) checkRBAC(ctx context.Context) []Result {
+	ns := c.Config.Namespace
+	var out []Result
+	type permission struct {
+		kube.Permission
+		fix string
+	}
+	var perms []permission
+	for _, p := range kube.RequiredPermissions {
+		perms = append(perms, permission{p, "bind the executor's identity to Role sandbox-executor (kubectl apply -k deploy/base, rbac.yaml)"})
+	}
+	if c.Config.UnknownImage == config.UnknownImageCold {
+		for _, p := range kube.ColdStartPermissions {
+			perms = append(perms, permission{p, "add the component deploy/components/cold-images to your overlay (unknown_image = \"cold\")"})
+		}
+	}
+	for _, p := range perms {
+		check := "rbac " + p.String()
+		allowed, reason, err := c.Clients.MayI(ctx, ns, p.Permission)
+		switch {
+		case err != nil:
+			out = append(out, Result{Fail, check, "cannot ask the API server: " + oneLine(err), "check the API server"})
+		case !allowed:
+			detail := "denied in namespace " + ns + " (needed by " + p.Why + ")"
+			if reason != "" {
+				detail += ": " + reason
+			}
+			out = append(out, Result{Fail, check, detail, p.fix})
+		default:
+			out = append(out, Result{OK, check, "allowed in namespace " + ns, ""})
+		}
+	}
+	return out
+}
+
+func (c *Checker) checkRuntimeClasses(ctx context.Context) []Result {
+	var out []Result
+	for _, name := range c.Config.RuntimeClasses {
+		check := "runtimeclass " + name
+		rc, err := c.Clients.RuntimeClass(ctx, name)
+		switch {
+		case apierrors.IsForbidden(err):
+			out = append(out, Result{Warn, check, "cannot verify: this identity may not get runtimeclasses", "apply ClusterRole and ClusterRoleBinding sandbox-executor-doctor (deploy/base/rbac.yaml)"})
+		case apierrors.IsNotFound(err):
+			out = append(out, Result{Fail, check, "not found: every job pod would be refused (runtime_classes in " + c.Config.Path() + ")",
+				"install gVisor (runsc) on the nodes and apply deploy/base/runtimeclass.yaml, or fix runtime_classes"})
+		case err != nil:
+			out = append(out, Result{Fail, check, oneLine(err), "check the API server"})
+		default:
+			if rc.Scheduling != nil {
+				c.tolerations = append(c.tolerations, rc.Scheduling.Tolerations...)
+			}
+			out = append(out, Result{OK, check, "handler " + rc.Handler, ""})
+		}
+	}
+	return out
+}
+
+// checkPools checks each configured pool, then the template of each pool that exists, and
+// cold_template.
+func (c *Checker) checkPools(ctx context.Context) []Result {
+	ns := c.Config.Namespace
+	var out []Result
+	templates := map[string][]string{} // template -> what uses it: "pool x", "cold_template"
+	var order []string
+	useTemplate := func(template, user string) {
+		if _, seen := templates[template]; !seen {
+			order = append(order, template)
+		}
+		templates[template] = append(templates[template], user)
+	}
+	for _, p := range c.Config.Pools {
+		check := "pool " + p.Name
+		pool, err := c.Clients.WarmPool(ctx, ns, p.Name)
+		switch {
+		case apierrors.IsNotFound(err):
+			out = append(out, Result{Fail, check, fmt.Sprintf("SandboxWarmPool %q not found in namespace %q", p.Name, ns),
+				fmt.Sprintf("create it (deploy/base/sandboxwarmpool.yaml) or correct the [[pool]] name in %s", c.Config.Path())})
+			continue
+		case err != nil:
+			out = append(out, Result{Fail, check, oneLine(err), "check the API server and Role sandbox-executor"})
+			continue
+		}
+		out = append(out, poolResult(pool))
+		useTemplate(pool.Spec.TemplateRef.Name, "pool "+p.Name)
+	}
+	if c.Config.UnknownImage == config.UnknownImageCold {
+		useTemplate(c.Config.ColdTemplate, "cold_template")
+	}
+	for _, t := range order {
+		out = append(out, c.checkTemplate(ctx, t, templates[t]))
+	}
+	return out
+}
+
+func poolResult(pool *extv1beta1.SandboxWarmPool) Result {
+	check := "pool " + pool.Name
+	replicas := int32(1) // the CRD's default
+	if pool.Spec.Replicas != nil {
+		replicas = *pool.Spec.Replicas
+	}
+	ready := pool.Status.ReadyReplicas
+	detail := fmt.Sprintf("%d of %d sandboxes Ready (template %s)", ready, replicas, pool.Spec.TemplateRef.Name)
+	switch {
+	case replicas == 0:
+		return Result{Warn, check, detail + ": scaled to 0, every job waits for a cold start", "set spec.replicas to the number of jobs that usually start together"}
+	case ready == 0:
+		// Not a FAIL: a busy pool is drained while it refills, and jobs then wait for a sandbox
+		// to start (up to ready_timeout). A pool that stays at 0 is broken.
+		return Result{Warn, check, detail + ": jobs wait for sandboxes to start", fmt.Sprintf("if it stays at 0: kubectl -n %s describe sandboxwarmpool %s and the events of its pods (image pull, RuntimeClass handler missing on the nodes, quota)", pool.Namespace, pool.Name)}
+	}
+	return Result{OK, check, detail, ""}
+}
+
+func (c *Checker) checkTemplate(ctx context.Context, name string, users []string) Result {
+	check := fmt.Sprintf("template %s (%s)", name, strings.Join(users, ", "))
+	t, err := c.Clients.Template(ctx, c.Config.Namespace, name)
+	switch {
+	case apierrors.IsForbidden(err):
+		return Result{Warn, check, "cannot verify: this identity may not get sandboxtemplates", "apply Role sandbox-executor (deploy/base/rbac.yaml)"}
+	case apierrors.IsNotFound(err):
+		return Result{Fail, check, "SandboxTemplate not found: no sandbox can be made from it", "apply the template (deploy/base/sandboxtemplate.yaml), or fix the pool's sandboxTemplateRef or cold_template"}
+	case err != nil:
+		return Result{Fail, check, oneLine(err), "check the API server"}
+	}
+	c.tolerations = append(c.tolerations, t.Spec.PodTemplate.Spec.Tolerations...)
+	fails, warns := TemplateProblems(t, c.Config.RuntimeClasses)
+	switch {
+	case len(fails) > 0:
+		return Result{Fail, check, strings.Join(append(fails, warns...), "; "), "fix the SandboxTemplate (see deploy/base/sandboxtemplate.yaml)"}
+	case len(warns) > 0:
+		return Result{Warn, check, strings.Join(warns, "; "), "harden the SandboxTemplate (see deploy/base/sandboxtemplate.yaml)"}
+	}
+	rc := *t.Spec.PodTemplate.Spec.RuntimeClassName
+	return Result{OK, check, "runtimeClassName " + rc + ", nothing privileged, no ServiceAccount token, limits set, egress restricted", ""}
+}
+
+// TemplateProblems lists what makes a template unusable (fails: the executor would refuse every
+// pod) or weaker than it should be (warns).
+func TemplateProblems(t *extv1beta1.SandboxTemplate, runtimeClasses []string) (fails, warns []string) {
+	spec := t.Spec.PodTemplate.Spec
+	switch rc := spec.RuntimeClassName; {
+	case rc == nil || *rc == "":
+		fails = append(fails, "no runtimeClassName: pods run on the node's default runtime and the executor refuses them")
+	case !slices.Contains(runtimeClasses, *rc):
+		fails = append(fails, fmt.Sprintf("runtimeClassName %s is not in runtime_classes (%s): the executor refuses its pods", *rc, strings.Join(runtimeClasses, ", ")))
+	}
+	// agent-sandbox defaults an unset automountServiceAccountToken to false in templates.
+	if spec.AutomountServiceAccountToken != nil && *spec.AutomountServiceAccountToken {
+		warns = append(warns, "automountServiceAccountToken is true: jobs get a Kubernetes API token")
+	}
+	if spec.HostNetwork || spec.HostPID || spec.HostIPC {
+		warns = append(warns, "shares the node's network, PID or IPC namespace")
+	}
+	for _, v := range spec.Volumes {
+		if v.HostPath != nil {
+			warns = append(warns, "hostPath volume "+v.Name)
+		}
+	}
+	for _, ctr := range allContainers(spec) {
+		sc := ctr.SecurityContext
+		if sc != nil && sc.Privileged != nil && *sc.Privileged {
+			warns = append(warns, "container "+ctr.Name+" is privileged")
+		}
+		if sc == nil || sc.AllowPrivilegeEscalation == nil || *sc.AllowPrivilegeEscalation {
+			warns = append(warns, "container "+ctr.Name+" allows privilege escalation")
+		}
+		var missing []string
+		for _, r := range []corev1.ResourceName{corev1.ResourceCPU, corev1.ResourceMemory, corev1.ResourceEphemeralStorage} {
+			if _, ok := ctr.Resources.Limits[r]; !ok {
+				missing = append(missing, string(r))
+			}
+		}
+		if len(missing) > 0 {
+			warns = append(warns, "container "+ctr.Name+" has no "+strings.Join(missing, ", ")+" limit")
+		}
+	}
+	switch {
+	case t.Spec.NetworkPolicyManagement == extv1beta1.NetworkPolicyManagementUnmanaged:
+		warns = append(warns, "networkPolicyManagement Unmanaged: egress is only restricted if you installed a NetworkPolicy yourself")
+	case t.Spec.NetworkPolicy == nil:
+		warns = append(warns, "no networkPolicy: agent-sandbox's default allows egress to the whole internet")
+	}
+	return fails, warns
+}
+
+func allContainers(spec corev1.PodSpec) []corev1.Container {
+	return append(slices.Clone(spec.InitContainers), spec.Containers...)
+}
+
+// checkKubelets reads podPidsLimit from every node's kubelet: Kubernetes has no per-pod PID
+// field, so the kubelet's limit is what stops a fork bomb in a job from exhausting the node.
+func (c *Checker) checkKubelets(ctx context.Context) []Result {
+	const fix = "run doctor --kubelet with cluster-admin credentials (list nodes, get nodes/proxy)"
+	nodes, err := c.Clients.Nodes(ctx)
+	if err != nil {
+		return []Result{{Fail, "pids limit", "cannot list nodes: " + oneLine(err), fix}}
+	}
+	configz := c.KubeletConfigz
+	if configz == nil {
+		configz = c.Clients.KubeletConfigz
+	}
+	var out []Result
+	skipped := 0
+	for _, n := range nodes {
+		if !c.runsJobs(&n) {
+			skipped++
+			continue
+		}
+		check := "pids limit node " + n.Name
+		data, err := configz(ctx, n.Name)
+		if err != nil {
+			out = append(out, Result{Fail, check, "cannot read the kubelet's configz: " + oneLine(err), fix})
+			continue
+		}
+		var z struct {
+			KubeletConfig struct {
+				PodPidsLimit *int64 `json:"podPidsLimit"`
+			} `json:"kubeletconfig"`
+		}
+		if err := json.Unmarshal(data, &z); err != nil {
+			out = append(out, Result{Fail, check, "unreadable kubelet configz: " + oneLine(err), fix})
+			continue
+		}
+		limit := z.KubeletConfig.PodPidsLimit
+		if limit == nil || *limit <= 0 {
+			out = append(out, Result{Warn, check, "podPidsLimit unset: a fork bomb in a job can exhaust the node's PIDs", "set podPidsLimit (e.g. 4096) in the kubelet configuration"})
+			continue
+		}
+		out = append(out, Result{OK, check, fmt.Sprintf("podPidsLimit %d", *limit), ""})
+	}
+	if skipped > 0 {
+		out = append(out, Result{OK, "pids limit", fmt.Sprintf("%d nodes not checked: job pods do not tolerate their taints", skipped), ""})
+	}
+	return out
+}
+
+// runsJobs reports whether job pods may be scheduled on the node as far as taints go.
+func (c *Checker) runsJobs(n *corev1.Node) bool {
+	for i := range n.Spec.Taints {
+		taint := &n.Spec.Taints[i]
+		if taint.Effect == corev1.TaintEffectPreferNoSchedule {
+			continue
+		}
+		if !slices.ContainsFunc(c.tolerations, func(t corev1.Toleration) bool { return t.ToleratesTaint(logr.Discard(), taint, false) }) {
+			return false
+		}
+	}
+	return true
+}
+
+func oneLine(err error) string { return failure.OneLine(err.Error()) }

@@ -1,0 +1,9 @@
+package doctor_test
+
+import (
+	"testing"
+
+	"github.com/sandbox-executor/sandbox-executor/executor/executortest"
+)
+
+func TestMain(m *testing.M) { executortest.VerifyNoLeaks(m) }

@@ -1,0 +1,104 @@
+// Package gc implements the gc command: it finds this runner's claims (and, with unknown_image =
+// "cold", its cold-started Sandboxes) whose jobs must be over and deletes them. A runner that dies
+// never runs cleanup; the shutdownTime lets agent-sandbox reap them, and gc is the second net
+// (controller down, policy changed, objects from before a config change). Dry-run unless asked to
+// delete.
+package gc
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/sandbox-executor/sandbox-executor/kube"
+	"github.com/sandbox-executor/sandbox-executor/operator"
+	"github.com/urfave/cli/v2"
+
+	"github.com/sandbox-executor/sandbox-executor/config"
+	"github.com/sandbox-executor/sandbox-executor/stages"
+)
+
+// Command is the gc verb and its flags.
+func Command(setup operator.Setup) *cli.Command {
+	return &cli.Command{
+		Name:  "gc",
+		Usage: "report (or with --delete, delete) this runner's claims whose jobs must be over",
+		Flags: []cli.Flag{
+			&cli.BoolFlag{Name: "delete", Usage: "delete them; without it gc only reports"},
+			&cli.DurationFlag{Name: "older-than", Usage: "also reap claims older than this, whatever their shutdownTime"},
+		},
+		Action: setup(func(c *cli.Context, env *stages.Env) error {
+			return Run(c.Context, env, Options{Delete: c.Bool("delete"), OlderThan: c.Duration("older-than")})
+		}),
+	}
+}
+
+// Options select what gc reaps.
+type Options struct {
+	// Delete deletes; otherwise gc only reports.
+	Delete bool
+	// OlderThan, when set, also reaps claims older than this whatever their shutdownTime.
+	OlderThan time.Duration
+}
+
+// Run lists this runner's claims and cold starts and reaps the expired ones, one line each on
+// stdout.
+func Run(ctx context.Context, env *stages.Env, opts Options) error {
+	claimer, err := env.Claimer()
+	if err != nil {
+		return err
+	}
+	owned, err := claimer.RunnerClaims(ctx, env.Config.Namespace, env.Config.RunnerName)
+	if err != nil {
+		return err
+	}
+	what := "claims"
+	// Listing Sandboxes needs deploy/components/cold-images, granted only with this policy.
+	if env.Config.UnknownImage == config.UnknownImageCold {
+		cold, err := claimer.RunnerColdStarts(ctx, env.Config.Namespace, env.Config.RunnerName)
+		if err != nil {
+			return err
+		}
+		owned = append(owned, cold...)
+		what = "claims and cold-started Sandboxes"
+	}
+	now := env.Clock.Now()
+	verb := "would delete"
+	if opts.Delete {
+		verb = "deleted"
+	}
+	reaped := 0
+	for _, c := range owned {
+		why := expired(c, now, opts.OlderThan)
+		if why == "" {
+			continue
+		}
+		release, kind := claimer.Release, ""
+		if c.ColdStart {
+			release, kind = claimer.ReleaseColdStart, "cold-started Sandbox, "
+		}
+		if opts.Delete {
+			if err := release(ctx, c.Namespace, c.Name); err != nil {
+				return err
+			}
+		}
+		reaped++
+		fmt.Fprintf(env.Stdout, "%s %s/%s (%sjob %s, age %s): %s\n", verb, c.Namespace, c.Name, kind, c.JobID, now.Sub(c.Created).Round(time.Second), why)
+	}
+	fmt.Fprintf(env.Stdout, "%d of %d %s of runner %q %s\n", reaped, len(owned), what, env.Config.RunnerName, map[bool]string{true: "deleted", false: "to delete (dry run: pass --delete)"}[opts.Delete])
+	return nil
+}
+
+func expired(c kube.ClaimInfo, now time.Time, olderThan time.Duration) string {
+	switch {
+	case c.Deleting:
+		return ""
+	case !c.ShutdownTime.IsZero() && now.After(c.ShutdownTime):
+		return fmt.Sprintf("shutdownTime passed %s ago", now.Sub(c.ShutdownTime).Round(time.Second))
+	case c.ShutdownTime.IsZero():
+		return "no shutdownTime: not made by this version, or edited"
+	case olderThan > 0 && now.Sub(c.Created) > olderThan:
+		return fmt.Sprintf("older than %s", olderThan)
+	}
+	return ""
+}
