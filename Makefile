@@ -12,6 +12,8 @@ LOGS := $(SANDBOX_EXECUTOR_CACHE)/logs
 TOOLS := $(SANDBOX_EXECUTOR_CACHE)/tools
 GOTESTSUM_VERSION := v1.13.0
 GOTESTSUM := $(TOOLS)/gotestsum-$(GOTESTSUM_VERSION)
+STATICCHECK_VERSION := v0.8.2
+STATICCHECK := $(TOOLS)/staticcheck-$(STATICCHECK_VERSION)
 # go test through gotestsum, with its output format; tests/check.sh sets TEST_JSON to keep the
 # events it counts.
 gotest = $(GOTESTSUM) --format $(1) $(if $(TEST_JSON),--jsonfile $(TEST_JSON)) --
@@ -28,24 +30,29 @@ modules:
 	@mkdir -p $(LOGS)
 	@$(GO) mod download >$(LOGS)/go-mod-download.log 2>&1 || { tail -n 20 $(LOGS)/go-mod-download.log; exit 1; }
 
+# Test tools, pinned, from the Go module proxy: $(call install_tool,PACKAGE,VERSION).
+install_tool = mkdir -p $(TOOLS)/.install && echo "installing $(notdir $(1)) $(2) (log: $(LOGS)/tools.log)" && \
+	GOBIN=$(TOOLS)/.install $(GO) install $(1)@$(2) >>$(LOGS)/tools.log 2>&1 && mv $(TOOLS)/.install/$(notdir $(1)) $@ || \
+	{ tail -n 20 $(LOGS)/tools.log; exit 1; }
+
 $(GOTESTSUM): | modules
-	@mkdir -p $(TOOLS)/.install
-	@echo "installing gotestsum $(GOTESTSUM_VERSION) (log: $(LOGS)/tools.log)"
-	@GOBIN=$(TOOLS)/.install $(GO) install gotest.tools/gotestsum@$(GOTESTSUM_VERSION) >>$(LOGS)/tools.log 2>&1 || { tail -n 20 $(LOGS)/tools.log; exit 1; }
-	@mv $(TOOLS)/.install/gotestsum $@
+	@$(call install_tool,gotest.tools/gotestsum,$(GOTESTSUM_VERSION))
+
+$(STATICCHECK): | modules
+	@$(call install_tool,honnef.co/go/tools/cmd/staticcheck,$(STATICCHECK_VERSION))
 
 build: modules
 	$(GOBUILD) -o $(BIN)/sandbox-executor ./cmd/sandbox-executor
 	$(GOBUILD) -o $(BIN)/sandbox-executor-agent ./cmd/sandbox-executor-agent
 	$(GOBUILD) -o $(BIN)/sandbox-egress-proxy ./cmd/sandbox-egress-proxy
 
-# Formatting and vet, with every build tag the suites use.
-lint: modules
+# Formatting, vet and staticcheck, also with every build tag the suites use.
+lint: modules $(STATICCHECK)
 	@unformatted=$$(gofmt -l $$(git ls-files '*.go')); if [[ -n $$unformatted ]]; then echo "not gofmt'ed: $$unformatted"; exit 1; fi
 	$(GO) vet ./...
-	$(GO) vet -tags e2e ./...
-	$(GO) vet -tags security ./...
-	$(GO) vet -tags runner ./...
+	$(GO) vet -tags e2e,security,runner ./...
+	$(STATICCHECK) ./...
+	$(STATICCHECK) -tags e2e,security,runner ./...
 
 vet: lint
 
@@ -117,16 +124,3 @@ bench-scale: cluster-up
 
 clean:
 	rm -rf $(BIN)
-
-# Static checks: formatting, vet with every build tag, and staticcheck (installed from the module
-# proxy on first use).
-STATICCHECK ?= $(shell $(GO) env GOPATH)/bin/staticcheck
-STATICCHECK_VERSION ?= v0.8.2
-.PHONY: lint
-lint:
-	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt -l:"; echo "$$out"; exit 1; fi
-	$(GO) vet ./...
-	$(GO) vet -tags e2e,security,runner ./...
-	test -x $(STATICCHECK) || $(GO) install honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION)
-	$(STATICCHECK) ./...
-	$(STATICCHECK) -tags e2e,security,runner ./...

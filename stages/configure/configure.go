@@ -34,7 +34,7 @@ func Run(env *stages.Env) error {
 		BuildsDirIsShared: &notShared, // one pod per job
 		Hostname:          env.Config.RunnerName,
 		Driver:            &Driver{Name: stages.DriverName, Version: env.Version},
-		// Tells later stages (and the job, as SANDBOX_EXECUTOR_NAMESPACE) where it runs; no secrets.
+		// Tells the later executables (not the job: job_env is their environment) where the job runs; no secrets.
 		JobEnv: map[string]string{"SANDBOX_EXECUTOR_NAMESPACE": env.Config.Namespace},
 	}
 	// The job's claim makes a better host name, when the runner has written the job JSON already.

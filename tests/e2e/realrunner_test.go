@@ -17,7 +17,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	sandboxv1beta1 "sigs.k8s.io/agent-sandbox/api/v1beta1"
 
-	"github.com/sandbox-executor/sandbox-executor/executor"
+	"github.com/sandbox-executor/sandbox-executor/kube"
 	"github.com/sandbox-executor/sandbox-executor/tests/clustertest"
 	"github.com/sandbox-executor/sandbox-executor/tests/fakegitlab"
 	"github.com/sandbox-executor/sandbox-executor/tests/runner"
@@ -92,7 +92,7 @@ func exitCode(code *int) string {
 func jobPod(t testing.TB, r *clustertest.Runner, id int64) string {
 	t.Helper()
 	ctx := context.Background()
-	claim, err := r.Admin.Extensions.ExtensionsV1beta1().SandboxClaims(namespace).Get(ctx, executor.ClaimName(r.Name, id), metav1.GetOptions{})
+	claim, err := r.Admin.Extensions.ExtensionsV1beta1().SandboxClaims(namespace).Get(ctx, kube.ClaimName(r.Name, id), metav1.GetOptions{})
 	if err != nil {
 		t.Fatalf("job %d: its claim: %v", id, err)
 	}
