@@ -46,6 +46,7 @@ func Run(ctx context.Context, env *stages.Env) error {
 		Grace:          env.Config.ClaimGrace.Duration,
 		ReadyTimeout:   env.Config.ReadyTimeout.Duration,
 		RuntimeClasses: env.Config.RuntimeClasses,
+		Binding:        env.Binding(job),
 	}
 	var sbx *kube.Sandbox
 	var endSection func()

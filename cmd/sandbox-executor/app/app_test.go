@@ -365,3 +365,68 @@ func TestGCReapsOnlyThisRunnersExpiredColdStarts(t *testing.T) {
 			exists("expired"), exists("running"), exists("other-runner"), exists("a-claims"))
 	}
 }
+
+// withToken gives the harness's job another token: the same job ID from another GitLab instance.
+func (h *harness) withToken(token string) {
+	h.t.Helper()
+	data, err := os.ReadFile(h.env["JOB_RESPONSE_FILE"])
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	var job map[string]any
+	if err := json.Unmarshal(data, &job); err != nil {
+		h.t.Fatal(err)
+	}
+	job["token"] = token
+	data, _ = json.Marshal(job)
+	if err := os.WriteFile(h.env["JOB_RESPONSE_FILE"], data, 0o600); err != nil {
+		h.t.Fatal(err)
+	}
+}
+
+// A second job with the runner name and job ID of a running one (another GitLab instance) meets
+// that job's claim: prepare refuses it in one line, run never runs in its pod, cleanup leaves it;
+// the job that made it still adopts it on a retried prepare.
+func TestAnotherJobWithTheSameNameNeverGetsThePod(t *testing.T) {
+	first := newHarness(t, "ci:bookworm")
+	second := newHarness(t, "ci:bookworm")
+	second.cluster, second.local = first.cluster, first.local
+	second.withToken("glcbt-64_anotherInstancesT0ken")
+	claims := first.cluster.Extensions.ExtensionsV1beta1().SandboxClaims(executortest.Namespace)
+	name := kube.ClaimName("test-runner", 777)
+	if code, out, errOut := first.run("prepare"); code != 0 {
+		t.Fatalf("first prepare: exit %d\n%s%s", code, out, errOut)
+	}
+	made, err := claims.Get(context.Background(), name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	code, _, errOut := second.run("prepare")
+	fix := "kubectl delete sandboxclaim " + name + " -n " + executortest.Namespace
+	if code != 1 || !strings.Contains(errOut, "SandboxClaim "+executortest.Namespace+"/"+name+" was made by another job") || !strings.Contains(errOut, fix) {
+		t.Errorf("second prepare: exit %d, stderr %q; want BUILD_FAILURE (1) naming the claim and %q", code, errOut, fix)
+	}
+	marker := filepath.Join(t.TempDir(), "ran")
+	if code, _, errOut := second.run("run", second.script("touch "+marker+"\n"), "build_script"); code != 1 || !strings.Contains(errOut, "was made by another job") {
+		t.Errorf("second run: exit %d, stderr %q; want BUILD_FAILURE refusing the claim", code, errOut)
+	}
+	if _, err := os.Stat(marker); err == nil {
+		t.Error("the second job's script ran in the first job's pod")
+	}
+	if code, _, errOut := second.run("cleanup"); code != 0 || !strings.Contains(errOut, "was made by another job") {
+		t.Errorf("second cleanup: exit %d, stderr %q; want success saying the claim is another job's", code, errOut)
+	}
+	if kept, err := claims.Get(context.Background(), name, metav1.GetOptions{}); err != nil || kept.UID != made.UID || kept.DeletionTimestamp != nil {
+		t.Fatalf("the second job touched the first job's claim: %v", err)
+	}
+
+	for _, stage := range [][]string{{"prepare"}, {"run", first.script("true\n"), "build_script"}, {"cleanup"}} {
+		if code, out, errOut := first.run(stage...); code != 0 {
+			t.Fatalf("first job's %s (a retried prepare adopts its claim): exit %d\n%s%s", stage[0], code, out, errOut)
+		}
+	}
+	if _, err := claims.Get(context.Background(), name, metav1.GetOptions{}); err == nil {
+		t.Error("the first job's cleanup left its claim")
+	}
+}
