@@ -5,9 +5,11 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -18,6 +20,7 @@ import (
 	sandboxv1beta1 "sigs.k8s.io/agent-sandbox/api/v1beta1"
 	extv1beta1 "sigs.k8s.io/agent-sandbox/extensions/api/v1beta1"
 
+	"github.com/sandbox-executor/sandbox-executor/agent/wire"
 	"github.com/sandbox-executor/sandbox-executor/cmd/sandbox-executor/app"
 	"github.com/sandbox-executor/sandbox-executor/config"
 	"github.com/sandbox-executor/sandbox-executor/executor/executortest"
@@ -428,5 +431,63 @@ func TestAnotherJobWithTheSameNameNeverGetsThePod(t *testing.T) {
 	}
 	if _, err := claims.Get(context.Background(), name, metav1.GetOptions{}); err == nil {
 		t.Error("the first job's cleanup left its claim")
+	}
+}
+
+// loopback is a loopback address that accepts connections (accept) or refuses them.
+func loopback(t *testing.T, accept bool) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !accept {
+		ln.Close()
+		return ln.Addr().String()
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for conn, err := ln.Accept(); err == nil; conn, err = ln.Accept() {
+			conn.Close()
+		}
+	}()
+	return ln.Addr().String()
+}
+
+// Prepare asks the pod's agent for a fresh fence check before any script runs (the local agent
+// reads the fence from this process's environment, as the pod's from the container's). A fence
+// that does not hold is a system failure (the runner retries) and the claim is released, so the
+// retry gets another sandbox; a pod without a fence check is refused only with require_fence.
+func TestPrepareFailsClosedOnTheFence(t *testing.T) {
+	open, closed := loopback(t, true), loopback(t, false)
+	for _, tc := range []struct {
+		name, deny, allow, extra string
+		code                     int
+		want                     string
+	}{
+		{"holds", closed, open, "", 0, "Sandbox ready"},
+		{"canary reachable", open, open, "", 2, "the egress fence of pod " + executortest.Namespace + "/duo-default-abcde does not hold: denied canary " + open + " is reachable"},
+		{"instance unreachable", closed, closed, "", 2, "allowed " + closed + " is not reachable (refused)"},
+		{"not configured", "", "", "", 0, "Sandbox ready"},
+		{"not configured, required", "", "", "require_fence = true", 1, "has no egress fence check and require_fence is set: give the SandboxTemplate of pool duo-default SANDBOX_EXECUTOR_FENCE_DENY"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Setenv(wire.FenceDenyEnv, tc.deny)
+			t.Setenv(wire.FenceAllowEnv, tc.allow)
+			h := newHarnessWithConfig(t, "ci:bookworm", tc.extra)
+			code, _, errOut := h.run("prepare")
+			if code != tc.code || !strings.Contains(errOut, tc.want) {
+				t.Fatalf("prepare: exit %d, stderr %q; want %d and %q", code, errOut, tc.code, tc.want)
+			}
+			_, err := h.cluster.Extensions.ExtensionsV1beta1().SandboxClaims(executortest.Namespace).Get(context.Background(), kube.ClaimName("test-runner", 777), metav1.GetOptions{})
+			if released := err != nil; released != (code != 0) {
+				t.Errorf("claim released: %t, want %t (a refused pod is released at once)", released, code != 0)
+			}
+			if code != 0 && !slices.ContainsFunc(strings.Split(errOut, "\n"), func(line string) bool {
+				return strings.Contains(line, "ERROR: ") && strings.Contains(line, tc.want)
+			}) {
+				t.Errorf("the refusal is not one ERROR line:\n%s", errOut)
+			}
+		})
 	}
 }
