@@ -52,7 +52,7 @@ func Main(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 // Run runs one agent command and returns its exit code.
 func (a *Agent) Run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	if len(args) < 1 {
-		fmt.Fprintln(stderr, "usage: sandbox-executor-agent init|probe|start|kill|serve|install [flags]")
+		fmt.Fprintln(stderr, "usage: sandbox-executor-agent init|probe|fence|start|kill|serve|install [flags]")
 		return 2
 	}
 	cmd, args := args[0], args[1:]
@@ -60,6 +60,8 @@ func (a *Agent) Run(args []string, stdin io.Reader, stdout, stderr io.Writer) in
 	switch cmd {
 	case "probe":
 		err = probe(stdout)
+	case "fence":
+		err = fenceCommand(stdout)
 	case "start":
 		err = a.startCommand(args, stdin, stdout, stderr)
 	case "kill":

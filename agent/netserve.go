@@ -22,7 +22,7 @@ import (
 // that present the job's token: it is handed over at prepare on stdin, never in argv or env.
 
 // networkCommands are the only agent commands served over the network.
-var networkCommands = []string{"start", "kill", "probe"}
+var networkCommands = []string{"start", "kill", "probe", "fence"}
 
 func (a *Agent) tokenPath() string { return filepath.Join(filepath.Dir(a.stagesDir), "token") }
 

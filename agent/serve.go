@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -56,6 +57,7 @@ func (a *Agent) serveCommand(args []string, stdout io.Writer) error {
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	listen := fs.String("listen", fmt.Sprintf(":%d", wire.NetworkPort), "serve agent commands on this TCP address too")
+	fenceListen := fs.String("fence-listen", fmt.Sprintf(":%d", wire.FencePort), "answer readiness probes with the egress fence check here, if the pod configures one")
 	fs.StringVar(&a.stagesDir, "stages", a.stagesDir, "stage directories (tests move them)")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -78,6 +80,15 @@ func (a *Agent) serveCommand(args []string, stdout io.Writer) error {
 		if err := os.Symlink(self, link); err != nil {
 			return err
 		}
+	}
+	// Listening only when the template names a fence: a readiness probe on a template that
+	// forgot the addresses is refused, and the pod never Ready, rather than passing unchecked.
+	if fence := FenceFromEnv(os.Getenv); fence.Configured() {
+		ln, err := net.Listen("tcp", *fenceListen)
+		if err != nil {
+			return fmt.Errorf("the fence check's readiness port: %w", err)
+		}
+		go func() { _ = ServeFence(ln, fence) }()
 	}
 	terms := make(chan os.Signal, 1)
 	// PID 1 gets no default action for SIGTERM: end promptly when the pod is deleted.

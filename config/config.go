@@ -71,6 +71,11 @@ type Config struct {
 	// refused before a script runs.
 	RuntimeClasses []string `toml:"runtime_classes"`
 
+	// RequireFence refuses pods whose template configures no egress fence check
+	// (SANDBOX_EXECUTOR_FENCE_DENY/ALLOW): without it such pods run unchecked, and doctor warns.
+	// A configured fence that does not hold fails prepare either way.
+	RequireFence bool `toml:"require_fence"`
+
 	// BuildsDir and CacheDir are paths inside the job pod.
 	BuildsDir string `toml:"builds_dir"`
 	CacheDir  string `toml:"cache_dir"`

@@ -26,6 +26,10 @@ type Job struct {
 	// NeedsHelper tells whether a stage will call the runner's helper binary in the pod: the
 	// job has a cache, artifacts, or dependencies' artifacts to download. True when unknown.
 	NeedsHelper bool
+	// Token is the job's token: only this job has it, so what the job makes in the cluster is
+	// bound to a keyed hash of it (kube.JobBinding). Never printed, never stored; empty when
+	// unknown (runners without JOB_RESPONSE_FILE).
+	Token string
 }
 
 // archivePaths is a cache: or artifacts: entry; without paths or untracked, the runner skips it.
@@ -45,7 +49,8 @@ func anyArchive(entries []archivePaths) bool {
 
 // jobResponse mirrors the parts of GitLab's job JSON that we read.
 type jobResponse struct {
-	ID      int64 `json:"id"`
+	ID      int64  `json:"id"`
+	Token   string `json:"token"`
 	JobInfo struct {
 		ProjectID int64 `json:"project_id"`
 	} `json:"job_info"`
@@ -87,7 +92,7 @@ func ReadJob(path string) (*Job, error) {
 	if resp.ID <= 0 {
 		return nil, failure.PermanentError(nil, "JOB_RESPONSE_FILE %s has no job id", path)
 	}
-	job := &Job{ID: resp.ID, ProjectID: resp.JobInfo.ProjectID, Image: resp.Image.Name, Timeout: DefaultJobTimeout}
+	job := &Job{ID: resp.ID, ProjectID: resp.JobInfo.ProjectID, Image: resp.Image.Name, Timeout: DefaultJobTimeout, Token: resp.Token}
 	job.NeedsHelper = anyArchive(resp.Cache) || anyArchive(resp.Artifacts)
 	for _, d := range resp.Dependencies {
 		job.NeedsHelper = job.NeedsHelper || d.ArtifactsFile.Filename != ""
@@ -110,7 +115,8 @@ func ReadJob(path string) (*Job, error) {
 
 // JobFromEnv reads the job from CUSTOM_ENV_* variables, for runners older than 13 that write no
 // JOB_RESPONSE_FILE. Job variables can override these, so on such runners a job could pick
-// another job's claim name; modern runners never take this path.
+// another job's claim name; modern runners never take this path. It reads no token: one a job
+// variable could set binds nothing.
 func JobFromEnv(getenv func(string) string) (*Job, error) {
 	id, err := strconv.ParseInt(getenv("CUSTOM_ENV_CI_JOB_ID"), 10, 64)
 	if err != nil || id <= 0 {

@@ -2,10 +2,13 @@ package kube
 
 import (
 	"context"
+	"errors"
+	"strings"
 	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
 	extv1beta1 "sigs.k8s.io/agent-sandbox/extensions/api/v1beta1"
 
 	"github.com/sandbox-executor/sandbox-executor/failure"
@@ -19,9 +22,10 @@ func (c *Claimer) Claim(ctx context.Context, req ClaimRequest) (*Sandbox, error)
 	shutdown := c.shutdownTime(req)
 	want := &extv1beta1.SandboxClaim{
 		ObjectMeta: metav1.ObjectMeta{
-			Name:      name,
-			Namespace: req.Namespace,
-			Labels:    jobLabels(req.Job, req.Runner),
+			Name:        name,
+			Namespace:   req.Namespace,
+			Labels:      jobLabels(req.Job, req.Runner),
+			Annotations: bindingAnnotation(req.Binding),
 		},
 		Spec: extv1beta1.SandboxClaimSpec{
 			WarmPoolRef: extv1beta1.SandboxWarmPoolRef{Name: req.Pool},
@@ -55,7 +59,7 @@ type creator[T any] interface {
 }
 
 // createOrAdopt creates the job's object, or adopts the one a retried prepare already made: it
-// must carry this job's label and not be on its way out.
+// must carry this job's label and binding, and not be on its way out.
 func createOrAdopt[T metav1.Object](ctx context.Context, client creator[T], want T, kind, resource string) (T, error) {
 	var none T
 	ns, name := want.GetNamespace(), want.GetName()
@@ -67,6 +71,9 @@ func createOrAdopt[T metav1.Object](ctx context.Context, client creator[T], want
 		}
 		if err == nil && got.GetDeletionTimestamp() != nil {
 			return none, failure.SystemError(nil, "%s %s/%s from an earlier attempt is still being deleted", kind, ns, name)
+		}
+		if err == nil && !boundTo(got, want.GetAnnotations()[AnnotationJobBinding]) {
+			return none, otherJobError(kind, ns, name)
 		}
 	}
 	if err != nil {
@@ -130,41 +137,84 @@ func (c *Claimer) Resolve(ctx context.Context, claim *extv1beta1.SandboxClaim, r
 	return out, nil
 }
 
-// Release deletes the job's claim; the Sandbox and its pod are garbage-collected with it.
-// A claim already gone is success, so cleanup may run any number of times.
-func (c *Claimer) Release(ctx context.Context, namespace, claim string) error {
-	return deleteIgnoringNotFound(ctx, c.clients.Extensions.ExtensionsV1beta1().SandboxClaims(namespace), claim, apiCall{"delete", SandboxClaims.String(), namespace, claim})
+// Release deletes the job's claim, if it is bound to binding (AnyJob: whoever's it is); the
+// Sandbox and its pod are garbage-collected with it. A claim already gone is success, so cleanup
+// may run any number of times; a claim of another job is left alone (ErrOtherJob).
+func (c *Claimer) Release(ctx context.Context, namespace, claim, binding string) error {
+	return releaseBound(ctx, c.clients.Extensions.ExtensionsV1beta1().SandboxClaims(namespace), namespace, claim, binding, "SandboxClaim", SandboxClaims.String(), nil)
 }
 
-// deleter is the part of a typed client that deleteIgnoringNotFound uses.
-type deleter interface {
+// ErrOtherJob is what a stage gets for an object of its name that another job made (with the
+// same runner name and job ID): it never runs in, nor releases, that job's pod.
+var ErrOtherJob = errors.New("bound to another job")
+
+// otherJobError refuses another job's object, in one line naming it and how to clear it. It is
+// permanent: a retry meets the same object.
+func otherJobError(kind, namespace, name string) error {
+	return failure.PermanentError(ErrOtherJob, "%s %s/%s was made by another job with the same runner name and job ID (a second GitLab instance, or another runner sharing runner_name): refusing its pod; if that job is over, delete it with kubectl delete %s %s -n %s, or sandbox-executor gc --delete after its shutdownTime",
+		kind, namespace, name, strings.ToLower(kind), name, namespace)
+}
+
+// bindingAnnotation is the annotation that binds an object to the job with binding; none without.
+func bindingAnnotation(binding string) map[string]string {
+	if binding == "" {
+		return nil
+	}
+	return map[string]string{AnnotationJobBinding: binding}
+}
+
+// getDeleter is the part of a typed client that releaseBound uses.
+type getDeleter[T any] interface {
+	Get(ctx context.Context, name string, opts metav1.GetOptions) (T, error)
 	Delete(ctx context.Context, name string, opts metav1.DeleteOptions) error
 }
 
-// deleteIgnoringNotFound deletes the named object and what it owns (in the background); an object
-// already gone is success.
-func deleteIgnoringNotFound(ctx context.Context, client deleter, name string, call apiCall) error {
-	policy := metav1.DeletePropagationBackground
-	err := client.Delete(ctx, name, metav1.DeleteOptions{PropagationPolicy: &policy})
-	if err == nil || isObjectNotFound(err) {
+// releaseBound deletes the named object and what it owns (in the background) if it is bound to
+// binding; an object already gone, or one that skip says is not the job's kind of object, is
+// success. The delete is conditional on the UID read: an object another job made under the name
+// in between is not deleted.
+func releaseBound[T metav1.Object](ctx context.Context, client getDeleter[T], namespace, name, binding, kind, resource string, skip func(T) bool) error {
+	opts := metav1.DeleteOptions{PropagationPolicy: ptr.To(metav1.DeletePropagationBackground)}
+	if binding != AnyJob {
+		got, err := client.Get(ctx, name, metav1.GetOptions{})
+		if isObjectNotFound(err) {
+			return nil
+		}
+		if err != nil {
+			return explainAPIError(err, apiCall{"get", resource, namespace, name})
+		}
+		if skip != nil && skip(got) {
+			return nil
+		}
+		if !boundTo(got, binding) {
+			return otherJobError(kind, namespace, name)
+		}
+		opts.Preconditions = metav1.NewUIDPreconditions(string(got.GetUID()))
+	}
+	err := client.Delete(ctx, name, opts)
+	// Conflict: the UID precondition failed, the job's object is gone and another took its name.
+	if err == nil || isObjectNotFound(err) || opts.Preconditions != nil && apierrors.IsConflict(err) {
 		return nil
 	}
-	return explainAPIError(err, call)
+	return explainAPIError(err, apiCall{"delete", resource, namespace, name})
 }
 
 // Find finds the job's sandbox again by the job's deterministic claim name: its claim, else the
-// cold-started Sandbox of that name. The stages after prepare need it when prepare left no state
-// (runners without TMPDIR).
-func (c *Claimer) Find(ctx context.Context, namespace, claimName string, runtimeClasses []string) (*Sandbox, error) {
+// cold-started Sandbox of that name, either bound to binding. The stages after prepare need it
+// when prepare left no state (runners without TMPDIR).
+func (c *Claimer) Find(ctx context.Context, namespace, claimName, binding string, runtimeClasses []string) (*Sandbox, error) {
 	claim, err := c.clients.Extensions.ExtensionsV1beta1().SandboxClaims(namespace).Get(ctx, claimName, metav1.GetOptions{})
 	if isObjectNotFound(err) {
-		if cold, err := c.findColdStart(ctx, namespace, claimName, runtimeClasses); cold != nil || err != nil {
+		if cold, err := c.findColdStart(ctx, namespace, claimName, binding, runtimeClasses); cold != nil || err != nil {
 			return cold, err
 		}
 		return nil, failure.SystemError(nil, "SandboxClaim (or cold-started Sandbox) %s/%s is gone: the job's sandbox was released or expired", namespace, claimName)
 	}
 	if err != nil {
 		return nil, explainAPIError(err, apiCall{"get", SandboxClaims.String(), namespace, claimName})
+	}
+	if !boundTo(claim, binding) {
+		return nil, otherJobError("SandboxClaim", namespace, claimName)
 	}
 	if ok, why := claimReady(claim); !ok {
 		return nil, failure.SystemError(nil, "SandboxClaim %s/%s is not Ready: %s", namespace, claimName, why)

@@ -25,6 +25,7 @@ func testRequest() kube.ClaimRequest {
 		Namespace: executortest.Namespace, Pool: "duo-default", Runner: "runner-a",
 		Job:   kube.Job{ID: 4242, ProjectID: 7, PipelineID: 99, Timeout: time.Hour},
 		Grace: 10 * time.Minute, ReadyTimeout: 5 * time.Second, RuntimeClasses: []string{"gvisor"},
+		Binding: kube.JobBinding("glcbt-job-a-token", executortest.Namespace, kube.ClaimName("runner-a", 4242)),
 	}
 }
 
@@ -160,7 +161,7 @@ func TestReleaseIsIdempotent(t *testing.T) {
 		{"claim",
 			func(c *kube.Claimer) (*kube.Sandbox, error) { return c.Claim(ctx, testRequest()) },
 			func(c *kube.Claimer, sbx *kube.Sandbox) error {
-				return c.Release(ctx, sbx.Namespace, sbx.Claim)
+				return c.Release(ctx, sbx.Namespace, sbx.Claim, testRequest().Binding)
 			},
 			func(fc *executortest.Cluster, sbx *kube.Sandbox) error {
 				_, err := fc.Extensions.ExtensionsV1beta1().SandboxClaims(sbx.Namespace).Get(ctx, sbx.Claim, metav1.GetOptions{})
@@ -171,7 +172,7 @@ func TestReleaseIsIdempotent(t *testing.T) {
 				return c.ColdStart(ctx, coldRequest(), executortest.Template)
 			},
 			func(c *kube.Claimer, sbx *kube.Sandbox) error {
-				return c.ReleaseColdStart(ctx, sbx.Namespace, sbx.SandboxName)
+				return c.ReleaseColdStart(ctx, sbx.Namespace, sbx.SandboxName, coldRequest().Binding)
 			},
 			func(fc *executortest.Cluster, sbx *kube.Sandbox) error {
 				_, err := fc.Sandboxes.AgentsV1beta1().Sandboxes(sbx.Namespace).Get(ctx, sbx.SandboxName, metav1.GetOptions{})

@@ -18,6 +18,9 @@ type ClaimRequest struct {
 	Grace          time.Duration
 	ReadyTimeout   time.Duration
 	RuntimeClasses []string
+	// Binding is the job's JobBinding: the claim (or cold-started Sandbox) carries it, and only a
+	// job with the same one adopts it.
+	Binding string
 }
 
 // Job is what the cluster is told of a job: who it is (labels), its image (cold starts) and its

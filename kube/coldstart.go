@@ -98,7 +98,7 @@ func coldSandbox(tmpl *extv1beta1.SandboxTemplate, name string, req ClaimRequest
 			Name:        name,
 			Namespace:   req.Namespace,
 			Labels:      labels,
-			Annotations: map[string]string{sandboxv1beta1.SandboxTemplateRefAnnotation: tmpl.Name},
+			Annotations: coldAnnotations(tmpl.Name, req.Binding),
 			OwnerReferences: []metav1.OwnerReference{{
 				APIVersion: extv1beta1.GroupVersion.String(), Kind: extv1beta1.SandboxTemplateKind,
 				Name: tmpl.Name, UID: tmpl.UID, Controller: &isController,
@@ -110,6 +110,16 @@ func coldSandbox(tmpl *extv1beta1.SandboxTemplate, name string, req ClaimRequest
 			Lifecycle: sandboxv1beta1.Lifecycle{ShutdownTime: &shutdown, ShutdownPolicy: &policy},
 		},
 	}, nil
+}
+
+// coldAnnotations are a cold-started Sandbox's: its template, and the job's binding.
+func coldAnnotations(template, binding string) map[string]string {
+	annotations := bindingAnnotation(binding)
+	if annotations == nil {
+		annotations = map[string]string{}
+	}
+	annotations[sandboxv1beta1.SandboxTemplateRefAnnotation] = template
+	return annotations
 }
 
 // applySecureDefaults is what agent-sandbox applies to every pod spec it takes from a template
@@ -144,9 +154,9 @@ func isColdStart(sbx *sandboxv1beta1.Sandbox) bool {
 	return ref != nil && ref.Kind == extv1beta1.SandboxTemplateKind && sbx.Labels[LabelManagedBy] == ManagedByValue
 }
 
-// findColdStart returns the job's cold-started Sandbox named name, verified, or nil if there is
-// none.
-func (c *Claimer) findColdStart(ctx context.Context, namespace, name string, runtimeClasses []string) (*Sandbox, error) {
+// findColdStart returns the job's cold-started Sandbox named name, bound to binding and verified,
+// or nil if there is none.
+func (c *Claimer) findColdStart(ctx context.Context, namespace, name, binding string, runtimeClasses []string) (*Sandbox, error) {
 	sbx, err := c.clients.Sandboxes.AgentsV1beta1().Sandboxes(namespace).Get(ctx, name, metav1.GetOptions{})
 	if isObjectNotFound(err) {
 		return nil, nil
@@ -157,14 +167,20 @@ func (c *Claimer) findColdStart(ctx context.Context, namespace, name string, run
 	if !isColdStart(sbx) {
 		return nil, nil // a released claim's Sandbox of the same name, on its way out
 	}
+	if !boundTo(sbx, binding) {
+		return nil, otherJobError("Sandbox", namespace, name)
+	}
 	if ready, _, why := sandboxState(sbx); !ready {
 		return nil, failure.SystemError(nil, "Sandbox %s/%s is not Ready: %s", namespace, name, why)
 	}
 	return c.resolveColdStart(ctx, sbx, runtimeClasses)
 }
 
-// ReleaseColdStart deletes the job's cold-started Sandbox; its pod goes with it. A Sandbox
-// already gone is success.
-func (c *Claimer) ReleaseColdStart(ctx context.Context, namespace, name string) error {
-	return deleteIgnoringNotFound(ctx, c.clients.Sandboxes.AgentsV1beta1().Sandboxes(namespace), name, apiCall{"delete", Sandboxes.String(), namespace, name})
+// ReleaseColdStart deletes the job's cold-started Sandbox, if it is bound to binding (AnyJob:
+// whoever's it is); its pod goes with it. A Sandbox already gone is success, and so is a Sandbox
+// of that name that is no cold start (a claim's, which goes with its claim); another job's is
+// left alone (ErrOtherJob).
+func (c *Claimer) ReleaseColdStart(ctx context.Context, namespace, name, binding string) error {
+	notColdStart := func(sbx *sandboxv1beta1.Sandbox) bool { return !isColdStart(sbx) }
+	return releaseBound(ctx, c.clients.Sandboxes.AgentsV1beta1().Sandboxes(namespace), namespace, name, binding, "Sandbox", Sandboxes.String(), notColdStart)
 }

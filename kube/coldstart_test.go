@@ -69,14 +69,14 @@ func TestColdStartCreatesTheJobsSandboxFromTheTemplate(t *testing.T) {
 	if spec.Containers[0].Image != "registry.example.com/tools/jq:1.7" || *spec.RuntimeClassName != "gvisor" || *spec.AutomountServiceAccountToken {
 		t.Errorf("pod spec: image %s, runtimeClassName %s, automount %v; want the job's image on the template's spec", spec.Containers[0].Image, *spec.RuntimeClassName, *spec.AutomountServiceAccountToken)
 	}
-	// Only the image, labels and lifecycle come from the job: no env, no annotations of its own.
+	// Only the image, labels, binding and lifecycle come from the job: no env, no other annotations.
 	for _, ctr := range spec.Containers {
 		if len(ctr.Env) != 0 || len(ctr.EnvFrom) != 0 {
 			t.Errorf("container %s has env: %v %v", ctr.Name, ctr.Env, ctr.EnvFrom)
 		}
 	}
-	if len(sbx.Annotations) != 1 || sbx.Annotations[sandboxv1beta1.SandboxTemplateRefAnnotation] != executortest.Template {
-		t.Errorf("annotations %v, want only the template ref", sbx.Annotations)
+	if len(sbx.Annotations) != 2 || sbx.Annotations[sandboxv1beta1.SandboxTemplateRefAnnotation] != executortest.Template || sbx.Annotations[kube.AnnotationJobBinding] != coldRequest().Binding {
+		t.Errorf("annotations %v, want only the template ref and the job's binding", sbx.Annotations)
 	}
 	tmpl, _ := fc.Extensions.ExtensionsV1beta1().SandboxTemplates(executortest.Namespace).Get(context.Background(), executortest.Template, metav1.GetOptions{})
 	if tmpl.Spec.PodTemplate.Spec.Containers[0].Image != "ci:bookworm" {
@@ -94,7 +94,7 @@ func TestColdStartAdoptsItsOwnSandboxOnRetry(t *testing.T) {
 		return len(list.Items)
 	})
 	// run without prepare's state file finds it by name.
-	found, err := c.Find(context.Background(), executortest.Namespace, first.SandboxName, []string{"gvisor"})
+	found, err := c.Find(context.Background(), executortest.Namespace, first.SandboxName, coldRequest().Binding, []string{"gvisor"})
 	if err != nil || *found != *first {
 		t.Errorf("Find = %+v, %v; want %+v", found, err, first)
 	}

@@ -5,6 +5,7 @@
 package kube
 
 import (
+	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/hex"
 	"strconv"
@@ -43,6 +44,42 @@ const (
 	LabelPipelineID = "sandbox-executor.gitlab.io/pipeline-id"
 	ManagedByValue  = "sandbox-executor"
 )
+
+// AnnotationJobBinding binds a claim, or a cold-started Sandbox, to the one job that made it: its
+// value is JobBinding of that job's token. The name alone (ClaimName) is shared by every job with
+// the same runner name and job ID, which two GitLab instances, or two runner deployments sharing a
+// runner_name, hand out independently.
+const AnnotationJobBinding = "sandbox-executor.gitlab.io/job-binding"
+
+// AnyJob is the binding of the operator's commands (gc): they act on whatever job's object it is.
+// No JobBinding is ever "*".
+const AnyJob = "*"
+
+// JobBinding is the value of AnnotationJobBinding for the job whose token (from the trusted
+// JOB_RESPONSE_FILE) is token and whose object is namespace/name; empty without a token (runners
+// too old to write JOB_RESPONSE_FILE), which binds to no job.
+//
+// It is HMAC-SHA256 keyed with the token over a versioned context and the object's identity,
+// never the token: whoever may read claims in the namespace reads it. Keyed with the token, the
+// value says nothing about the token (HMAC is a PRF), checking a guess costs a guess of the whole
+// token, which GitLab makes at random (a plain hash would be the same, but would also give one
+// token the same value on every object and in every other place that hashes it), and a value
+// copied onto another object's name does not bind that one. A slow KDF would only add latency to
+// every stage: the token is not a password, and it stops working when its job ends.
+func JobBinding(token, namespace, name string) string {
+	if token == "" {
+		return ""
+	}
+	mac := hmac.New(sha256.New, []byte(token))
+	mac.Write([]byte("sandbox-executor job binding v1\x00" + namespace + "\x00" + name))
+	return "v1:" + hex.EncodeToString(mac.Sum(nil))
+}
+
+// boundTo reports whether obj carries binding (AnyJob: whatever it carries). Equal values are
+// not secret, so a plain comparison is enough; hmac.Equal keeps it constant-time anyway.
+func boundTo(obj metav1.Object, binding string) bool {
+	return binding == AnyJob || hmac.Equal([]byte(obj.GetAnnotations()[AnnotationJobBinding]), []byte(binding))
+}
 
 // ClaimName is deterministic per runner and job, so that a prepare retried by the runner adopts
 // the claim it already made. It fits a DNS label: claims may name cold-started pods.

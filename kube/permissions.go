@@ -29,12 +29,12 @@ var RequiredPermissions = []Permission{
 	{SandboxWarmPools.Group, SandboxWarmPools.Resource, "list", "prepare: drained_pool = wait, the pool's state before watching (WaitPoolReady)"},
 	{SandboxWarmPools.Group, SandboxWarmPools.Resource, "watch", "prepare: drained_pool = wait, until the pool has a ready sandbox (WaitPoolReady)"},
 	{SandboxClaims.Group, SandboxClaims.Resource, "create", "prepare: claim a sandbox for the job (Claim)"},
-	{SandboxClaims.Group, SandboxClaims.Resource, "get", "prepare: adopt a retried job's claim, re-read after a watch ends; run: load the claim"},
+	{SandboxClaims.Group, SandboxClaims.Resource, "get", "prepare: adopt a retried job's claim, re-read after a watch ends; run: load the claim; cleanup: is the claim the job's (Release)"},
 	{SandboxClaims.Group, SandboxClaims.Resource, "watch", "prepare: wait for the claim to become Ready"},
 	{SandboxClaims.Group, SandboxClaims.Resource, "list", "gc: this runner's claims (RunnerClaims)"},
 	{SandboxClaims.Group, SandboxClaims.Resource, "delete", "cleanup, gc: release a claim (Release)"},
 	{SandboxTemplates.Group, SandboxTemplates.Resource, "get", "doctor: check the pools' templates are hardened; prepare: unknown_image = cold, read cold_template (ColdStart)"},
-	{Sandboxes.Group, Sandboxes.Resource, "get", "prepare: the claimed sandbox and its pod's name (Resolve); adopt a retried cold start; run: load a cold-started Sandbox"},
+	{Sandboxes.Group, Sandboxes.Resource, "get", "prepare: the claimed sandbox and its pod's name (Resolve); adopt a retried cold start; run: load a cold-started Sandbox; cleanup: is it the job's (ReleaseColdStart)"},
 	{Pods.Group, Pods.Resource, "get", "prepare: verify the pod's RuntimeClass (Resolve); run: is the pod still there (PodGone)"},
 	// The exec API is a POST (SPDY, verb create) or a GET upgraded to WebSocket (verb get on
 	// older API servers, create where AuthorizePodWebsocketUpgradeCreatePermission is on).

@@ -44,10 +44,10 @@ type Cluster interface {
 	WaitPoolReady(ctx context.Context, namespace, pool string, timeout time.Duration) error
 	Claim(ctx context.Context, req kube.ClaimRequest) (*kube.Sandbox, error)
 	ColdStart(ctx context.Context, req kube.ClaimRequest, template string) (*kube.Sandbox, error)
-	Find(ctx context.Context, namespace, claimName string, runtimeClasses []string) (*kube.Sandbox, error)
+	Find(ctx context.Context, namespace, claimName, binding string, runtimeClasses []string) (*kube.Sandbox, error)
 	PodGone(ctx context.Context, sbx *kube.Sandbox) (string, error)
-	Release(ctx context.Context, namespace, claim string) error
-	ReleaseColdStart(ctx context.Context, namespace, name string) error
+	Release(ctx context.Context, namespace, claim, binding string) error
+	ReleaseColdStart(ctx context.Context, namespace, name, binding string) error
 	Exec() kube.RemoteExecutor
 	Attach() kube.Attacher
 }
@@ -99,6 +99,12 @@ func (e *Env) Job() (*gitlab.Job, error) {
 // ClaimName is the job's claim, derived from the trusted job JSON.
 func (e *Env) ClaimName(job *gitlab.Job) string {
 	return kube.ClaimName(e.Config.RunnerName, job.ID)
+}
+
+// Binding binds what the job makes in the cluster to the job (kube.JobBinding of its token): no
+// other job with the same claim name adopts, runs in or releases it.
+func (e *Env) Binding(job *gitlab.Job) string {
+	return kube.JobBinding(job.Token, e.Config.Namespace, e.ClaimName(job))
 }
 
 // AgentNextTo is the default agent binary path: beside the executor binary.

@@ -217,3 +217,53 @@ func ReadFrames(r io.Reader, stdout, stderr io.Writer) (int, error) {
 		}
 	}
 }
+
+// The egress fence check. A job pod must not be handed to a job while its NetworkPolicy is not
+// enforced (a policy controller restarting, a node whose rules are not programmed yet). The
+// agent checks the fence with TCP connects: every denied address (a canary the policy must block)
+// must not connect, every allowed one (the GitLab instance) must. The addresses come from the job
+// container's environment, set in the SandboxTemplate: addresses only, nothing secret. A baked-in
+// agent answers the kubelet's readiness probe on FencePort with a fresh check, so a warm pod is
+// not Ready while its fence is down; prepare asks the agent for one more ("fence") before any
+// script runs.
+const (
+	// FenceDenyEnv lists denied host:port canaries, comma-separated. Each must accept TCP
+	// connections when not fenced (a timeout or a refusal counts as denied).
+	FenceDenyEnv = "SANDBOX_EXECUTOR_FENCE_DENY"
+	// FenceAllowEnv lists allowed host:port addresses that must accept, comma-separated: they
+	// prove the pod has a network at all, so that a denied canary's silence means something.
+	FenceAllowEnv = "SANDBOX_EXECUTOR_FENCE_ALLOW"
+	// FenceTimeoutEnv is how long one connect may take (a Go duration, default FenceTimeout).
+	FenceTimeoutEnv = "SANDBOX_EXECUTOR_FENCE_TIMEOUT"
+	// FencePort is where a baked-in agent answers readiness probes (HTTP, any path).
+	FencePort = 7544
+)
+
+// FenceTimeout is one connect's default bound. Under a policy that rejects (kube-router), a
+// denied connect fails at once; under one that drops (Calico, Cilium), it waits this long, and
+// every check, prepare's included, pays it. A reachable canary near the pod answers in a few
+// milliseconds.
+const FenceTimeout = 250 * time.Millisecond
+
+// FenceArgs is the agent command line for a fresh fence check; it prints a FenceReport.
+func FenceArgs() []string { return []string{BinaryPath, "fence"} }
+
+// FenceReport is the outcome of one fence check.
+type FenceReport struct {
+	// Configured: the pod names addresses to check. Without, Holds is false and means nothing.
+	Configured bool `json:"configured"`
+	Holds      bool `json:"holds"`
+	// Problems say what does not hold, one per address: "denied canary 10.99.0.2:80 is reachable".
+	Problems []string `json:"problems,omitempty"`
+}
+
+// String is the report in one line.
+func (r FenceReport) String() string {
+	switch {
+	case !r.Configured:
+		return "no egress fence check configured (" + FenceDenyEnv + ", " + FenceAllowEnv + ")"
+	case r.Holds:
+		return "the egress fence holds"
+	}
+	return strings.Join(r.Problems, "; ")
+}

@@ -18,6 +18,7 @@ import (
 	"github.com/sandbox-executor/sandbox-executor/operator"
 	"github.com/urfave/cli/v2"
 
+	"github.com/sandbox-executor/sandbox-executor/agent/wire"
 	"github.com/sandbox-executor/sandbox-executor/failure"
 	"github.com/sandbox-executor/sandbox-executor/kube"
 
@@ -298,7 +299,7 @@ func (c *Checker) checkTemplate(ctx context.Context, name string, users []string
 		return Result{Fail, check, oneLine(err), "check the API server"}
 	}
 	c.tolerations = append(c.tolerations, t.Spec.PodTemplate.Spec.Tolerations...)
-	fails, warns := TemplateProblems(t, c.Config.RuntimeClasses)
+	fails, warns := TemplateProblems(t, c.Config.RuntimeClasses, c.Config.RequireFence)
 	switch {
 	case len(fails) > 0:
 		return Result{Fail, check, strings.Join(append(fails, warns...), "; "), "fix the SandboxTemplate (see deploy/base/sandboxtemplate.yaml)"}
@@ -311,7 +312,7 @@ func (c *Checker) checkTemplate(ctx context.Context, name string, users []string
 
 // TemplateProblems lists what makes a template unusable (fails: the executor would refuse every
 // pod) or weaker than it should be (warns).
-func TemplateProblems(t *extv1beta1.SandboxTemplate, runtimeClasses []string) (fails, warns []string) {
+func TemplateProblems(t *extv1beta1.SandboxTemplate, runtimeClasses []string, requireFence bool) (fails, warns []string) {
 	spec := t.Spec.PodTemplate.Spec
 	switch rc := spec.RuntimeClassName; {
 	case rc == nil || *rc == "":
@@ -355,7 +356,36 @@ func TemplateProblems(t *extv1beta1.SandboxTemplate, runtimeClasses []string) (f
 	case t.Spec.NetworkPolicy == nil:
 		warns = append(warns, "no networkPolicy: agent-sandbox's default allows egress to the whole internet")
 	}
+	if len(spec.Containers) > 0 {
+		switch problem := fenceProblem(&spec.Containers[0]); {
+		case problem == "":
+		case requireFence && strings.HasPrefix(problem, noFence):
+			fails = append(fails, problem+" and require_fence is set: the executor refuses its pods")
+		default:
+			warns = append(warns, problem)
+		}
+	}
 	return fails, warns
+}
+
+const noFence = "no egress fence check"
+
+// fenceProblem says what the job container lacks for its egress fence to be checked: the
+// addresses, and on a template that bakes the agent in, the readiness probe that keeps warm
+// pods out of Ready while the fence is down.
+func fenceProblem(job *corev1.Container) string {
+	configured := slices.ContainsFunc(job.Env, func(e corev1.EnvVar) bool {
+		return (e.Name == wire.FenceDenyEnv || e.Name == wire.FenceAllowEnv) && e.Value != ""
+	})
+	if !configured {
+		return noFence + " (" + wire.FenceDenyEnv + ", " + wire.FenceAllowEnv + " on container " + job.Name + "): its pods are handed out even while NetworkPolicy is not enforced"
+	}
+	baked := len(job.Command) > 0 && job.Command[0] == wire.PodAgentPath
+	probe := job.ReadinessProbe
+	if baked && (probe == nil || probe.HTTPGet == nil || probe.HTTPGet.Port.IntValue() != wire.FencePort) {
+		return fmt.Sprintf("no readinessProbe httpGet on port %d: warm pods are Ready while their fence is down, and only prepare's own check refuses them", wire.FencePort)
+	}
+	return ""
 }
 
 func allContainers(spec corev1.PodSpec) []corev1.Container {

@@ -23,6 +23,7 @@ import (
 	extfake "sigs.k8s.io/agent-sandbox/clients/k8s/extensions/clientset/versioned/fake"
 	extv1beta1 "sigs.k8s.io/agent-sandbox/extensions/api/v1beta1"
 
+	"github.com/sandbox-executor/sandbox-executor/agent/wire"
 	"github.com/sandbox-executor/sandbox-executor/config"
 	"github.com/sandbox-executor/sandbox-executor/failure"
 	"github.com/sandbox-executor/sandbox-executor/kube"
@@ -84,6 +85,7 @@ func hardenedTemplate() *extv1beta1.SandboxTemplate {
 			Name: "job", Image: "ci:bookworm",
 			SecurityContext: &corev1.SecurityContext{AllowPrivilegeEscalation: &no},
 			Resources:       corev1.ResourceRequirements{Limits: limits},
+			Env:             []corev1.EnvVar{{Name: wire.FenceDenyEnv, Value: "169.254.169.254:80"}, {Name: wire.FenceAllowEnv, Value: "192.0.2.10:443"}},
 		}},
 	}}
 	return t
@@ -352,6 +354,10 @@ func TestTemplateHardening(t *testing.T) {
 			t.Spec.NetworkPolicyManagement = extv1beta1.NetworkPolicyManagementUnmanaged
 		}, doctor.Warn, []string{"Unmanaged"}},
 		{"default network policy", func(t *extv1beta1.SandboxTemplate) { t.Spec.NetworkPolicy = nil }, doctor.Warn, []string{"whole internet"}},
+		{"no fence check", func(t *extv1beta1.SandboxTemplate) { t.Spec.PodTemplate.Spec.Containers[0].Env = nil }, doctor.Warn, []string{"no egress fence check (SANDBOX_EXECUTOR_FENCE_DENY, SANDBOX_EXECUTOR_FENCE_ALLOW on container job)"}},
+		{"baked agent without the fence's readiness probe", func(t *extv1beta1.SandboxTemplate) {
+			t.Spec.PodTemplate.Spec.Containers[0].Command = []string{wire.PodAgentPath, "serve"}
+		}, doctor.Warn, []string{"no readinessProbe httpGet on port 7544"}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -78,7 +78,8 @@ func Run(ctx context.Context, env *stages.Env, opts Options) error {
 			release, kind = claimer.ReleaseColdStart, "cold-started Sandbox, "
 		}
 		if opts.Delete {
-			if err := release(ctx, c.Namespace, c.Name); err != nil {
+			// Any job's: gc is how an operator clears a claim a stage refused as another job's.
+			if err := release(ctx, c.Namespace, c.Name, kube.AnyJob); err != nil {
 				return err
 			}
 		}

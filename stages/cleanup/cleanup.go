@@ -4,6 +4,7 @@ package cleanup
 
 import (
 	"context"
+	"errors"
 
 	"github.com/sandbox-executor/sandbox-executor/failure"
 	"github.com/sandbox-executor/sandbox-executor/kube"
@@ -36,10 +37,11 @@ func Run(ctx context.Context, env *stages.Env) error {
 	}
 	releaseClaim := saved == nil || saved.ColdTemplate == ""
 	releaseColdStart := saved != nil && saved.ColdTemplate != "" || saved == nil && env.Config.UnknownImage == config.UnknownImageCold
+	binding := env.Binding(job)
 	for _, release := range []struct {
 		wanted bool
 		kind   string
-		delete func(ctx context.Context, namespace, name string) error
+		delete func(ctx context.Context, namespace, name, binding string) error
 	}{
 		{releaseClaim, "SandboxClaim", cluster.Release},
 		{releaseColdStart, "Sandbox", cluster.ReleaseColdStart},
@@ -47,7 +49,14 @@ func Run(ctx context.Context, env *stages.Env) error {
 		if !release.wanted {
 			continue
 		}
-		if err := release.delete(ctx, env.Config.Namespace, name); err != nil {
+		err := release.delete(ctx, env.Config.Namespace, name, binding)
+		if errors.Is(err, kube.ErrOtherJob) {
+			// Met by a job whose prepare was refused the other job's claim: that claim is not
+			// this job's to release, and there is nothing of this job's to clean up.
+			env.Log().Warnf("%s", err)
+			continue
+		}
+		if err != nil {
 			if ctx.Err() != nil {
 				return failure.SystemError(nil, "releasing %s %s/%s: no answer within cleanup_timeout %s; its shutdownTime will reap it", release.kind, env.Config.Namespace, name, env.Config.CleanupTimeout.Duration)
 			}

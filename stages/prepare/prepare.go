@@ -46,6 +46,7 @@ func Run(ctx context.Context, env *stages.Env) error {
 		Grace:          env.Config.ClaimGrace.Duration,
 		ReadyTimeout:   env.Config.ReadyTimeout.Duration,
 		RuntimeClasses: env.Config.RuntimeClasses,
+		Binding:        env.Binding(job),
 	}
 	var sbx *kube.Sandbox
 	var endSection func()
@@ -87,6 +88,10 @@ func Run(ctx context.Context, env *stages.Env) error {
 		return err
 	}
 	log.Debugf("Stage agent ready (baked in: %t, token over attach: %t) in %s", sbx.AgentBaked, sbx.AgentBaked && token != "", gitlab.Millis(env.Clock.Since(agentStart)))
+	if err := checkFence(ctx, env, cluster, sbx, transport, req); err != nil {
+		endSection()
+		return err
+	}
 	if err := executor.InstallHelper(ctx, cluster.Exec(), sbx, env.Config.HelperBinary, job, log); err != nil {
 		endSection()
 		return err
@@ -128,6 +133,53 @@ func claimFromPool(ctx context.Context, env *stages.Env, cluster stages.Cluster,
 		}
 	}
 	return cluster.Claim(ctx, req)
+}
+
+// checkFence asks the pod's agent for a fresh check of the pod's egress fence, after the claim is
+// Ready and before any script runs: the kubelet's readiness probe keeps unfenced warm pods from
+// being handed out, but the policy can lapse between its last probe and this job. A fence that
+// does not hold is a system failure, and the pod is released first, so that the runner's retry
+// claims another sandbox instead of adopting this one.
+func checkFence(ctx context.Context, env *stages.Env, cluster stages.Cluster, sbx *kube.Sandbox, transport executor.Transport, req kube.ClaimRequest) error {
+	log := env.Log()
+	since := env.Clock.Now()
+	report, err := executor.CheckFence(ctx, transport.Executor(sbx, cluster.Exec()), sbx)
+	if err != nil {
+		return err
+	}
+	switch {
+	case !report.Configured && env.Config.RequireFence:
+		_, _ = releaseSandbox(ctx, cluster, sbx, req.Binding)
+		return failure.PermanentError(nil, "pod %s/%s has no egress fence check and require_fence is set: give %s %s and %s (docs/security.md)",
+			sbx.Namespace, sbx.Pod, templateOf(sbx), wire.FenceDenyEnv, wire.FenceAllowEnv)
+	case !report.Configured:
+		log.Debugf("Egress fence not checked: %s", report)
+	case !report.Holds:
+		released, relErr := releaseSandbox(ctx, cluster, sbx, req.Binding)
+		if relErr != nil {
+			released = "not released (" + failure.OneLine(relErr.Error()) + ")"
+		}
+		return failure.SystemError(nil, "the egress fence of pod %s/%s does not hold: %s (is NetworkPolicy enforced on its node?); %s", sbx.Namespace, sbx.Pod, report, released)
+	default:
+		log.Debugf("Egress fence holds (checked in %s)", gitlab.Millis(env.Clock.Since(since)))
+	}
+	return nil
+}
+
+// releaseSandbox releases the job's claim or cold-started Sandbox, and says so for the job log.
+func releaseSandbox(ctx context.Context, cluster stages.Cluster, sbx *kube.Sandbox, binding string) (string, error) {
+	if sbx.ColdTemplate != "" {
+		return "its Sandbox " + sbx.SandboxName + " was deleted", cluster.ReleaseColdStart(ctx, sbx.Namespace, sbx.SandboxName, binding)
+	}
+	return "its claim " + sbx.Claim + " was released", cluster.Release(ctx, sbx.Namespace, sbx.Claim, binding)
+}
+
+// templateOf names the template to fix, for messages.
+func templateOf(sbx *kube.Sandbox) string {
+	if sbx.ColdTemplate != "" {
+		return "SandboxTemplate " + sbx.ColdTemplate
+	}
+	return "the SandboxTemplate of pool " + sbx.Pool
 }
 
 func readAgent(cfg *config.Config) ([]byte, error) {

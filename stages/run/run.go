@@ -36,7 +36,7 @@ func Run(ctx context.Context, env *stages.Env, scriptPath, stageName string) err
 	}
 	name := env.ClaimName(job)
 	state, err := executor.LoadJob(ctx, env.Runner.TmpDir, name, func(ctx context.Context) (*kube.Sandbox, error) {
-		return cluster.Find(ctx, env.Config.Namespace, name, env.Config.RuntimeClasses)
+		return cluster.Find(ctx, env.Config.Namespace, name, env.Binding(job), env.Config.RuntimeClasses)
 	})
 	if err != nil {
 		return err

@@ -9,6 +9,7 @@
 #               controller (pid $CLUSTER_DIR/run/kube-router.pid, log $CLUSTER_DIR/log/kube-router.log),
 #               wait until it has synced its iptables rules. Idempotent.
 #   down        stop kube-router by pid, remove its iptables chains/ipsets, tear down the outside world
+#   enforcement-down   stop kube-router and remove its rules, keep the outside world (policy not enforced)
 #   status      show what is running
 #   net-up / net-down   only the outside world (namespaces, HTTP servers, forwarding rules)
 #   ensure-net  re-open the outside world in net.sh's guard chain (net.sh up flushes it)
@@ -470,9 +471,16 @@ case "$cmd" in
     np_kr_cleanup
     np_net_down
     ;;
+  enforcement-down)
+    # Only kube-router and its rules go; the outside world stays: pods reach everything, as on a
+    # node whose policy controller crashed. `up` restores it.
+    need_root
+    np_kr_stop
+    np_kr_cleanup
+    ;;
   net-up) np_net_up ;;
   net-down) np_net_down ;;
   ensure-net) need_root; np_ensure_fwd ;;
   status) np_status ;;
-  *) echo "usage: $0 build|up|down|status|net-up|net-down|ensure-net" >&2; exit 2 ;;
+  *) echo "usage: $0 build|up|down|enforcement-down|status|net-up|net-down|ensure-net" >&2; exit 2 ;;
 esac

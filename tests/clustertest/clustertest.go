@@ -166,6 +166,9 @@ type JobSpec struct {
 	Variables map[string]string
 	// Token is the job token (CI_JOB_TOKEN); empty means a fixed test value.
 	Token string
+	// ID is the job's ID; 0 means a new one. Jobs of one runner with the same ID (a second GitLab
+	// instance) share the claim name.
+	ID int64
 	// RunnerEnv is added to the runner process's own environment, which every stage inherits.
 	RunnerEnv []string
 }
@@ -193,7 +196,10 @@ func (r *Runner) NewJob(t testing.TB, spec JobSpec) *Job {
 	if spec.Token == "" {
 		spec.Token = "glcbt-clustertest-token"
 	}
-	j := &Job{Runner: r, ID: fakegitlab.NextJobID(), Dir: t.TempDir()}
+	j := &Job{Runner: r, ID: spec.ID, Dir: t.TempDir()}
+	if j.ID == 0 {
+		j.ID = fakegitlab.NextJobID()
+	}
 	type variable struct {
 		Key    string `json:"key"`
 		Value  string `json:"value"`

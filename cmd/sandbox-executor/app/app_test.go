@@ -5,9 +5,11 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -18,6 +20,7 @@ import (
 	sandboxv1beta1 "sigs.k8s.io/agent-sandbox/api/v1beta1"
 	extv1beta1 "sigs.k8s.io/agent-sandbox/extensions/api/v1beta1"
 
+	"github.com/sandbox-executor/sandbox-executor/agent/wire"
 	"github.com/sandbox-executor/sandbox-executor/cmd/sandbox-executor/app"
 	"github.com/sandbox-executor/sandbox-executor/config"
 	"github.com/sandbox-executor/sandbox-executor/executor/executortest"
@@ -363,5 +366,128 @@ func TestGCReapsOnlyThisRunnersExpiredColdStarts(t *testing.T) {
 	if exists("expired") || !exists("running") || !exists("other-runner") || !exists("a-claims") {
 		t.Errorf("after gc --delete: expired=%v running=%v other-runner=%v a-claims=%v; want only expired gone",
 			exists("expired"), exists("running"), exists("other-runner"), exists("a-claims"))
+	}
+}
+
+// withToken gives the harness's job another token: the same job ID from another GitLab instance.
+func (h *harness) withToken(token string) {
+	h.t.Helper()
+	data, err := os.ReadFile(h.env["JOB_RESPONSE_FILE"])
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	var job map[string]any
+	if err := json.Unmarshal(data, &job); err != nil {
+		h.t.Fatal(err)
+	}
+	job["token"] = token
+	data, _ = json.Marshal(job)
+	if err := os.WriteFile(h.env["JOB_RESPONSE_FILE"], data, 0o600); err != nil {
+		h.t.Fatal(err)
+	}
+}
+
+// A second job with the runner name and job ID of a running one (another GitLab instance) meets
+// that job's claim: prepare refuses it in one line, run never runs in its pod, cleanup leaves it;
+// the job that made it still adopts it on a retried prepare.
+func TestAnotherJobWithTheSameNameNeverGetsThePod(t *testing.T) {
+	first := newHarness(t, "ci:bookworm")
+	second := newHarness(t, "ci:bookworm")
+	second.cluster, second.local = first.cluster, first.local
+	second.withToken("glcbt-64_anotherInstancesT0ken")
+	claims := first.cluster.Extensions.ExtensionsV1beta1().SandboxClaims(executortest.Namespace)
+	name := kube.ClaimName("test-runner", 777)
+	if code, out, errOut := first.run("prepare"); code != 0 {
+		t.Fatalf("first prepare: exit %d\n%s%s", code, out, errOut)
+	}
+	made, err := claims.Get(context.Background(), name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	code, _, errOut := second.run("prepare")
+	fix := "kubectl delete sandboxclaim " + name + " -n " + executortest.Namespace
+	if code != 1 || !strings.Contains(errOut, "SandboxClaim "+executortest.Namespace+"/"+name+" was made by another job") || !strings.Contains(errOut, fix) {
+		t.Errorf("second prepare: exit %d, stderr %q; want BUILD_FAILURE (1) naming the claim and %q", code, errOut, fix)
+	}
+	marker := filepath.Join(t.TempDir(), "ran")
+	if code, _, errOut := second.run("run", second.script("touch "+marker+"\n"), "build_script"); code != 1 || !strings.Contains(errOut, "was made by another job") {
+		t.Errorf("second run: exit %d, stderr %q; want BUILD_FAILURE refusing the claim", code, errOut)
+	}
+	if _, err := os.Stat(marker); err == nil {
+		t.Error("the second job's script ran in the first job's pod")
+	}
+	if code, _, errOut := second.run("cleanup"); code != 0 || !strings.Contains(errOut, "was made by another job") {
+		t.Errorf("second cleanup: exit %d, stderr %q; want success saying the claim is another job's", code, errOut)
+	}
+	if kept, err := claims.Get(context.Background(), name, metav1.GetOptions{}); err != nil || kept.UID != made.UID || kept.DeletionTimestamp != nil {
+		t.Fatalf("the second job touched the first job's claim: %v", err)
+	}
+
+	for _, stage := range [][]string{{"prepare"}, {"run", first.script("true\n"), "build_script"}, {"cleanup"}} {
+		if code, out, errOut := first.run(stage...); code != 0 {
+			t.Fatalf("first job's %s (a retried prepare adopts its claim): exit %d\n%s%s", stage[0], code, out, errOut)
+		}
+	}
+	if _, err := claims.Get(context.Background(), name, metav1.GetOptions{}); err == nil {
+		t.Error("the first job's cleanup left its claim")
+	}
+}
+
+// loopback is a loopback address that accepts connections (accept) or refuses them.
+func loopback(t *testing.T, accept bool) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !accept {
+		ln.Close()
+		return ln.Addr().String()
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for conn, err := ln.Accept(); err == nil; conn, err = ln.Accept() {
+			conn.Close()
+		}
+	}()
+	return ln.Addr().String()
+}
+
+// Prepare asks the pod's agent for a fresh fence check before any script runs (the local agent
+// reads the fence from this process's environment, as the pod's from the container's). A fence
+// that does not hold is a system failure (the runner retries) and the claim is released, so the
+// retry gets another sandbox; a pod without a fence check is refused only with require_fence.
+func TestPrepareFailsClosedOnTheFence(t *testing.T) {
+	open, closed := loopback(t, true), loopback(t, false)
+	for _, tc := range []struct {
+		name, deny, allow, extra string
+		code                     int
+		want                     string
+	}{
+		{"holds", closed, open, "", 0, "Sandbox ready"},
+		{"canary reachable", open, open, "", 2, "the egress fence of pod " + executortest.Namespace + "/duo-default-abcde does not hold: denied canary " + open + " is reachable"},
+		{"instance unreachable", closed, closed, "", 2, "allowed " + closed + " is not reachable (refused)"},
+		{"not configured", "", "", "", 0, "Sandbox ready"},
+		{"not configured, required", "", "", "require_fence = true", 1, "has no egress fence check and require_fence is set: give the SandboxTemplate of pool duo-default SANDBOX_EXECUTOR_FENCE_DENY"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Setenv(wire.FenceDenyEnv, tc.deny)
+			t.Setenv(wire.FenceAllowEnv, tc.allow)
+			h := newHarnessWithConfig(t, "ci:bookworm", tc.extra)
+			code, _, errOut := h.run("prepare")
+			if code != tc.code || !strings.Contains(errOut, tc.want) {
+				t.Fatalf("prepare: exit %d, stderr %q; want %d and %q", code, errOut, tc.code, tc.want)
+			}
+			_, err := h.cluster.Extensions.ExtensionsV1beta1().SandboxClaims(executortest.Namespace).Get(context.Background(), kube.ClaimName("test-runner", 777), metav1.GetOptions{})
+			if released := err != nil; released != (code != 0) {
+				t.Errorf("claim released: %t, want %t (a refused pod is released at once)", released, code != 0)
+			}
+			if code != 0 && !slices.ContainsFunc(strings.Split(errOut, "\n"), func(line string) bool {
+				return strings.Contains(line, "ERROR: ") && strings.Contains(line, tc.want)
+			}) {
+				t.Errorf("the refusal is not one ERROR line:\n%s", errOut)
+			}
+		})
 	}
 }

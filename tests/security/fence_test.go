@@ -1,0 +1,158 @@
+//go:build security
+
+package security
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+
+	"github.com/sandbox-executor/sandbox-executor/agent/wire"
+	"github.com/sandbox-executor/sandbox-executor/tests/clustertest"
+	"github.com/sandbox-executor/sandbox-executor/tests/localcluster"
+)
+
+// TestFenceFailsClosedWhileNetworkPolicyIsNotEnforced stops the NetworkPolicy controller and
+// removes its rules (the outside world stays up: pods reach everything, as on a node whose
+// controller crashed), and proves the fault hit: the default pool's warm pods drop out of Ready,
+// because the agent's readiness check reaches the denied canary. Jobs started meanwhile must not
+// be handed a pod: their prepares wait. Once enforcement is back, the same jobs run, and none of
+// them reaches "the internet".
+//
+// It needs deploy/local's templates with the fence check (SANDBOX_EXECUTOR_FENCE_* and the
+// readinessProbe): make cluster-up applies them.
+func TestFenceFailsClosedWhileNetworkPolicyIsNotEnforced(t *testing.T) {
+	c := clustertest.Connect(t)
+	requireFenceInTemplate(t, c)
+	r := c.NewRunner(t, "sec-fence", "require_fence = true")
+	clustertest.RestoreAfterBreak(t, func() error { return networkPolicy("up") })
+	if err := networkPolicy("enforcement-down"); err != nil {
+		t.Fatal(err)
+	}
+	waitPoolPodsReady(t, c, false)
+
+	jobs := []*clustertest.Job{r.NewJob(t, clustertest.JobSpec{}), r.NewJob(t, clustertest.JobSpec{})}
+	var prepared atomic.Int32
+	var wg sync.WaitGroup
+	for _, j := range jobs {
+		wg.Go(func() {
+			defer j.Cleanup(t)
+			fenceJob(t, j, &prepared)
+		})
+	}
+	for _, j := range jobs {
+		waitClaimCreated(t, c, j)
+	}
+	if n := prepared.Load(); n != 0 {
+		t.Errorf("%d of %d jobs were handed a pod while NetworkPolicy was not enforced", n, len(jobs))
+	}
+	if err := networkPolicy("up"); err != nil {
+		t.Fatal(err)
+	}
+	wg.Wait()
+	if n := prepared.Load(); n != int32(len(jobs)) {
+		t.Errorf("%d of %d jobs got a pod once enforcement was back, want all", n, len(jobs))
+	}
+}
+
+// networkPolicy runs tests/cluster/networkpolicy.sh VERB.
+func networkPolicy(verb string) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	if out, err := clustertest.ClusterScript(ctx, "networkpolicy.sh", verb); err != nil {
+		return fmt.Errorf("networkpolicy.sh %s: %v\n%s", verb, err, out)
+	}
+	return nil
+}
+
+// waitPoolPodsReady waits until every pod of the default warm pool has Ready == ready.
+func waitPoolPodsReady(t *testing.T, c *clustertest.Cluster, ready bool) {
+	t.Helper()
+	ctx := t.Context()
+	pool, err := c.Admin.Extensions.ExtensionsV1beta1().SandboxWarmPools(clustertest.Namespace).Get(ctx, localcluster.Pool, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var last string
+	err = wait.PollUntilContextTimeout(ctx, time.Second, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
+		pods, err := c.Admin.Kube.CoreV1().Pods(clustertest.Namespace).List(ctx, metav1.ListOptions{LabelSelector: pool.Status.Selector})
+		if err != nil {
+			return false, err
+		}
+		var states []string
+		for _, pod := range pods.Items {
+			if podReady(&pod) != ready {
+				states = append(states, pod.Name)
+			}
+		}
+		last = fmt.Sprintf("%d pods, not yet Ready=%t: %v", len(pods.Items), ready, states)
+		return len(pods.Items) > 0 && len(states) == 0, nil
+	})
+	if err != nil {
+		t.Fatalf("pool %s: %s (%v)", localcluster.Pool, last, err)
+	}
+}
+
+func podReady(pod *corev1.Pod) bool {
+	for _, cond := range pod.Status.Conditions {
+		if cond.Type == corev1.PodReady {
+			return cond.Status == corev1.ConditionTrue
+		}
+	}
+	return false
+}
+
+// waitClaimCreated waits until the job's prepare has created its claim: the job asked for a pod.
+func waitClaimCreated(t *testing.T, c *clustertest.Cluster, j *clustertest.Job) {
+	t.Helper()
+	err := wait.PollUntilContextTimeout(t.Context(), 200*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
+		_, err := c.Admin.Extensions.ExtensionsV1beta1().SandboxClaims(clustertest.Namespace).Get(ctx, j.ClaimName(), metav1.GetOptions{})
+		return err == nil, nil
+	})
+	if err != nil {
+		t.Fatalf("job %d: no claim %s: %v", j.ID, j.ClaimName(), err)
+	}
+}
+
+// fenceJob prepares the job and, once it has a pod, tries "the internet" first thing; reaching it
+// fails the test. It runs on a goroutine of its own, so it reports with Errorf, never Fatalf.
+func fenceJob(t *testing.T, j *clustertest.Job, prepared *atomic.Int32) {
+	if res := j.Stage(t, "config"); res.ExitCode != 0 {
+		t.Errorf("job %d: config exited %d\n%s", j.ID, res.ExitCode, res.Output())
+		return
+	}
+	if prep := j.Stage(t, "prepare"); prep.ExitCode != 0 {
+		t.Errorf("job %d: prepare exited %d\n%s", j.ID, prep.ExitCode, prep.Output())
+		return
+	}
+	prepared.Add(1)
+	res := j.Run(t, "curl -sS --connect-timeout 2 --max-time 3 http://"+internet+"/ ; echo rc=$?\n")
+	if strings.Contains(res.Output(), "outside") {
+		t.Errorf("job %d reached the internet (%s) from a pod it was handed:\n%s", j.ID, internet, res.Output())
+	}
+}
+
+// requireFenceInTemplate fails the test unless the default pool's template configures the fence
+// check: without it, this test would only show that nothing stops the jobs.
+func requireFenceInTemplate(t *testing.T, c *clustertest.Cluster) {
+	t.Helper()
+	tmpl, err := c.Admin.Extensions.ExtensionsV1beta1().SandboxTemplates(clustertest.Namespace).Get(t.Context(), localcluster.Template, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	job := tmpl.Spec.PodTemplate.Spec.Containers[0]
+	for _, e := range job.Env {
+		if e.Name == wire.FenceDenyEnv && job.ReadinessProbe != nil {
+			return
+		}
+	}
+	t.Fatalf("SandboxTemplate %s has no fence check (%s, readinessProbe): apply this branch's deploy/local (make cluster-up)", tmpl.Name, wire.FenceDenyEnv)
+}
