@@ -419,9 +419,11 @@ np_kr_stop() {
 # loops over nothing), and it also flushes every IPVS service. Clean up ourselves instead.
 np_kr_cleanup() {
   command -v iptables-save >/dev/null || return 0
-  local re='KUBE-ROUTER-(INPUT|FORWARD|OUTPUT)|KUBE-NWPLCY-|KUBE-POD-FW-'
-  if iptables-save -t filter | grep -Eq -- "$re"; then
-    iptables-save -t filter | grep -Ev -- "$re" | iptables-restore -w 5 -T filter ||
+  local re='KUBE-ROUTER-(INPUT|FORWARD|OUTPUT)|KUBE-NWPLCY-|KUBE-POD-FW-' rules
+  # Saved first: `iptables-save | grep -q` fails under pipefail when grep exits at the first match.
+  rules=$(iptables-save -t filter)
+  if grep -Eq -- "$re" <<<"$rules"; then
+    grep -Ev -- "$re" <<<"$rules" | iptables-restore -w 5 -T filter ||
       die "iptables-restore failed while removing kube-router chains"
     log "removed kube-router iptables chains"
   fi
