@@ -4,11 +4,10 @@ package e2e
 
 import (
 	"context"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
-
-	"github.com/sandbox-executor/sandbox-executor/kube"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -16,6 +15,8 @@ import (
 	sandboxv1beta1 "sigs.k8s.io/agent-sandbox/api/v1beta1"
 	sandboxclient "sigs.k8s.io/agent-sandbox/clients/k8s/clientset/versioned"
 
+	"github.com/sandbox-executor/sandbox-executor/agent/wire"
+	"github.com/sandbox-executor/sandbox-executor/kube"
 	"github.com/sandbox-executor/sandbox-executor/tests/clustertest"
 	"github.com/sandbox-executor/sandbox-executor/tests/localcluster"
 )
@@ -61,8 +62,13 @@ func TestColdImageStartsASandboxFromTheTemplate(t *testing.T) {
 	}
 	pod := j.PodObject(t)
 	job := pod.Spec.Containers[0]
-	if job.Image != localcluster.PosixImage || len(job.Env) != 0 || len(job.EnvFrom) != 0 {
-		t.Errorf("job container: image %s, env %v %v; want the job's image and no env", job.Image, job.Env, job.EnvFrom)
+	// The template's only variables are the fence's addresses: nothing of the job's travels in
+	// the pod spec.
+	fenceOnly := func(name string) bool {
+		return name == wire.FenceDenyEnv || name == wire.FenceAllowEnv || name == wire.FenceTimeoutEnv
+	}
+	if job.Image != localcluster.PosixImage || slices.ContainsFunc(job.Env, func(e corev1.EnvVar) bool { return !fenceOnly(e.Name) }) || len(job.EnvFrom) != 0 {
+		t.Errorf("job container: image %s, env %v %v; want the job's image and no env but the fence's", job.Image, job.Env, job.EnvFrom)
 	}
 	assertSelectedByTemplateNetworkPolicy(t, j, pod)
 
