@@ -111,16 +111,16 @@ e2e-long: build
 	SANDBOX_EXECUTOR_BIN=$(BIN) $(GO) test -tags 'e2e e2elong' -count=1 -timeout 60m -v -run 'Silent' ./tests/e2e/...
 
 demo: build cluster-up runner
-	SANDBOX_EXECUTOR_BIN=$(BIN) $(GO) run ./tests/demo
+	SANDBOX_EXECUTOR_BIN=$(BIN) $(GO) run ./tools/demo
 
 # Benchmarks against baselines measured in the same run; writes docs/benchmarks.md.
 bench: build cluster-up runner
 	SANDBOX_EXECUTOR_BIN=$(BIN) tests/bench.sh
 
 # Control-plane scale: N concurrent claims against the real apiserver and agent-sandbox controller,
-# with kwok-simulated nodes (tests/scale). SCALE_ARGS=-warm 100 -cold '' for a short run.
+# with kwok-simulated nodes (tools/scale). SCALE_ARGS=-warm 100 -cold '' for a short run.
 bench-scale: cluster-up
-	tests/scale/run.sh $(SCALE_ARGS)
+	tools/scale/run.sh $(SCALE_ARGS)
 
 clean:
 	rm -rf $(BIN)

@@ -19,8 +19,8 @@ import (
 
 	"github.com/sandbox-executor/sandbox-executor/agent/wire"
 	"github.com/sandbox-executor/sandbox-executor/executor"
-	"github.com/sandbox-executor/sandbox-executor/executor/executortest"
-	"github.com/sandbox-executor/sandbox-executor/internal/testutil"
+	"github.com/sandbox-executor/sandbox-executor/tests/executortest"
+	"github.com/sandbox-executor/sandbox-executor/tests/testutil"
 )
 
 const testToken = "0123456789abcdef0123456789abcdef-test-token"

@@ -18,7 +18,7 @@ import (
 
 	"github.com/sandbox-executor/sandbox-executor/agent/wire"
 	"github.com/sandbox-executor/sandbox-executor/executor"
-	"github.com/sandbox-executor/sandbox-executor/executor/executortest"
+	"github.com/sandbox-executor/sandbox-executor/tests/executortest"
 )
 
 // shellExec runs the install command with this host's /bin/sh, with the pod's BinDir mapped

@@ -20,8 +20,8 @@ import (
 	"github.com/sandbox-executor/sandbox-executor/kube"
 
 	"github.com/sandbox-executor/sandbox-executor/executor"
-	"github.com/sandbox-executor/sandbox-executor/executor/executortest"
-	"github.com/sandbox-executor/sandbox-executor/internal/testutil"
+	"github.com/sandbox-executor/sandbox-executor/tests/executortest"
+	"github.com/sandbox-executor/sandbox-executor/tests/testutil"
 )
 
 func newStageRunner(ex kube.RemoteExecutor, log *testutil.LockedBuffer, podGone string) *executor.StageRunner {

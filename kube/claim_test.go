@@ -15,9 +15,9 @@ import (
 	k8stesting "k8s.io/client-go/testing"
 	extv1beta1 "sigs.k8s.io/agent-sandbox/extensions/api/v1beta1"
 
-	"github.com/sandbox-executor/sandbox-executor/executor/executortest"
 	"github.com/sandbox-executor/sandbox-executor/failure"
 	"github.com/sandbox-executor/sandbox-executor/kube"
+	"github.com/sandbox-executor/sandbox-executor/tests/executortest"
 )
 
 func testRequest() kube.ClaimRequest {

@@ -16,9 +16,9 @@ import (
 	k8stesting "k8s.io/client-go/testing"
 	sandboxv1beta1 "sigs.k8s.io/agent-sandbox/api/v1beta1"
 
-	"github.com/sandbox-executor/sandbox-executor/executor/executortest"
 	"github.com/sandbox-executor/sandbox-executor/failure"
 	"github.com/sandbox-executor/sandbox-executor/kube"
+	"github.com/sandbox-executor/sandbox-executor/tests/executortest"
 )
 
 func coldRequest() kube.ClaimRequest {

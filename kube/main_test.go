@@ -3,7 +3,7 @@ package kube_test
 import (
 	"testing"
 
-	"github.com/sandbox-executor/sandbox-executor/executor/executortest"
+	"github.com/sandbox-executor/sandbox-executor/tests/executortest"
 )
 
 func TestMain(m *testing.M) { executortest.VerifyNoLeaks(m) }

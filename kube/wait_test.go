@@ -13,9 +13,9 @@ import (
 	"k8s.io/apimachinery/pkg/watch"
 	k8stesting "k8s.io/client-go/testing"
 
-	"github.com/sandbox-executor/sandbox-executor/executor/executortest"
 	"github.com/sandbox-executor/sandbox-executor/failure"
 	"github.com/sandbox-executor/sandbox-executor/kube"
+	"github.com/sandbox-executor/sandbox-executor/tests/executortest"
 )
 
 // A watch the API server can no longer resume (410 Gone) costs a re-read, not the job.

@@ -30,10 +30,10 @@ cluster_bin=${CLUSTER_DIR:-${SANDBOX_EXECUTOR_CACHE:-$HOME/.cache/sandbox-execut
 } > docs/benchmarks.md
 echo "wrote docs/benchmarks.md" >&2
 
-# Control-plane scale with kwok-simulated nodes (make bench-scale; tests/scale). BENCH_SCALE=0 skips it.
+# Control-plane scale with kwok-simulated nodes (make bench-scale; tools/scale). BENCH_SCALE=0 skips it.
 if [[ ${BENCH_SCALE:-1} != 0 ]]; then
   scale=$(mktemp)
-  tests/scale/run.sh -out "$scale" >&2 || { rm -f "$scale"; echo "bench.sh: the scale bench failed" >&2; exit 1; }
+  tools/scale/run.sh -out "$scale" >&2 || { rm -f "$scale"; echo "bench.sh: the scale bench failed" >&2; exit 1; }
   { echo; echo "## Control-plane scale (kwok)"; echo; cat "$scale"; } >> docs/benchmarks.md
   rm -f "$scale"
   echo "appended the control-plane scale tables to docs/benchmarks.md" >&2

@@ -13,7 +13,7 @@ import (
 
 	"github.com/sandbox-executor/sandbox-executor/config"
 	"github.com/sandbox-executor/sandbox-executor/egress"
-	"github.com/sandbox-executor/sandbox-executor/executor/executortest"
+	"github.com/sandbox-executor/sandbox-executor/tests/executortest"
 )
 
 func TestReportBlockedNamesEachDestinationOnce(t *testing.T) {

@@ -14,10 +14,10 @@ import (
 	"time"
 
 	"github.com/sandbox-executor/sandbox-executor/tests/clustertest"
-	"github.com/sandbox-executor/sandbox-executor/tests/duoflow"
 	"github.com/sandbox-executor/sandbox-executor/tests/fakegitlab"
 	"github.com/sandbox-executor/sandbox-executor/tests/localcluster"
 	"github.com/sandbox-executor/sandbox-executor/tests/runner"
+	"github.com/sandbox-executor/sandbox-executor/tools/duoflow"
 )
 
 // runDuoJob runs job through a fresh gitlab-runner process (17.9.0 unless

@@ -32,7 +32,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/sandbox-executor/sandbox-executor/internal/testutil"
+	"github.com/sandbox-executor/sandbox-executor/tests/testutil"
 )
 
 // BinaryEnvVar names the environment variable that points at the gitlab-runner binary.

@@ -23,7 +23,7 @@ import (
 	"github.com/sandbox-executor/sandbox-executor/agent/wire"
 	"github.com/sandbox-executor/sandbox-executor/cmd/sandbox-executor/app"
 	"github.com/sandbox-executor/sandbox-executor/config"
-	"github.com/sandbox-executor/sandbox-executor/executor/executortest"
+	"github.com/sandbox-executor/sandbox-executor/tests/executortest"
 )
 
 func TestMain(m *testing.M) { executortest.Main(m) }

@@ -1,6 +1,6 @@
 // Command demo runs a Duo-shaped job (GitLab Duo Agent Platform flow) through the real
 // gitlab-runner and sandbox-executor on the local cluster, against a stand-in GitLab instance on
-// the network job pods may reach (tests/duoflow), and prints the job log as GitLab would show it
+// the network job pods may reach (tools/duoflow), and prints the job log as GitLab would show it
 // and the commit the job pushed. `make demo` runs it.
 package main
 
@@ -11,9 +11,9 @@ import (
 	"path/filepath"
 	"time"
 
-	"github.com/sandbox-executor/sandbox-executor/tests/duoflow"
 	"github.com/sandbox-executor/sandbox-executor/tests/localcluster"
 	"github.com/sandbox-executor/sandbox-executor/tests/runner"
+	"github.com/sandbox-executor/sandbox-executor/tools/duoflow"
 )
 
 func main() {

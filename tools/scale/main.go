@@ -1,6 +1,6 @@
 // Command scale measures SandboxClaim latency at scale against the real kube-apiserver, etcd,
 // scheduler and agent-sandbox controller of the local cluster, with kwok playing the nodes
-// (tests/scale/kwok.sh up). Run it through `make bench-scale`.
+// (tools/scale/kwok.sh up). Run it through `make bench-scale`.
 //
 // Each round fires N claims at once, each through the executor's own claim path
 // (kube.Claimer.Claim: create, a watch on that one claim, then Resolve's two GETs and its
@@ -236,7 +236,7 @@ func (b *bench) checkNodes(ctx context.Context) error {
 		}
 	}
 	if ready == 0 {
-		return errors.New("no Ready kwok nodes: start them with tests/scale/kwok.sh up")
+		return errors.New("no Ready kwok nodes: start them with tools/scale/kwok.sh up")
 	}
 	logf("%d kwok nodes Ready", ready)
 	b.nodes = ready

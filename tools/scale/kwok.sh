@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# kwok.sh: simulated nodes for the control-plane scale bench (tests/scale, make bench-scale).
+# kwok.sh: simulated nodes for the control-plane scale bench (tools/scale, make bench-scale).
 #
 #   kwok.sh build   build the kwok controller (sigs.k8s.io/kwok, $KWOK_VERSION) into $CLUSTER_BIN
 #   kwok.sh up      build if needed, start kwok against the local kube-apiserver (admin kubeconfig)
@@ -15,7 +15,7 @@
 # from 198.18.0.0/15 (RFC 2544, benchmarking): node IP 198.19.0.1, pod CIDR 198.18.<n>.0/24 per
 # node, far from the real pod CIDR; kube-router ignores their pods (hostIP is not this node).
 set -euo pipefail
-source "$(dirname "${BASH_SOURCE[0]}")/../cluster/lib.sh"
+source "$(dirname "${BASH_SOURCE[0]}")/../../tests/cluster/lib.sh"
 
 KWOK_VERSION=v0.8.0
 KWOK_NODES=${KWOK_NODES:-20}
