@@ -62,9 +62,10 @@ type Config struct {
 	ColdImages   []string `toml:"cold_images"`
 
 	// DrainedPool is what prepare does when the job's pool has no ready sandbox: "cold" (the
-	// default: claim at once; agent-sandbox starts a sandbox from the pool's template, a cold
-	// start of seconds) or "wait" (watch the pool until a sandbox is ready, up to ready_timeout,
-	// then claim it warm: a burst of jobs then never starts more pods than the pool refills).
+	// default: claim at once; agent-sandbox hands out a pool sandbox still booting, or starts one
+	// from the pool's template, a cold start of seconds) or "wait" (watch the pool until a
+	// sandbox is ready, up to ready_timeout, then claim it: a burst of jobs then never starts more
+	// pods than the pool refills).
 	DrainedPool string `toml:"drained_pool"`
 
 	// RuntimeClasses lists the RuntimeClass names a job pod may run under; any other pod is

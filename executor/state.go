@@ -6,6 +6,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"time"
 
 	"github.com/sandbox-executor/sandbox-executor/failure"
 	"github.com/sandbox-executor/sandbox-executor/kube"
@@ -25,44 +26,56 @@ const stateFile = "sandbox-executor-state.json"
 
 // stateVersion is the version of stateRecord written now. Version 0 is the same schema from
 // before the record was versioned: a job whose runner host is upgraded mid-job keeps its state.
-const stateVersion = 1
+// Version 2 adds launch and waited; before it, warm alone said how the job got its sandbox.
+const stateVersion = 2
 
 // stateRecord is the state file's schema. It is kept apart from kube.Sandbox so that a change to
 // the one is a decision about the other, and versioned so that a reader knows what it reads.
 type stateRecord struct {
-	Version      int      `json:"version"`
-	Namespace    string   `json:"namespace"`
-	Claim        string   `json:"claim"`
-	Pool         string   `json:"pool"`
-	SandboxName  string   `json:"sandbox"`
-	Pod          string   `json:"pod"`
-	PodUID       string   `json:"podUID"`
-	Container    string   `json:"container"`
-	RuntimeClass string   `json:"runtimeClass"`
-	Warm         bool     `json:"warm"`
-	ColdTemplate string   `json:"coldTemplate,omitempty"`
-	PodIP        string   `json:"podIP,omitempty"`
-	AgentToken   string   `json:"agentToken,omitempty"`
-	AgentBaked   bool     `json:"agentBaked,omitempty"`
-	Restarts     int32    `json:"restarts,omitempty"`
-	Overhead     Overhead `json:"overhead"`
+	Version      int    `json:"version"`
+	Namespace    string `json:"namespace"`
+	Claim        string `json:"claim"`
+	Pool         string `json:"pool"`
+	SandboxName  string `json:"sandbox"`
+	Pod          string `json:"pod"`
+	PodUID       string `json:"podUID"`
+	Container    string `json:"container"`
+	RuntimeClass string `json:"runtimeClass"`
+	// Warm is how records before version 2 said the launch: read, no longer written.
+	Warm         bool          `json:"warm,omitempty"`
+	Launch       kube.Launch   `json:"launch,omitempty"`
+	Waited       time.Duration `json:"waited,omitempty"`
+	ColdTemplate string        `json:"coldTemplate,omitempty"`
+	PodIP        string        `json:"podIP,omitempty"`
+	AgentToken   string        `json:"agentToken,omitempty"`
+	AgentBaked   bool          `json:"agentBaked,omitempty"`
+	Restarts     int32         `json:"restarts,omitempty"`
+	Overhead     Overhead      `json:"overhead"`
 }
 
 func recordOf(job *JobState) stateRecord {
 	s := job.Sandbox
 	return stateRecord{
 		Version: stateVersion, Namespace: s.Namespace, Claim: s.Claim, Pool: s.Pool, SandboxName: s.SandboxName,
-		Pod: s.Pod, PodUID: s.PodUID, Container: s.Container, RuntimeClass: s.RuntimeClass, Warm: s.Warm,
-		ColdTemplate: s.ColdTemplate, PodIP: s.PodIP, AgentToken: job.Transport.AgentToken, AgentBaked: s.AgentBaked,
+		Pod: s.Pod, PodUID: s.PodUID, Container: s.Container, RuntimeClass: s.RuntimeClass,
+		Launch: s.Launch, Waited: s.Waited, ColdTemplate: s.ColdTemplate, PodIP: s.PodIP, AgentToken: job.Transport.AgentToken, AgentBaked: s.AgentBaked,
 		Restarts: s.Restarts, Overhead: job.Overhead,
 	}
 }
 
 func (r *stateRecord) job() *JobState {
+	launch := r.Launch
+	if r.Version < 2 {
+		// Before version 2, warm copied agent-sandbox's launch-type label: warm, else cold.
+		launch = kube.LaunchCold
+		if r.Warm {
+			launch = kube.LaunchWarm
+		}
+	}
 	return &JobState{
 		Sandbox: &kube.Sandbox{
 			Namespace: r.Namespace, Claim: r.Claim, Pool: r.Pool, SandboxName: r.SandboxName, Pod: r.Pod,
-			PodUID: r.PodUID, Container: r.Container, RuntimeClass: r.RuntimeClass, Warm: r.Warm,
+			PodUID: r.PodUID, Container: r.Container, RuntimeClass: r.RuntimeClass, Launch: launch, Waited: r.Waited,
 			ColdTemplate: r.ColdTemplate, PodIP: r.PodIP, AgentBaked: r.AgentBaked, Restarts: r.Restarts,
 		},
 		Transport: Transport{AgentToken: r.AgentToken},

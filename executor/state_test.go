@@ -19,7 +19,7 @@ const stateFileName = "sandbox-executor-state.json"
 func coldStartState() *executor.JobState {
 	return &executor.JobState{
 		Sandbox: &kube.Sandbox{Namespace: "ns", SandboxName: "job-7-abc", Pod: "job-7-abc", PodUID: "uid", Container: "job",
-			RuntimeClass: "gvisor", ColdTemplate: "duo-gvisor", PodIP: "10.0.0.7", AgentBaked: true, Restarts: 2},
+			RuntimeClass: "gvisor", Launch: kube.LaunchCold, ColdTemplate: "duo-gvisor", PodIP: "10.0.0.7", AgentBaked: true, Restarts: 2},
 		Transport: executor.Transport{AgentToken: testToken},
 		Overhead:  executor.Overhead{Claim: time.Second, Prepare: 2 * time.Second, Stages: 1, StageTotal: time.Millisecond},
 	}
@@ -49,7 +49,7 @@ func TestSavedJobRoundTrips(t *testing.T) {
 // loads as a claim's.
 func TestSavedJobOfAClaim(t *testing.T) {
 	dir := t.TempDir()
-	sbx := &kube.Sandbox{Namespace: "ns", Claim: "job-1-abc", Pool: "p", SandboxName: "p-xyz", Pod: "p-xyz"}
+	sbx := &kube.Sandbox{Namespace: "ns", Claim: "job-1-abc", Pool: "p", SandboxName: "p-xyz", Pod: "p-xyz", Launch: kube.LaunchWaited, Waited: 812 * time.Millisecond}
 	if err := executor.SaveJob(dir, &executor.JobState{Sandbox: sbx}); err != nil {
 		t.Fatal(err)
 	}
@@ -57,7 +57,8 @@ func TestSavedJobOfAClaim(t *testing.T) {
 	if strings.Contains(string(data), "coldTemplate") || strings.Contains(string(data), "agentToken") {
 		t.Errorf("a claim's state over exec mentions coldTemplate or agentToken: %s", data)
 	}
-	if got, err := executor.SavedJob(dir, "job-1-abc"); err != nil || got == nil || got.Sandbox.JobObject() != "job-1-abc" {
+	// The summary says what the "Sandbox ready" line said: how the job got its sandbox travels.
+	if got, err := executor.SavedJob(dir, "job-1-abc"); err != nil || got == nil || *got.Sandbox != *sbx {
 		t.Errorf("SavedJob = %+v, %v", got, err)
 	}
 	if got, _ := executor.SavedJob(dir, "job-2-abc"); got != nil {
@@ -67,7 +68,7 @@ func TestSavedJobOfAClaim(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(dir, stateFileName), []byte(unversioned), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if got, err := executor.SavedJob(dir, "job-1-abc"); err != nil || got == nil || !got.Sandbox.Warm || got.Overhead.Prepare != 5 {
+	if got, err := executor.SavedJob(dir, "job-1-abc"); err != nil || got == nil || got.Sandbox.Launch != kube.LaunchWarm || got.Overhead.Prepare != 5 {
 		t.Errorf("SavedJob of an unversioned file = %+v, %v", got, err)
 	}
 }

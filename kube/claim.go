@@ -7,8 +7,10 @@ import (
 	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
+	sandboxv1beta1 "sigs.k8s.io/agent-sandbox/api/v1beta1"
 	extv1beta1 "sigs.k8s.io/agent-sandbox/extensions/api/v1beta1"
 
 	"github.com/sandbox-executor/sandbox-executor/failure"
@@ -35,6 +37,7 @@ func (c *Claimer) Claim(ctx context.Context, req ClaimRequest) (*Sandbox, error)
 		},
 	}
 	since := c.clock.Now()
+	created := since
 	claim, err := createOrAdopt(ctx, claims, want, "SandboxClaim", SandboxClaims.String())
 	if err != nil {
 		return nil, err
@@ -44,12 +47,19 @@ func (c *Claimer) Claim(ctx context.Context, req ClaimRequest) (*Sandbox, error)
 	if err != nil {
 		return nil, err
 	}
+	waited := c.clock.Since(created)
 	c.step(&since, "SandboxClaim Ready on Sandbox %s", ready.Status.SandboxStatus.Name)
 	sbx, err := c.Resolve(ctx, ready, req.RuntimeClasses)
-	if err == nil {
-		c.step(&since, "pod %s found and verified (runtime %s)", sbx.Pod, sbx.RuntimeClass)
+	if err != nil {
+		return nil, err
 	}
-	return sbx, err
+	c.step(&since, "pod %s found and verified (runtime %s)", sbx.Pod, sbx.RuntimeClass)
+	if sbx.Launch == LaunchWaited {
+		// The wait as this prepare saw it, from the create to Ready: finer than the objects'
+		// seconds (a retried prepare that adopts its claim sees only its own part).
+		sbx.Waited = waited
+	}
+	return sbx, nil
 }
 
 // creator is the part of a typed client that createOrAdopt uses.
@@ -134,7 +144,41 @@ func (c *Claimer) Resolve(ctx context.Context, claim *extv1beta1.SandboxClaim, r
 	}
 	out.Claim = claim.Name
 	out.Pool = claim.Spec.WarmPoolRef.Name
+	out.Launch = launchOf(claim, sbx)
 	return out, nil
+}
+
+// launchOf says how the claim got its sandbox, from what agent-sandbox v0.5.6 records on the
+// objects, not from the pool's state before the claim, which a refill can change in between:
+//   - the launch-type label: the claim controller sets "warm" on a pool sandbox it adopts
+//     (completeAdoption) and "cold" on one it creates for the claim when the pool has none to
+//     hand out (createSandbox);
+//   - an adopted sandbox's Ready condition against the claim's creationTimestamp: the Sandbox
+//     controller moves lastTransitionTime only when Ready changes (meta.SetStatusCondition), and
+//     adoption leaves the pod's readiness alone, so Ready=True since before the claim existed
+//     means the pool handed out a Ready sandbox. Any other adopted sandbox was still booting
+//     (getCandidate falls back to an unready pool sandbox rather than none) and the claim
+//     waited for it.
+//
+// Both are written by the cluster and kept on the objects, so a later stage that finds the claim
+// again reads the same answer. Both times have one-second resolution, from two clocks of one
+// cluster (the API server's, the controller's): a Ready in the claim's own second counts as
+// waited, so a wait is never called warm; at worst a sandbox that turned Ready less than a
+// second before the claim is called waited. A sandbox without the label (a controller that does
+// not set it) has no launch: "" is unknown.
+func launchOf(claim *extv1beta1.SandboxClaim, sbx *sandboxv1beta1.Sandbox) Launch {
+	switch sbx.Labels[sandboxv1beta1.SandboxLaunchTypeLabel] {
+	case sandboxv1beta1.SandboxLaunchTypeCold:
+		return LaunchCold
+	case sandboxv1beta1.SandboxLaunchTypeWarm:
+	default:
+		return ""
+	}
+	ready := meta.FindStatusCondition(sbx.Status.Conditions, string(sandboxv1beta1.SandboxConditionReady))
+	if ready != nil && ready.Status == metav1.ConditionTrue && ready.LastTransitionTime.Before(&claim.CreationTimestamp) {
+		return LaunchWarm
+	}
+	return LaunchWaited
 }
 
 // Release deletes the job's claim, if it is bound to binding (AnyJob: whoever's it is); the

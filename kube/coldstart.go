@@ -66,7 +66,7 @@ func (c *Claimer) resolveColdStart(ctx context.Context, sbx *sandboxv1beta1.Sand
 		return nil, err
 	}
 	out.ColdTemplate = template
-	out.Warm = false
+	out.Launch = LaunchCold
 	return out, nil
 }
 

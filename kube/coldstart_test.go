@@ -38,7 +38,7 @@ func TestColdStartCreatesTheJobsSandboxFromTheTemplate(t *testing.T) {
 	}
 	name := kube.ClaimName("runner-a", 4242)
 	want := kube.Sandbox{Namespace: executortest.Namespace, SandboxName: name, Pod: name, PodUID: "", Container: "job",
-		RuntimeClass: "gvisor", Warm: false, PodIP: executortest.PodIP, ColdTemplate: executortest.Template}
+		RuntimeClass: "gvisor", Launch: kube.LaunchCold, PodIP: executortest.PodIP, ColdTemplate: executortest.Template}
 	if *got != want {
 		t.Errorf("sandbox = %+v\nwant      %+v", *got, want)
 	}

@@ -49,7 +49,6 @@ func (c *Claimer) verifiedSandbox(ctx context.Context, sbx *sandboxv1beta1.Sandb
 		PodUID:       string(pod.UID),
 		Container:    pod.Spec.Containers[0].Name,
 		RuntimeClass: *pod.Spec.RuntimeClassName,
-		Warm:         sbx.Labels[sandboxv1beta1.SandboxLaunchTypeLabel] == sandboxv1beta1.SandboxLaunchTypeWarm,
 		PodIP:        pod.Status.PodIP,
 		AgentBaked:   agentBaked(&pod.Spec.Containers[0]),
 	}

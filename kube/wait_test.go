@@ -8,7 +8,6 @@ import (
 	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/watch"
 	k8stesting "k8s.io/client-go/testing"
@@ -52,7 +51,7 @@ func TestWaitPoolReady(t *testing.T) {
 	}{
 		{"a sandbox becomes ready", func(fc *executortest.Cluster) k8stesting.WatchReactionFunc {
 			return func(action k8stesting.Action) (bool, watch.Interface, error) {
-				go setPoolReady(t, fc, 1)
+				go fc.SetPoolReady(t, 1)
 				return false, nil, nil
 			}
 		}, "", 0},
@@ -65,7 +64,7 @@ func TestWaitPoolReady(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			fc := executortest.NewCluster(t)
-			setPoolReady(t, fc, 0)
+			fc.SetPoolReady(t, 0)
 			fc.Extensions.PrependWatchReactor("sandboxwarmpools", tc.watch(fc))
 			err := fc.Claimer().WaitPoolReady(context.Background(), executortest.Namespace, executortest.Pool, 300*time.Millisecond)
 			if tc.want == "" {
@@ -78,18 +77,5 @@ func TestWaitPoolReady(t *testing.T) {
 				t.Errorf("err = %v (kind %d), want kind %d containing %q", err, failure.KindOf(err), tc.kind, tc.want)
 			}
 		})
-	}
-}
-
-func setPoolReady(t *testing.T, fc *executortest.Cluster, ready int32) {
-	t.Helper()
-	pools := fc.Extensions.ExtensionsV1beta1().SandboxWarmPools(executortest.Namespace)
-	pool, err := pools.Get(context.Background(), executortest.Pool, metav1.GetOptions{})
-	if err == nil {
-		pool.Status.ReadyReplicas = ready
-		_, err = pools.UpdateStatus(context.Background(), pool, metav1.UpdateOptions{})
-	}
-	if err != nil {
-		t.Errorf("pool status: %v", err)
 	}
 }

@@ -56,7 +56,7 @@ func Run(ctx context.Context, env *stages.Env) error {
 		sbx, err = cluster.ColdStart(ctx, req, placement.ColdTemplate)
 	} else {
 		endSection = log.Section("sandbox_claim", "Claiming a gVisor sandbox from pool "+placement.Pool)
-		sbx, err = claimFromPool(ctx, env, cluster, req, start)
+		sbx, err = claimFromPool(ctx, env, cluster, req)
 	}
 	if err != nil {
 		endSection()
@@ -112,27 +112,34 @@ func Run(ctx context.Context, env *stages.Env) error {
 	return nil
 }
 
-// claimFromPool claims the job's sandbox from its warm pool, first saying (or, with drained_pool
-// = "wait", waiting out) a drained pool.
-func claimFromPool(ctx context.Context, env *stages.Env, cluster stages.Cluster, req kube.ClaimRequest, start time.Time) (*kube.Sandbox, error) {
+// claimFromPool claims the job's sandbox from its warm pool, with drained_pool = "wait" first
+// waiting out a drained pool. The job log says how the job got its sandbox from the claim's
+// outcome (kube.Sandbox.Origin), never from the pool's state before it: a refill can turn a
+// sandbox Ready between the check and the claim, and a claim on a drained pool mostly adopts a
+// booting pool sandbox rather than cold-starting one.
+func claimFromPool(ctx context.Context, env *stages.Env, cluster stages.Cluster, req kube.ClaimRequest) (*kube.Sandbox, error) {
 	log := env.Log()
 	pool := req.Pool
 	status, err := cluster.CheckPool(ctx, req.Namespace, pool)
 	if err != nil {
 		return nil, err
 	}
-	if status.Ready == 0 {
-		if env.Config.DrainedPool == config.DrainedPoolWait {
-			log.Warnf("Warm pool %s is drained (0 of %d ready): waiting for a warm sandbox (drained_pool = \"wait\")", pool, status.Replicas)
-			if err := cluster.WaitPoolReady(ctx, req.Namespace, pool, req.ReadyTimeout); err != nil {
-				return nil, err
-			}
-			log.Infof("Warm pool %s has a ready sandbox after %s", pool, gitlab.Millis(env.Clock.Since(start)))
-		} else {
-			log.Warnf("Warm pool %s is drained (0 of %d ready): this job gets a cold start (drained_pool = \"cold\")", pool, status.Replicas)
+	log.Debugf("Warm pool %s before the claim: %d of %d ready", pool, status.Ready, status.Replicas)
+	var waitFrom time.Time
+	if status.Ready == 0 && env.Config.DrainedPool == config.DrainedPoolWait {
+		// What prepare does, not a guess at the outcome: the wait can be long, and the line says why.
+		log.Warnf("Warm pool %s is drained (0 of %d ready): waiting for a warm sandbox (drained_pool = \"wait\")", pool, status.Replicas)
+		waitFrom = env.Clock.Now()
+		if err := cluster.WaitPoolReady(ctx, req.Namespace, pool, req.ReadyTimeout); err != nil {
+			return nil, err
 		}
 	}
-	return cluster.Claim(ctx, req)
+	sbx, err := cluster.Claim(ctx, req)
+	if err == nil && !waitFrom.IsZero() && sbx.Launch != kube.LaunchCold {
+		// The job waited for its warm sandbox, in the pool's wait if not also in the claim's.
+		sbx.Launch, sbx.Waited = kube.LaunchWaited, env.Clock.Since(waitFrom)
+	}
+	return sbx, err
 }
 
 // checkFence asks the pod's agent for a fresh check of the pod's egress fence, after the claim is

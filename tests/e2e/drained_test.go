@@ -4,6 +4,7 @@ package e2e
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -22,7 +23,8 @@ func drainedPool(t *testing.T, name, policy string) *clustertest.Runner {
 	return newRunner(t, c, localcluster.Config{Pools: localcluster.Pools(name), Extra: `drained_pool = "` + policy + `"`})
 }
 
-// A drained pool with drained_pool = "cold": the job says so and gets a cold-started sandbox.
+// A drained pool (of no replicas) with drained_pool = "cold": the claim gets a sandbox created for
+// it, and the job log says so from the outcome, with no prediction before the claim.
 func TestDrainedPoolColdStart(t *testing.T) {
 	j := newJob(t, drainedPool(t, "e2e-drained-cold", "cold"), ciImage)
 	out, err := j.Command("prepare").CombinedOutput()
@@ -30,11 +32,14 @@ func TestDrainedPoolColdStart(t *testing.T) {
 	if err != nil {
 		t.Fatalf("prepare: %v\n%s", err, out)
 	}
-	mustContain(t, "prepare log", string(out), "e2e-drained-cold is drained (0 of 0 ready): this job gets a cold start", "(cold start)")
+	mustContain(t, "prepare log", string(out), "Sandbox ready: pool e2e-drained-cold (cold start: the pool had no sandbox to hand out)")
+	if strings.Contains(string(out), "is drained") {
+		t.Errorf("prepare predicts from the pool's state before the claim:\n%s", out)
+	}
 }
 
 // A drained pool with drained_pool = "wait": prepare claims nothing until the pool has a ready
-// sandbox, then gets it warm.
+// sandbox, then gets it, and says how long it waited.
 func TestDrainedPoolWaitsForAWarmSandbox(t *testing.T) {
 	const pool = "e2e-drained-wait"
 	c := drainedPool(t, pool, "wait")
@@ -65,5 +70,5 @@ func TestDrainedPoolWaitsForAWarmSandbox(t *testing.T) {
 	if err := prepare.Wait(); err != nil {
 		t.Fatalf("prepare: %v\n%s", err, out.String())
 	}
-	mustContain(t, "prepare log", out.String(), "has a ready sandbox after", "(warm start)")
+	mustContain(t, "prepare log", out.String(), "Sandbox ready: pool "+pool+" (waited ", " ms for a warm sandbox)")
 }

@@ -60,6 +60,11 @@ type Cluster struct {
 	// ReadyReason, when set, makes claims and Sandboxes Ready=False with this reason instead of
 	// Ready.
 	ReadyReason string
+	// Launch is how the controller hands out a claim's sandbox, recorded as agent-sandbox records
+	// it: kube.LaunchWarm (or "") a pool sandbox Ready since before the claim was made,
+	// kube.LaunchWaited a pool sandbox that turned Ready a second after, kube.LaunchCold a
+	// sandbox created for the claim.
+	Launch kube.Launch
 }
 
 // HardenedTemplate is a SandboxTemplate as deploy/base has it: gVisor, no token, one job
@@ -103,6 +108,20 @@ func NewCluster(t testing.TB, objects ...runtime.Object) *Cluster {
 	reconcileOnWatch(&fc.Sandboxes.Fake, fc.Sandboxes.Tracker(), sandboxesGVR, func() { fc.startSandboxes(t) })
 	fc.Clients = &kube.Clients{Kube: fc.Kube, Sandboxes: fc.Sandboxes, Extensions: fc.Extensions}
 	return fc
+}
+
+// SetPoolReady sets how many of the pool's sandboxes are ready, as the pool's controller reports.
+func (fc *Cluster) SetPoolReady(t testing.TB, ready int32) {
+	t.Helper()
+	pools := fc.Extensions.ExtensionsV1beta1().SandboxWarmPools(Namespace)
+	pool, err := pools.Get(context.Background(), Pool, metav1.GetOptions{})
+	if err == nil {
+		pool.Status.ReadyReplicas = ready
+		_, err = pools.UpdateStatus(context.Background(), pool, metav1.UpdateOptions{})
+	}
+	if err != nil {
+		t.Errorf("pool status: %v", err)
+	}
 }
 
 // Claimer is a kube.Claimer of the fake cluster, dated by a fake clock at Now.
@@ -164,11 +183,15 @@ func (fc *Cluster) bindClaims(t testing.TB) {
 		if claim.Status.SandboxStatus.Name != "" {
 			continue
 		}
+		if claim.CreationTimestamp.IsZero() {
+			// As the API server stamps it; the fake tracker does not.
+			claim.CreationTimestamp = metav1.NewTime(Now)
+		}
 		cond := metav1.Condition{Type: "Ready", Status: metav1.ConditionTrue, Reason: "DependenciesReady"}
 		if fc.ReadyReason != "" {
 			cond = metav1.Condition{Type: "Ready", Status: metav1.ConditionFalse, Reason: fc.ReadyReason, Message: "waiting for " + fc.ReadyReason}
 		} else {
-			fc.addWarmSandbox(t, claim, Pool+"-abcde")
+			fc.addClaimedSandbox(t, claim, Pool+"-abcde")
 			claim.Status.SandboxStatus.Name = Pool + "-abcde"
 		}
 		claim.Status.Conditions = []metav1.Condition{cond}
@@ -178,13 +201,23 @@ func (fc *Cluster) bindClaims(t testing.TB) {
 	}
 }
 
-func (fc *Cluster) addWarmSandbox(t testing.TB, claim *extv1beta1.SandboxClaim, name string) {
+// addClaimedSandbox gives claim its Ready sandbox and pod, launched as fc.Launch says: the
+// launch-type label and the Sandbox's Ready time against the claim's creation.
+func (fc *Cluster) addClaimedSandbox(t testing.TB, claim *extv1beta1.SandboxClaim, name string) {
 	ctx := context.Background()
+	launch, readySince := sandboxv1beta1.SandboxLaunchTypeWarm, claim.CreationTimestamp.Add(-time.Minute)
+	switch fc.Launch {
+	case kube.LaunchWaited:
+		readySince = claim.CreationTimestamp.Add(time.Second)
+	case kube.LaunchCold:
+		launch, readySince = sandboxv1beta1.SandboxLaunchTypeCold, claim.CreationTimestamp.Add(time.Second)
+	}
 	sandbox := &sandboxv1beta1.Sandbox{ObjectMeta: metav1.ObjectMeta{
 		Name: name, Namespace: Namespace,
-		Labels:      map[string]string{sandboxv1beta1.SandboxLaunchTypeLabel: sandboxv1beta1.SandboxLaunchTypeWarm},
+		Labels:      map[string]string{sandboxv1beta1.SandboxLaunchTypeLabel: launch},
 		Annotations: map[string]string{sandboxv1beta1.SandboxPodNameAnnotation: name},
 	}}
+	sandbox.Status.Conditions = []metav1.Condition{{Type: "Ready", Status: metav1.ConditionTrue, Reason: "DependenciesReady", LastTransitionTime: metav1.NewTime(readySince)}}
 	pod := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: Namespace, Labels: map[string]string{extv1beta1.SandboxIDLabel: string(claim.UID)}},
 		Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "job", Image: "ci:bookworm"}}},

@@ -446,7 +446,9 @@ func (b *bench) round(ctx context.Context, idx, n int, warm bool) (*result, erro
 			continue
 		}
 		r.ok++
-		if results[i].Warm {
+		// A hit is a pool sandbox, Ready or still booting when adopted, as agent-sandbox's
+		// launch-type label counted before prepare told the two apart.
+		if results[i].Launch != kube.LaunchCold {
 			r.warmHits++
 		}
 		r.claim = append(r.claim, ends[i].Sub(starts[i]))

@@ -17,6 +17,8 @@ import (
 	"github.com/sandbox-executor/sandbox-executor/kube"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/watch"
+	k8stesting "k8s.io/client-go/testing"
 	sandboxv1beta1 "sigs.k8s.io/agent-sandbox/api/v1beta1"
 	extv1beta1 "sigs.k8s.io/agent-sandbox/extensions/api/v1beta1"
 
@@ -487,6 +489,58 @@ func TestPrepareFailsClosedOnTheFence(t *testing.T) {
 				return strings.Contains(line, "ERROR: ") && strings.Contains(line, tc.want)
 			}) {
 				t.Errorf("the refusal is not one ERROR line:\n%s", errOut)
+			}
+		})
+	}
+}
+
+// The job log says how the job got its sandbox from what happened to its claim, in the same
+// words in prepare's "Sandbox ready" line and the closing summary, and never warns of a drained
+// pool the outcome contradicts: a refill can turn a sandbox Ready between the pool check and
+// the claim.
+func TestJobLogSaysHowTheJobGotItsSandbox(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		extra  string
+		launch kube.Launch
+		// refill: the pool is drained at the check and gets a ready sandbox while prepare waits.
+		refill bool
+		origin string
+	}{
+		{"drained at the check, Ready by the claim", "", kube.LaunchWarm, false, `pool duo-default \(warm start\)`},
+		{"adopted while booting", "", kube.LaunchWaited, false, `pool duo-default \(waited \d+ ms for a warm sandbox\)`},
+		{"created for the job", "", kube.LaunchCold, false, `pool duo-default \(cold start: the pool had no sandbox to hand out\)`},
+		{`drained_pool = "wait"`, `drained_pool = "wait"`, kube.LaunchWarm, true, `pool duo-default \(waited \d+ ms for a warm sandbox\)`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarnessWithConfig(t, "ci:bookworm", tc.extra)
+			h.cluster.Launch = tc.launch
+			h.cluster.SetPoolReady(t, 0)
+			if tc.refill {
+				h.cluster.Extensions.PrependWatchReactor("sandboxwarmpools", func(action k8stesting.Action) (bool, watch.Interface, error) {
+					go h.cluster.SetPoolReady(t, 1)
+					return false, nil, nil
+				})
+			}
+			var log strings.Builder
+			for _, args := range [][]string{{"prepare"}, {"run", h.script("true\n"), "cleanup_file_variables"}, {"cleanup"}} {
+				code, out, errOut := h.run(args...)
+				log.WriteString(out + errOut)
+				if code != 0 {
+					t.Fatalf("%v: exit %d\n%s", args, code, log.String())
+				}
+			}
+			for _, line := range []string{`Sandbox ready: ` + tc.origin + `, pod `, `Sandbox summary: ` + tc.origin + `, claimed in `} {
+				if !regexp.MustCompile(line).MatchString(log.String()) {
+					t.Errorf("job log lacks %q:\n%s", line, log.String())
+				}
+			}
+			origins := regexp.MustCompile(`warm start|waited \d+ ms for a warm sandbox|cold start`).FindAllString(log.String(), -1)
+			if len(origins) != 2 || origins[0] != origins[1] {
+				t.Errorf("the job log says how the job got its sandbox %d times (%q), want twice in the same words:\n%s", len(origins), origins, log.String())
+			}
+			if !tc.refill && strings.Contains(log.String(), "drained") {
+				t.Errorf("the job log predicts from the pool's state before the claim:\n%s", log.String())
 			}
 		})
 	}
