@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net/url"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -17,6 +18,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/tools/clientcmd"
 
+	"github.com/sandbox-executor/sandbox-executor/agent/wire"
 	"github.com/sandbox-executor/sandbox-executor/tests/clustertest"
 	"github.com/sandbox-executor/sandbox-executor/tests/faultproxy"
 	"github.com/sandbox-executor/sandbox-executor/tests/localcluster"
@@ -160,6 +162,55 @@ func TestStageSurvivesAPIServerCrash(t *testing.T) {
 	}
 	if strings.Contains(out.log, "UnhandledError") {
 		t.Errorf("client-go's own log lines reached the job log:\n%s", out.log)
+	}
+}
+
+// TestNetworkTransportSurvivesResetAndSilentDrop breaks the default transport's stream between
+// run (on the runner's host) and the agent in the pod, each time while the stage is held at a
+// gate: first a TCP reset (ss -K aborts the connection, as a conntrack flush or a middlebox's RST
+// would), then a silent drop (iptables DROP both ways: a dead path that sends nothing) that
+// outlasts the stream's silence limit. run must note each drop, re-attach once the path is back,
+// and deliver the exact output.
+func TestNetworkTransportSurvivesResetAndSilentDrop(t *testing.T) {
+	c := newCluster(t, `stage_transport = "network"`)
+	j, pod, prep := preparedJob(t, c, ciImage)
+	mustContain(t, "prepare log", prep, "stages over pod network")
+	ip := j.PodObject(t).Status.PodIP
+	port := strconv.Itoa(wire.NetworkPort)
+	// In the raw table, which comes before the filter table, where the policy controller accepts
+	// established connections ahead of any rule a test could insert.
+	drop := [][]string{
+		{"PREROUTING", "-t", "raw", "-s", ip, "-p", "tcp", "--sport", port, "-j", "DROP"},
+		{"OUTPUT", "-t", "raw", "-d", ip, "-p", "tcp", "--dport", port, "-j", "DROP"},
+	}
+	undrop := func() {
+		for _, rule := range drop {
+			for exec.Command("iptables", append([]string{"-w", "5", "-D"}, rule...)...).Run() == nil {
+			}
+		}
+	}
+	t.Cleanup(undrop)
+	breaks := []func(){
+		func() {
+			if out, err := exec.Command("ss", "-K", "dst", ip, "dport", "=", port).CombinedOutput(); err != nil {
+				t.Fatalf("ss -K: %v %s", err, out)
+			}
+		},
+		func() {
+			for _, rule := range drop {
+				if out, err := exec.Command("iptables", append([]string{"-w", "5", "-I"}, rule...)...).CombinedOutput(); err != nil {
+					t.Fatalf("iptables -I %v: %v %s", rule, err, out)
+				}
+			}
+		},
+	}
+	n := 0
+	stage := gatedStage{last: 300, gates: []int{100, 200}}
+	out := stage.runThroughBreaks(t, c, j, pod,
+		func() { breaks[n]() },
+		func() { undrop(); n++ })
+	if out.err != nil {
+		t.Fatalf("run after a reset and a silent drop: %v\n%s", out.err, out.log)
 	}
 }
 
