@@ -250,7 +250,7 @@ with_progress() {
   start=$(now_ms)
   "$@" >>"$logf" 2>&1 &
   pid=$!
-  # wait returns early when the ticker's sleep ends; the loop re-checks the command.
+  # One-second steps, so a short command ends the loop at once and a long one reports on time.
   while kill -0 "$pid" 2>/dev/null; do
     sleep 1
     ticks=$((ticks + 1))

@@ -2,7 +2,6 @@ package clustertest
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -12,6 +11,8 @@ import (
 	"time"
 
 	"k8s.io/apimachinery/pkg/util/wait"
+
+	"github.com/sandbox-executor/sandbox-executor/tests/testutil"
 )
 
 // A cluster is whole when every component answers (tests/cluster/check.sh: daemons, the warm
@@ -27,14 +28,19 @@ const checkInterval = 5 * time.Second
 // after a component restart: kube-router resyncs its pod sets only once its watches are back.
 const enforcementWait = "90"
 
-// CheckWhole runs check.sh once and, if that passes, netpol-check.sh; the error quotes the
-// failing check's output.
+// CheckWhole runs check.sh once and, if that passes, proves NetworkPolicy enforcement; the
+// error quotes the failing check's output.
 func CheckWhole(ctx context.Context) error {
 	if out, err := clusterScript(ctx, "check.sh", nil); err != nil {
 		return fmt.Errorf("tests/cluster/check.sh: %v\n%s", err, out)
 	}
+	return proveEnforcement(ctx)
+}
+
+// proveEnforcement runs netpol-check.sh: a deny denies on new pods, next to a positive control.
+func proveEnforcement(ctx context.Context) error {
 	if out, err := clusterScript(ctx, "netpol-check.sh", []string{"NETPOL_CHECK_WAIT=" + enforcementWait}); err != nil {
-		return fmt.Errorf("tests/cluster/netpol-check.sh: %v\n%s", err, out)
+		return fmt.Errorf("NetworkPolicy is not enforced (tests/cluster/netpol-check.sh): %v\n%s", err, out)
 	}
 	return nil
 }
@@ -54,10 +60,7 @@ func WaitWhole(ctx context.Context, timeout time.Duration) error {
 	if err != nil {
 		return fmt.Errorf("the cluster is not whole %s after the break (tests/cluster/check.sh):\n%s", timeout, last)
 	}
-	if out, err := clusterScript(ctx, "netpol-check.sh", []string{"NETPOL_CHECK_WAIT=" + enforcementWait}); err != nil {
-		return fmt.Errorf("NetworkPolicy is not enforced after the break (tests/cluster/netpol-check.sh): %v\n%s", err, out)
-	}
-	return nil
+	return proveEnforcement(ctx)
 }
 
 // RestoreAfterBreak registers, before a test breaks a component, the restart of that component
@@ -78,15 +81,24 @@ func RestoreAfterBreak(t testing.TB, start func() error) {
 	})
 }
 
-// ClusterScript runs tests/cluster/NAME with args (ctx bounds it); the output is stdout and
-// stderr together.
-func ClusterScript(ctx context.Context, name string, args ...string) (string, error) {
-	return clusterScript(ctx, name, nil, args...)
+// scriptTimeout bounds RunScript: a component's start waits until it is usable.
+const scriptTimeout = 5 * time.Minute
+
+// RunScript runs tests/cluster/NAME with args, to break or restore a component; the error quotes
+// the script's output.
+func RunScript(name string, args ...string) error {
+	ctx, cancel := context.WithTimeout(context.Background(), scriptTimeout)
+	defer cancel()
+	if out, err := clusterScript(ctx, name, nil, args...); err != nil {
+		return fmt.Errorf("tests/cluster/%s %s: %v\n%s", name, strings.Join(args, " "), err, out)
+	}
+	return nil
 }
 
-// clusterScript is ClusterScript with variables added to the script's environment.
+// clusterScript runs tests/cluster/NAME with args and variables added to its environment (ctx
+// bounds it); the output is stdout and stderr together.
 func clusterScript(ctx context.Context, name string, env []string, args ...string) (string, error) {
-	root, err := RepoRoot()
+	root, err := testutil.ModuleRoot()
 	if err != nil {
 		return "", err
 	}
@@ -94,25 +106,6 @@ func clusterScript(ctx context.Context, name string, env []string, args ...strin
 	cmd.Env = append(os.Environ(), env...)
 	out, err := cmd.CombinedOutput()
 	return strings.TrimSpace(string(out)), err
-}
-
-// RepoRoot is the module root: the nearest directory up from the working directory (a test's
-// package directory) that holds go.mod.
-func RepoRoot() (string, error) {
-	dir, err := os.Getwd()
-	if err != nil {
-		return "", err
-	}
-	for {
-		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-			return dir, nil
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			return "", errors.New("no go.mod above the working directory")
-		}
-		dir = parent
-	}
 }
 
 // SuiteMain is the TestMain of a suite that runs on the local cluster: it refuses to start on a

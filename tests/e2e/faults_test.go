@@ -144,16 +144,16 @@ func TestSteadyOutputForAMinute(t *testing.T) {
 func TestStageSurvivesAPIServerCrash(t *testing.T) {
 	c := newCluster(t, execThroughAPIServer)
 	j, pod, _ := preparedJob(t, c, ciImage)
-	clustertest.RestoreAfterBreak(t, func() error { return clusterComponent("start", "apiserver") })
+	clustertest.RestoreAfterBreak(t, func() error { return clustertest.RunScript("start.sh", "start", "apiserver") })
 	stage := gatedStage{last: 400, gates: []int{100}}
 	out := stage.runThroughBreaks(t, c, j, pod,
 		func() {
-			if err := clusterComponent("kill", "apiserver"); err != nil {
+			if err := clustertest.RunScript("start.sh", "kill", "apiserver"); err != nil {
 				t.Fatal(err)
 			}
 		},
 		func() {
-			if err := clusterComponent("start", "apiserver"); err != nil {
+			if err := clustertest.RunScript("start.sh", "start", "apiserver"); err != nil {
 				t.Fatal(err)
 			}
 		})
@@ -287,15 +287,4 @@ func (g gatedStage) runThroughBreaks(t *testing.T, c *clustertest.Runner, j *clu
 	}
 	t.Logf("%d breaks, %d re-attaches noted", len(g.gates), strings.Count(live.String(), "re-attaching"))
 	return stageOutcome{err: err, log: live.String()}
-}
-
-// clusterComponent runs tests/cluster/start.sh VERB COMPONENT.
-func clusterComponent(verb, component string) error {
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	out, err := clustertest.ClusterScript(ctx, "start.sh", verb, component)
-	if err != nil {
-		return fmt.Errorf("start.sh %s %s: %v\n%s", verb, component, err, out)
-	}
-	return nil
 }

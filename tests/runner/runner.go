@@ -24,7 +24,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -48,56 +47,14 @@ const DefaultVersion = "17.9.0"
 // HelperBinaryName is the helper's file name beside the runner binary.
 const HelperBinaryName = "gitlab-runner-helper"
 
-// modulePath identifies this repository's go.mod when looking for the module root.
-const modulePath = "github.com/sandbox-executor/sandbox-executor"
-
 // SharedDir is where the shared runner binaries are: ../shared/tools/gitlab-runner-<version>
 // from the module root.
 func SharedDir() (string, error) {
-	root, err := moduleRoot()
+	root, err := testutil.ModuleRoot()
 	if err != nil {
-		return "", err
+		return "", fmt.Errorf("locating gitlab-runner: %w; set %s to a gitlab-runner binary", err, BinaryEnvVar)
 	}
 	return filepath.Join(filepath.Dir(root), "shared", "tools", "gitlab-runner-"+DefaultVersion), nil
-}
-
-// moduleRoot finds this repository's root: the first directory up from the working directory
-// (go test runs in the package's directory, go run where make runs) whose go.mod declares this
-// module, else the one this source file was compiled from.
-func moduleRoot() (string, error) {
-	if dir, err := os.Getwd(); err == nil {
-		for ; ; dir = filepath.Dir(dir) {
-			if isModuleRoot(dir) {
-				return dir, nil
-			}
-			if filepath.Dir(dir) == dir {
-				break
-			}
-		}
-	}
-	if _, thisFile, _, ok := runtime.Caller(0); ok {
-		dir := filepath.Join(filepath.Dir(thisFile), "..", "..")
-		if isModuleRoot(dir) {
-			return filepath.Clean(dir), nil
-		}
-	}
-	return "", fmt.Errorf("locating gitlab-runner: no go.mod of %s above the working directory; "+
-		"set %s to a gitlab-runner binary", modulePath, BinaryEnvVar)
-}
-
-func isModuleRoot(dir string) bool {
-	f, err := os.Open(filepath.Join(dir, "go.mod"))
-	if err != nil {
-		return false
-	}
-	defer f.Close()
-	scanner := bufio.NewScanner(f)
-	for scanner.Scan() {
-		if fields := strings.Fields(scanner.Text()); len(fields) == 2 && fields[0] == "module" {
-			return fields[1] == modulePath
-		}
-	}
-	return false
 }
 
 // BinaryPath finds the gitlab-runner binary: $SANDBOX_EXECUTOR_GITLAB_RUNNER, else the shared

@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/sandbox-executor/sandbox-executor/tests/testutil"
 )
 
 func TestRunSingleCommandLine(t *testing.T) {
@@ -62,7 +64,7 @@ func TestBinaryPathDefaultsToTheSharedRunnerBesideTheModule(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	root, err := moduleRoot()
+	root, err := testutil.ModuleRoot()
 	if err != nil {
 		t.Fatal(err)
 	}

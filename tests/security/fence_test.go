@@ -33,11 +33,11 @@ func TestFenceFailsClosedWhileNetworkPolicyIsNotEnforced(t *testing.T) {
 	c := clustertest.Connect(t)
 	requireFenceInTemplate(t, c)
 	r := c.NewRunner(t, "sec-fence", "require_fence = true")
-	clustertest.RestoreAfterBreak(t, func() error { return networkPolicy("up") })
-	if err := networkPolicy("enforcement-down"); err != nil {
+	clustertest.RestoreAfterBreak(t, func() error { return clustertest.RunScript("networkpolicy.sh", "up") })
+	if err := clustertest.RunScript("networkpolicy.sh", "enforcement-down"); err != nil {
 		t.Fatal(err)
 	}
-	waitPoolPodsReady(t, c, false)
+	waitPoolPodsNotReady(t, c)
 
 	jobs := []*clustertest.Job{r.NewJob(t, clustertest.JobSpec{}), r.NewJob(t, clustertest.JobSpec{})}
 	var prepared atomic.Int32
@@ -54,7 +54,7 @@ func TestFenceFailsClosedWhileNetworkPolicyIsNotEnforced(t *testing.T) {
 	if n := prepared.Load(); n != 0 {
 		t.Errorf("%d of %d jobs were handed a pod while NetworkPolicy was not enforced", n, len(jobs))
 	}
-	if err := networkPolicy("up"); err != nil {
+	if err := clustertest.RunScript("networkpolicy.sh", "up"); err != nil {
 		t.Fatal(err)
 	}
 	wg.Wait()
@@ -63,18 +63,9 @@ func TestFenceFailsClosedWhileNetworkPolicyIsNotEnforced(t *testing.T) {
 	}
 }
 
-// networkPolicy runs tests/cluster/networkpolicy.sh VERB.
-func networkPolicy(verb string) error {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
-	if out, err := clustertest.ClusterScript(ctx, "networkpolicy.sh", verb); err != nil {
-		return fmt.Errorf("networkpolicy.sh %s: %v\n%s", verb, err, out)
-	}
-	return nil
-}
-
-// waitPoolPodsReady waits until every pod of the default warm pool has Ready == ready.
-func waitPoolPodsReady(t *testing.T, c *clustertest.Cluster, ready bool) {
+// waitPoolPodsNotReady waits until no pod of the default warm pool is Ready: their readiness
+// checks found the fence down.
+func waitPoolPodsNotReady(t *testing.T, c *clustertest.Cluster) {
 	t.Helper()
 	ctx := t.Context()
 	pool, err := c.Admin.Extensions.ExtensionsV1beta1().SandboxWarmPools(clustertest.Namespace).Get(ctx, localcluster.Pool, metav1.GetOptions{})
@@ -89,11 +80,11 @@ func waitPoolPodsReady(t *testing.T, c *clustertest.Cluster, ready bool) {
 		}
 		var states []string
 		for _, pod := range pods.Items {
-			if podReady(&pod) != ready {
+			if podReady(&pod) {
 				states = append(states, pod.Name)
 			}
 		}
-		last = fmt.Sprintf("%d pods, not yet Ready=%t: %v", len(pods.Items), ready, states)
+		last = fmt.Sprintf("%d pods, still Ready: %v", len(pods.Items), states)
 		return len(pods.Items) > 0 && len(states) == 0, nil
 	})
 	if err != nil {
