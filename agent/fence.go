@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/sandbox-executor/sandbox-executor/agent/wire"
@@ -107,7 +108,7 @@ func dialFailure(err error, timeout time.Duration) string {
 	switch {
 	case errors.As(err, &ne) && ne.Timeout():
 		return "no answer within " + timeout.String()
-	case strings.Contains(err.Error(), "refused"):
+	case errors.Is(err, syscall.ECONNREFUSED):
 		return "refused"
 	}
 	var oe *net.OpError
