@@ -18,6 +18,41 @@ type JobState struct {
 	Sandbox   *kube.Sandbox
 	Transport Transport
 	Overhead  Overhead
+	// Failed is the job's first failure (RecordFailure), for cleanup to record on the claim;
+	// zero while every stage that decides the job's outcome succeeded.
+	Failed kube.Outcome
+}
+
+// RecordFailure notes how the stage stageName failed with err, unless an earlier stage already
+// failed the job: the first failure is the job's. after_script does not decide a job's outcome
+// (the runner ignores its failure), so it is not recorded.
+func (j *JobState) RecordFailure(stageName string, err error) {
+	if err == nil || j.Failed.Result != "" || stageName == "after_script" {
+		return
+	}
+	j.Failed = failureOutcome(err)
+}
+
+// failureOutcome classifies a stage's error for the outcome metric.
+func failureOutcome(err error) kube.Outcome {
+	switch {
+	case errors.Is(err, context.Canceled):
+		return kube.Outcome{Result: kube.OutcomeCanceled}
+	case failure.KindOf(err) == failure.KindBuild:
+		return kube.Outcome{Result: kube.OutcomeFailed, Reason: kube.ReasonScript}
+	case failure.KindOf(err) == failure.KindPermanent:
+		return kube.Outcome{Result: kube.OutcomeFailed, Reason: kube.ReasonPermanent}
+	default:
+		return kube.Outcome{Result: kube.OutcomeFailed, Reason: kube.ReasonSystem}
+	}
+}
+
+// Outcome is the job's outcome once its stages are over: its first failure, else success.
+func (j *JobState) Outcome() kube.Outcome {
+	if j.Failed.Result != "" {
+		return j.Failed
+	}
+	return kube.Outcome{Result: kube.OutcomeSuccess}
 }
 
 // stateFile is where prepare leaves the job's state for the stages after it: the runner's
@@ -51,6 +86,8 @@ type stateRecord struct {
 	AgentBaked   bool          `json:"agentBaked,omitempty"`
 	Restarts     int32         `json:"restarts,omitempty"`
 	Overhead     Overhead      `json:"overhead"`
+	// Failed is optional and ignored by older readers, so it needs no new version.
+	Failed kube.Outcome `json:"failed,omitzero"`
 }
 
 func recordOf(job *JobState) stateRecord {
@@ -59,7 +96,7 @@ func recordOf(job *JobState) stateRecord {
 		Version: stateVersion, Namespace: s.Namespace, Claim: s.Claim, Pool: s.Pool, SandboxName: s.SandboxName,
 		Pod: s.Pod, PodUID: s.PodUID, Container: s.Container, RuntimeClass: s.RuntimeClass,
 		Launch: s.Launch, Waited: s.Waited, ColdTemplate: s.ColdTemplate, PodIP: s.PodIP, AgentToken: job.Transport.AgentToken, AgentBaked: s.AgentBaked,
-		Restarts: s.Restarts, Overhead: job.Overhead,
+		Restarts: s.Restarts, Overhead: job.Overhead, Failed: job.Failed,
 	}
 }
 
@@ -80,6 +117,7 @@ func (r *stateRecord) job() *JobState {
 		},
 		Transport: Transport{AgentToken: r.AgentToken},
 		Overhead:  r.Overhead,
+		Failed:    r.Failed,
 	}
 }
 

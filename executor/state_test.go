@@ -104,3 +104,40 @@ func TestTheAgentTokenIsNeverPrinted(t *testing.T) {
 		}
 	}
 }
+
+// The job's outcome is its first failure that decides it (after_script's never does), it
+// survives the state file, and is success when no stage failed.
+func TestJobOutcomeIsTheFirstDecidingFailure(t *testing.T) {
+	dir := t.TempDir()
+	job := &executor.JobState{Sandbox: &kube.Sandbox{Namespace: "ns", Claim: "job-1", Pod: "pod"}}
+	if got := job.Outcome(); got != (kube.Outcome{Result: kube.OutcomeSuccess}) {
+		t.Fatalf("no failure: outcome %+v", got)
+	}
+	job.RecordFailure("after_script", failure.BuildError(3))
+	job.RecordFailure("step_script", failure.BuildError(1))
+	job.RecordFailure("upload_artifacts_on_failure", failure.SystemError(nil, "pod gone"))
+	if err := executor.SaveJob(dir, job); err != nil {
+		t.Fatal(err)
+	}
+	saved, err := executor.SavedJob(dir, "job-1")
+	if err != nil || saved == nil {
+		t.Fatalf("saved job: %v, %v", saved, err)
+	}
+	if got, want := saved.Outcome(), (kube.Outcome{Result: kube.OutcomeFailed, Reason: kube.ReasonScript}); got != want {
+		t.Errorf("outcome %+v, want %+v", got, want)
+	}
+	for _, tc := range []struct {
+		err  error
+		want kube.Outcome
+	}{
+		{context.Canceled, kube.Outcome{Result: kube.OutcomeCanceled}},
+		{failure.SystemError(nil, "x"), kube.Outcome{Result: kube.OutcomeFailed, Reason: kube.ReasonSystem}},
+		{failure.PermanentError(nil, "x"), kube.Outcome{Result: kube.OutcomeFailed, Reason: kube.ReasonPermanent}},
+	} {
+		j := &executor.JobState{}
+		j.RecordFailure("step_script", tc.err)
+		if j.Outcome() != tc.want {
+			t.Errorf("%v: outcome %+v, want %+v", tc.err, j.Outcome(), tc.want)
+		}
+	}
+}

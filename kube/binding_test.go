@@ -78,7 +78,7 @@ func TestClaimIsBoundToTheJobThatMadeIt(t *testing.T) {
 	assertOtherJobRefused(t, "Claim", err, "SandboxClaim", mine.Claim)
 	_, err = c.Find(ctx, req.Namespace, mine.Claim, other.Binding, req.RuntimeClasses)
 	assertOtherJobRefused(t, "Find", err, "SandboxClaim", mine.Claim)
-	err = c.Release(ctx, req.Namespace, mine.Claim, other.Binding)
+	err = c.Release(ctx, req.Namespace, mine.Claim, other.Binding, kube.Outcome{})
 	assertOtherJobRefused(t, "Release", err, "SandboxClaim", mine.Claim)
 	// A job from a runner without JOB_RESPONSE_FILE has no binding: it proves nothing either.
 	_, err = c.Find(ctx, req.Namespace, mine.Claim, "", req.RuntimeClasses)
@@ -95,7 +95,7 @@ func TestClaimIsBoundToTheJobThatMadeIt(t *testing.T) {
 	if found, err := c.Find(ctx, req.Namespace, mine.Claim, req.Binding, req.RuntimeClasses); err != nil || *found != *mine {
 		t.Fatalf("Find by the job: %+v, %v", found, err)
 	}
-	if err := c.Release(ctx, req.Namespace, mine.Claim, req.Binding); err != nil {
+	if err := c.Release(ctx, req.Namespace, mine.Claim, req.Binding, kube.Outcome{}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := claims.Get(ctx, mine.Claim, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
@@ -117,7 +117,7 @@ func TestColdStartIsBoundToTheJobThatMadeIt(t *testing.T) {
 	assertOtherJobRefused(t, "ColdStart", err, "Sandbox", mine.SandboxName)
 	_, err = c.Find(ctx, req.Namespace, mine.SandboxName, other.Binding, req.RuntimeClasses)
 	assertOtherJobRefused(t, "Find", err, "Sandbox", mine.SandboxName)
-	err = c.ReleaseColdStart(ctx, req.Namespace, mine.SandboxName, other.Binding)
+	err = c.ReleaseColdStart(ctx, req.Namespace, mine.SandboxName, other.Binding, kube.Outcome{})
 	assertOtherJobRefused(t, "ReleaseColdStart", err, "Sandbox", mine.SandboxName)
 	sandboxes := fc.Sandboxes.AgentsV1beta1().Sandboxes(executortest.Namespace)
 	if sbx, err := sandboxes.Get(ctx, mine.SandboxName, metav1.GetOptions{}); err != nil || sbx.DeletionTimestamp != nil {
@@ -126,7 +126,7 @@ func TestColdStartIsBoundToTheJobThatMadeIt(t *testing.T) {
 	if again, err := c.ColdStart(ctx, req, executortest.Template); err != nil || *again != *mine {
 		t.Fatalf("the job's retried prepare: %+v, %v; want to adopt %+v", again, err, mine)
 	}
-	if err := c.ReleaseColdStart(ctx, req.Namespace, mine.SandboxName, req.Binding); err != nil {
+	if err := c.ReleaseColdStart(ctx, req.Namespace, mine.SandboxName, req.Binding, kube.Outcome{}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := sandboxes.Get(ctx, mine.SandboxName, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
@@ -143,7 +143,7 @@ func TestReleaseAnyJobIgnoresTheBinding(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := c.Release(ctx, executortest.Namespace, mine.Claim, kube.AnyJob); err != nil {
+	if err := c.Release(ctx, executortest.Namespace, mine.Claim, kube.AnyJob, kube.Outcome{}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := fc.Extensions.ExtensionsV1beta1().SandboxClaims(executortest.Namespace).Get(ctx, mine.Claim, metav1.GetOptions{}); !apierrors.IsNotFound(err) {

@@ -9,6 +9,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
 	sandboxv1beta1 "sigs.k8s.io/agent-sandbox/api/v1beta1"
 	extv1beta1 "sigs.k8s.io/agent-sandbox/extensions/api/v1beta1"
@@ -183,9 +184,10 @@ func launchOf(claim *extv1beta1.SandboxClaim, sbx *sandboxv1beta1.Sandbox) Launc
 
 // Release deletes the job's claim, if it is bound to binding (AnyJob: whoever's it is); the
 // Sandbox and its pod are garbage-collected with it. A claim already gone is success, so cleanup
-// may run any number of times; a claim of another job is left alone (ErrOtherJob).
-func (c *Claimer) Release(ctx context.Context, namespace, claim, binding string) error {
-	return releaseBound(ctx, c.clients.Extensions.ExtensionsV1beta1().SandboxClaims(namespace), namespace, claim, binding, "SandboxClaim", SandboxClaims.String(), nil)
+// may run any number of times; a claim of another job is left alone (ErrOtherJob). A known
+// outcome is written on the claim first, for the exporter (Outcome).
+func (c *Claimer) Release(ctx context.Context, namespace, claim, binding string, outcome Outcome) error {
+	return releaseBound(ctx, c.clients.Extensions.ExtensionsV1beta1().SandboxClaims(namespace), namespace, claim, binding, "SandboxClaim", SandboxClaims.String(), nil, outcome)
 }
 
 // ErrOtherJob is what a stage gets for an object of its name that another job made (with the
@@ -210,16 +212,17 @@ func bindingAnnotation(binding string) map[string]string {
 // getDeleter is the part of a typed client that releaseBound uses.
 type getDeleter[T any] interface {
 	Get(ctx context.Context, name string, opts metav1.GetOptions) (T, error)
+	Patch(ctx context.Context, name string, pt types.PatchType, data []byte, opts metav1.PatchOptions, subresources ...string) (T, error)
 	Delete(ctx context.Context, name string, opts metav1.DeleteOptions) error
 }
 
 // releaseBound deletes the named object and what it owns (in the background) if it is bound to
 // binding; an object already gone, or one that skip says is not the job's kind of object, is
 // success. The delete is conditional on the UID read: an object another job made under the name
-// in between is not deleted.
-func releaseBound[T metav1.Object](ctx context.Context, client getDeleter[T], namespace, name, binding, kind, resource string, skip func(T) bool) error {
+// in between is not deleted. A known outcome is written on the object before the delete.
+func releaseBound[T metav1.Object](ctx context.Context, client getDeleter[T], namespace, name, binding, kind, resource string, skip func(T) bool, outcome Outcome) error {
 	opts := metav1.DeleteOptions{PropagationPolicy: ptr.To(metav1.DeletePropagationBackground)}
-	if binding != AnyJob {
+	if binding != AnyJob || outcome.Result != "" {
 		got, err := client.Get(ctx, name, metav1.GetOptions{})
 		if isObjectNotFound(err) {
 			return nil
@@ -234,6 +237,7 @@ func releaseBound[T metav1.Object](ctx context.Context, client getDeleter[T], na
 			return otherJobError(kind, namespace, name)
 		}
 		opts.Preconditions = metav1.NewUIDPreconditions(string(got.GetUID()))
+		recordOutcome(ctx, client, got, outcome)
 	}
 	err := client.Delete(ctx, name, opts)
 	// Conflict: the UID precondition failed, the job's object is gone and another took its name.

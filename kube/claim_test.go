@@ -161,7 +161,7 @@ func TestReleaseIsIdempotent(t *testing.T) {
 		{"claim",
 			func(c *kube.Claimer) (*kube.Sandbox, error) { return c.Claim(ctx, testRequest()) },
 			func(c *kube.Claimer, sbx *kube.Sandbox) error {
-				return c.Release(ctx, sbx.Namespace, sbx.Claim, testRequest().Binding)
+				return c.Release(ctx, sbx.Namespace, sbx.Claim, testRequest().Binding, kube.Outcome{Result: kube.OutcomeSuccess})
 			},
 			func(fc *executortest.Cluster, sbx *kube.Sandbox) error {
 				_, err := fc.Extensions.ExtensionsV1beta1().SandboxClaims(sbx.Namespace).Get(ctx, sbx.Claim, metav1.GetOptions{})
@@ -172,7 +172,7 @@ func TestReleaseIsIdempotent(t *testing.T) {
 				return c.ColdStart(ctx, coldRequest(), executortest.Template)
 			},
 			func(c *kube.Claimer, sbx *kube.Sandbox) error {
-				return c.ReleaseColdStart(ctx, sbx.Namespace, sbx.SandboxName, coldRequest().Binding)
+				return c.ReleaseColdStart(ctx, sbx.Namespace, sbx.SandboxName, coldRequest().Binding, kube.Outcome{Result: kube.OutcomeFailed, Reason: kube.ReasonScript})
 			},
 			func(fc *executortest.Cluster, sbx *kube.Sandbox) error {
 				_, err := fc.Sandboxes.AgentsV1beta1().Sandboxes(sbx.Namespace).Get(ctx, sbx.SandboxName, metav1.GetOptions{})

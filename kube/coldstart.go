@@ -180,7 +180,7 @@ func (c *Claimer) findColdStart(ctx context.Context, namespace, name, binding st
 // whoever's it is); its pod goes with it. A Sandbox already gone is success, and so is a Sandbox
 // of that name that is no cold start (a claim's, which goes with its claim); another job's is
 // left alone (ErrOtherJob).
-func (c *Claimer) ReleaseColdStart(ctx context.Context, namespace, name, binding string) error {
+func (c *Claimer) ReleaseColdStart(ctx context.Context, namespace, name, binding string, outcome Outcome) error {
 	notColdStart := func(sbx *sandboxv1beta1.Sandbox) bool { return !isColdStart(sbx) }
-	return releaseBound(ctx, c.clients.Sandboxes.AgentsV1beta1().Sandboxes(namespace), namespace, name, binding, "Sandbox", Sandboxes.String(), notColdStart)
+	return releaseBound(ctx, c.clients.Sandboxes.AgentsV1beta1().Sandboxes(namespace), namespace, name, binding, "Sandbox", Sandboxes.String(), notColdStart, outcome)
 }

@@ -46,8 +46,8 @@ type Cluster interface {
 	ColdStart(ctx context.Context, req kube.ClaimRequest, template string) (*kube.Sandbox, error)
 	Find(ctx context.Context, namespace, claimName, binding string, runtimeClasses []string) (*kube.Sandbox, error)
 	PodGone(ctx context.Context, sbx *kube.Sandbox) (string, error)
-	Release(ctx context.Context, namespace, claim, binding string) error
-	ReleaseColdStart(ctx context.Context, namespace, name, binding string) error
+	Release(ctx context.Context, namespace, claim, binding string, outcome kube.Outcome) error
+	ReleaseColdStart(ctx context.Context, namespace, name, binding string, outcome kube.Outcome) error
 	Exec() kube.RemoteExecutor
 	Attach() kube.Attacher
 }

@@ -79,7 +79,9 @@ func Run(ctx context.Context, env *stages.Env, opts Options) error {
 		}
 		if opts.Delete {
 			// Any job's: gc is how an operator clears a claim a stage refused as another job's.
-			if err := release(ctx, c.Namespace, c.Name, kube.AnyJob); err != nil {
+			// No outcome: the job's is unknown, and the exporter counts a claim past its
+			// shutdownTime as leaked anyway.
+			if err := release(ctx, c.Namespace, c.Name, kube.AnyJob, kube.Outcome{}); err != nil {
 				return err
 			}
 		}

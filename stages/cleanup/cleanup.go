@@ -38,10 +38,11 @@ func Run(ctx context.Context, env *stages.Env) error {
 	releaseClaim := saved == nil || saved.ColdTemplate == ""
 	releaseColdStart := saved != nil && saved.ColdTemplate != "" || saved == nil && env.Config.UnknownImage == config.UnknownImageCold
 	binding := env.Binding(job)
+	outcome := jobOutcome(state, env.Runner.TmpDir)
 	for _, release := range []struct {
 		wanted bool
 		kind   string
-		delete func(ctx context.Context, namespace, name, binding string) error
+		delete func(ctx context.Context, namespace, name, binding string, outcome kube.Outcome) error
 	}{
 		{releaseClaim, "SandboxClaim", cluster.Release},
 		{releaseColdStart, "Sandbox", cluster.ReleaseColdStart},
@@ -49,7 +50,7 @@ func Run(ctx context.Context, env *stages.Env) error {
 		if !release.wanted {
 			continue
 		}
-		err := release.delete(ctx, env.Config.Namespace, name, binding)
+		err := release.delete(ctx, env.Config.Namespace, name, binding, outcome)
 		if errors.Is(err, kube.ErrOtherJob) {
 			// Met by a job whose prepare was refused the other job's claim: that claim is not
 			// this job's to release, and there is nothing of this job's to clean up.
@@ -66,4 +67,18 @@ func Run(ctx context.Context, env *stages.Env) error {
 	}
 	executor.ForgetJob(env.Runner.TmpDir)
 	return stateErr
+}
+
+// jobOutcome is the outcome cleanup records on the job's object: what the stages kept in the
+// state (executor.JobState.Outcome); without a state, a runner that gives TMPDIR saw prepare
+// fail before saving it; a runner without TMPDIR leaves the outcome unknown.
+func jobOutcome(state *executor.JobState, tmpDir string) kube.Outcome {
+	switch {
+	case state != nil:
+		return state.Outcome()
+	case tmpDir != "":
+		return kube.Outcome{Result: kube.OutcomeFailed, Reason: kube.ReasonPrepare}
+	default:
+		return kube.Outcome{}
+	}
 }

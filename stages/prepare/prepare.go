@@ -156,13 +156,13 @@ func checkFence(ctx context.Context, env *stages.Env, cluster stages.Cluster, sb
 	}
 	switch {
 	case !report.Configured && env.Config.RequireFence:
-		_, _ = releaseSandbox(ctx, cluster, sbx, req.Binding)
+		_, _ = releaseSandbox(ctx, cluster, sbx, req.Binding, kube.Outcome{Result: kube.OutcomeFailed, Reason: kube.ReasonPermanent})
 		return failure.PermanentError(nil, "pod %s/%s has no egress fence check and require_fence is set: give %s %s and %s (docs/security.md)",
 			sbx.Namespace, sbx.Pod, templateOf(sbx), wire.FenceDenyEnv, wire.FenceAllowEnv)
 	case !report.Configured:
 		log.Debugf("Egress fence not checked: %s", report)
 	case !report.Holds:
-		released, relErr := releaseSandbox(ctx, cluster, sbx, req.Binding)
+		released, relErr := releaseSandbox(ctx, cluster, sbx, req.Binding, kube.Outcome{Result: kube.OutcomeFailed, Reason: kube.ReasonFence})
 		if relErr != nil {
 			released = "not released (" + failure.OneLine(relErr.Error()) + ")"
 		}
@@ -174,11 +174,11 @@ func checkFence(ctx context.Context, env *stages.Env, cluster stages.Cluster, sb
 }
 
 // releaseSandbox releases the job's claim or cold-started Sandbox, and says so for the job log.
-func releaseSandbox(ctx context.Context, cluster stages.Cluster, sbx *kube.Sandbox, binding string) (string, error) {
+func releaseSandbox(ctx context.Context, cluster stages.Cluster, sbx *kube.Sandbox, binding string, outcome kube.Outcome) (string, error) {
 	if sbx.ColdTemplate != "" {
-		return "its Sandbox " + sbx.SandboxName + " was deleted", cluster.ReleaseColdStart(ctx, sbx.Namespace, sbx.SandboxName, binding)
+		return "its Sandbox " + sbx.SandboxName + " was deleted", cluster.ReleaseColdStart(ctx, sbx.Namespace, sbx.SandboxName, binding, outcome)
 	}
-	return "its claim " + sbx.Claim + " was released", cluster.Release(ctx, sbx.Namespace, sbx.Claim, binding)
+	return "its claim " + sbx.Claim + " was released", cluster.Release(ctx, sbx.Namespace, sbx.Claim, binding, outcome)
 }
 
 // templateOf names the template to fix, for messages.

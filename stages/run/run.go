@@ -55,7 +55,15 @@ func Run(ctx context.Context, env *stages.Env, scriptPath, stageName string) err
 	code, err := runner.Run(ctx, stageName, script, env.Stdout, env.Stderr)
 	reportBlocked(ctx, env.Log(), env.Config.Pool(sbx.Pool), sbx.PodIP, started)
 	if err != nil {
+		why := err
+		if ctx.Err() != nil {
+			why = ctx.Err() // cancelled or timed out: the runner's SIGTERM
+		}
+		recordFailure(env, state, stageName, why)
 		return err
+	}
+	if code != 0 {
+		state.RecordFailure(stageName, failure.BuildError(code))
 	}
 	accountOverhead(env, state, stageName, env.Elapsed(started), runner.ScriptTime)
 	if code != 0 {
@@ -65,6 +73,19 @@ func Run(ctx context.Context, env *stages.Env, scriptPath, stageName string) err
 		return failure.BuildError(code)
 	}
 	return nil
+}
+
+// recordFailure keeps a stage's failure in the job's state, for cleanup to record as the job's
+// outcome. Like accountOverhead it is bookkeeping: a state it cannot write costs the outcome
+// metric one job, never the stage its error.
+func recordFailure(env *stages.Env, state *executor.JobState, stageName string, err error) {
+	if env.Runner.TmpDir == "" || state.Overhead.Prepare == 0 {
+		return // no state from prepare (older runners): nothing to keep it in
+	}
+	state.RecordFailure(stageName, err)
+	if err := executor.SaveJob(env.Runner.TmpDir, state); err != nil {
+		env.Log().Debugf("job state not saved after stage %s failed, its outcome will not be recorded: %v", stageName, err)
+	}
 }
 
 // accountOverhead adds this stage's own cost to the job's state, and closes the job log with the

@@ -496,7 +496,7 @@ func (b *bench) cleanRound(ctx context.Context, claimers []claimer, names map[st
 	i := 0
 	for name := range names {
 		c, slot := claimers[i], &errs[i]
-		wg.Go(func() { *slot = c.claimer.Release(ctx, b.o.namespace, name, kube.AnyJob) })
+		wg.Go(func() { *slot = c.claimer.Release(ctx, b.o.namespace, name, kube.AnyJob, kube.Outcome{}) })
 		i++
 	}
 	wg.Wait()
