@@ -104,9 +104,10 @@ lint: modules $(STATICCHECK)
 
 vet: lint
 
-# Unit tests: fake clientsets and a stubbed exec, with the race detector.
-unit: $(GOTESTSUM)
-	$(call gotest,pkgname) -race -count=1 ./...
+# Unit tests: fake clientsets and a stubbed exec, with the race detector; the chart's lint and
+# rendering tests (tests/charttest) run the pinned helm.
+unit: $(GOTESTSUM) $(HELM)
+	SANDBOX_EXECUTOR_HELM=$(HELM) $(call gotest,pkgname) -race -count=1 ./...
 
 test: lint unit
 
