@@ -3,13 +3,20 @@ package config_test
 import (
 	"testing"
 
+	corev1 "k8s.io/api/core/v1"
+
 	"github.com/sandbox-executor/sandbox-executor/config"
+	"github.com/sandbox-executor/sandbox-executor/tests/charttest"
 )
 
-// The config shipped in deploy/runner is valid, uses the pod's ServiceAccount (in-cluster config),
-// and pins runner_name: the gc CronJob reaps claims by it, whichever runner pod made them.
-func TestDeployRunnerConfig(t *testing.T) {
-	cfg, err := config.Load("../deploy/runner/config.toml")
+// The config the chart gives gc is valid (the runner's is the same plus the runner image's
+// binaries: tests/charttest), uses the pod's ServiceAccount (in-cluster config), and pins
+// runner_name: gc reaps claims by it, whichever runner pod made them.
+func TestChartExecutorConfig(t *testing.T) {
+	objs := charttest.Render(t, "sandbox-executor", "ci-sandbox", "")
+	var cm corev1.ConfigMap
+	objs.Decode(t, "ConfigMap", "sandbox-executor-config", &cm)
+	cfg, err := config.Parse("gc.toml", []byte(cm.Data["gc.toml"]))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -19,7 +26,10 @@ func TestDeployRunnerConfig(t *testing.T) {
 	if cfg.RunnerName != "duo-runner" {
 		t.Errorf("runner_name %q: must be set explicitly, not the pod's host name", cfg.RunnerName)
 	}
-	if cfg.Namespace != "sandbox-executor" {
-		t.Errorf("namespace %q: deploy/base installs the pools in sandbox-executor", cfg.Namespace)
+	if cfg.Namespace != "ci-sandbox" {
+		t.Errorf("namespace %q: the chart installs the pools in the release's namespace, ci-sandbox", cfg.Namespace)
+	}
+	if cfg.StageTransport != config.TransportNetwork {
+		t.Errorf("stage_transport %q: want the default, network", cfg.StageTransport)
 	}
 }

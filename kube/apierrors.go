@@ -36,7 +36,7 @@ func explainAPIError(err error, call apiCall) error {
 	s := status.Status()
 	switch {
 	case apierrors.IsForbidden(err):
-		return failure.PermanentError(nil, "RBAC denied: cannot %s %s in namespace %s; grant the executor's identity the %q verb on %q (see deploy/base/rbac.yaml)",
+		return failure.PermanentError(nil, "RBAC denied: cannot %s %s in namespace %s; grant the executor's identity the %q verb on %q (the chart deploy/chart grants exactly these)",
 			call.Verb, call.Resource, call.Namespace, call.Verb, call.Resource)
 	case apierrors.IsUnauthorized(err):
 		return failure.PermanentError(nil, "kubernetes API rejected the executor's credentials (%s): check kubeconfig or the service account token", call)

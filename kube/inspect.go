@@ -5,8 +5,11 @@ import (
 	"slices"
 	"strings"
 
+	admissionv1 "k8s.io/api/admissionregistration/v1"
+	authenticationv1 "k8s.io/api/authentication/v1"
 	authorizationv1 "k8s.io/api/authorization/v1"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	nodev1 "k8s.io/api/node/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -89,6 +92,37 @@ func (c *Clients) WarmPool(ctx context.Context, namespace, name string) (*extv1b
 // Template reads a SandboxTemplate.
 func (c *Clients) Template(ctx context.Context, namespace, name string) (*extv1beta1.SandboxTemplate, error) {
 	return c.Extensions.ExtensionsV1beta1().SandboxTemplates(namespace).Get(ctx, name, metav1.GetOptions{})
+}
+
+// NetworkPolicies lists the NetworkPolicies of a namespace.
+func (c *Clients) NetworkPolicies(ctx context.Context, namespace string) ([]networkingv1.NetworkPolicy, error) {
+	list, err := c.Kube.NetworkingV1().NetworkPolicies(namespace).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return nil, err
+	}
+	return list.Items, nil
+}
+
+// AdmissionPolicies lists the cluster's ValidatingAdmissionPolicies and their bindings.
+func (c *Clients) AdmissionPolicies(ctx context.Context) ([]admissionv1.ValidatingAdmissionPolicy, []admissionv1.ValidatingAdmissionPolicyBinding, error) {
+	policies, err := c.Kube.AdmissionregistrationV1().ValidatingAdmissionPolicies().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return nil, nil, err
+	}
+	bindings, err := c.Kube.AdmissionregistrationV1().ValidatingAdmissionPolicyBindings().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return nil, nil, err
+	}
+	return policies.Items, bindings.Items, nil
+}
+
+// WhoAmI is the username the API server knows this identity by.
+func (c *Clients) WhoAmI(ctx context.Context) (string, error) {
+	review, err := c.Kube.AuthenticationV1().SelfSubjectReviews().Create(ctx, &authenticationv1.SelfSubjectReview{}, metav1.CreateOptions{})
+	if err != nil {
+		return "", err
+	}
+	return review.Status.UserInfo.Username, nil
 }
 
 // Nodes lists the cluster's nodes (cluster-admin credentials).

@@ -26,6 +26,10 @@ var (
 	SandboxWarmPools = extv1beta1.GroupVersion.WithResource("sandboxwarmpools").GroupResource()
 	Pods             = schema.GroupResource{Resource: "pods"}
 	RuntimeClasses   = schema.GroupResource{Group: "node.k8s.io", Resource: "runtimeclasses"}
+	// Read by doctor only.
+	NetworkPolicies         = schema.GroupResource{Group: "networking.k8s.io", Resource: "networkpolicies"}
+	AdmissionPolicies       = schema.GroupResource{Group: "admissionregistration.k8s.io", Resource: "validatingadmissionpolicies"}
+	AdmissionPolicyBindings = schema.GroupResource{Group: "admissionregistration.k8s.io", Resource: "validatingadmissionpolicybindings"}
 )
 
 // CRDs are the agent-sandbox resources the executor uses; APIVersion is the version its clients

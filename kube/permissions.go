@@ -1,6 +1,6 @@
 package kube
 
-// Permission is one verb on one resource that sandbox-executor needs. deploy/base/rbac.yaml
+// Permission is one verb on one resource that sandbox-executor needs. The chart (deploy/chart)
 // grants exactly RequiredPermissions (a unit test holds the two together), and doctor checks each
 // one with a SelfSubjectAccessReview.
 type Permission struct {
@@ -47,7 +47,7 @@ var RequiredPermissions = []Permission{
 
 // ColdStartPermissions is what unknown_image = "cold" needs beyond RequiredPermissions: creating
 // Sandboxes from a template is a wider right than claiming from a pool, so the default Role does
-// not grant it. deploy/components/cold-images grants exactly this list (a unit test holds the two
+// not grant it. the chart grants exactly this list with coldStart.enabled (a unit test holds the two
 // together), and doctor checks it only when the config sets unknown_image = "cold".
 var ColdStartPermissions = []Permission{
 	{Sandboxes.Group, Sandboxes.Resource, "create", "prepare: unknown_image = cold, the job's Sandbox from cold_template (ColdStart)"},
@@ -56,8 +56,16 @@ var ColdStartPermissions = []Permission{
 	{Sandboxes.Group, Sandboxes.Resource, "list", "gc: this runner's cold-started Sandboxes (RunnerColdStarts)"},
 }
 
+// DoctorPermissions is what doctor reads in the namespace beyond RequiredPermissions. Jobs never
+// need it; without it doctor says it cannot verify the pools' NetworkPolicies.
+var DoctorPermissions = []Permission{
+	{NetworkPolicies.Group, NetworkPolicies.Resource, "list", "doctor: each pool's template has its NetworkPolicy (NetworkPolicies)"},
+}
+
 // ClusterPermissions is what doctor reads outside the namespace. Jobs never need it; without it
-// doctor cannot confirm the RuntimeClasses exist and says so.
+// doctor cannot confirm the RuntimeClasses and the cold-start admission policy exist and says so.
 var ClusterPermissions = []Permission{
 	{RuntimeClasses.Group, RuntimeClasses.Resource, "get", "doctor: the configured RuntimeClasses exist"},
+	{AdmissionPolicies.Group, AdmissionPolicies.Resource, "list", "doctor: unknown_image = cold, the policy holding cold starts to gVisor (AdmissionPolicies)"},
+	{AdmissionPolicyBindings.Group, AdmissionPolicyBindings.Resource, "list", "doctor: unknown_image = cold, the policy's binding (AdmissionPolicies)"},
 }

@@ -1,44 +1,38 @@
 package kube_test
 
 import (
-	"bytes"
-	"errors"
-	"io"
-	"os"
 	"slices"
 	"testing"
 
-	"github.com/sandbox-executor/sandbox-executor/kube"
 	rbacv1 "k8s.io/api/rbac/v1"
-	"k8s.io/apimachinery/pkg/util/yaml"
+
+	"github.com/sandbox-executor/sandbox-executor/kube"
+	"github.com/sandbox-executor/sandbox-executor/tests/charttest"
 )
 
-// rbacObjects reads the Roles and ClusterRoles of a multi-document manifest, by name.
-func rbacObjects(t *testing.T, path string) (roles, clusterRoles map[string]rbacv1.Role) {
+// rbacObjects renders the chart (with cold starts on, so every Role is there) and returns the
+// Roles and ClusterRoles bound to the executor's ServiceAccount, by name.
+func rbacObjects(t *testing.T) (roles, clusterRoles map[string]rbacv1.Role) {
 	t.Helper()
-	data, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
+	objs := charttest.Render(t, "sandbox-executor", "sandbox-executor", "coldStart: {enabled: true}\n")
 	roles, clusterRoles = map[string]rbacv1.Role{}, map[string]rbacv1.Role{}
-	dec := yaml.NewYAMLOrJSONDecoder(bytes.NewReader(data), 4096)
-	for {
-		var obj struct {
-			Kind string `json:"kind"`
-			rbacv1.Role
-		}
-		if err := dec.Decode(&obj); errors.Is(err, io.EOF) {
-			return roles, clusterRoles
-		} else if err != nil {
-			t.Fatalf("%s: %v", path, err)
-		}
-		switch obj.Kind {
-		case "Role":
-			roles[obj.Name] = obj.Role
-		case "ClusterRole":
-			clusterRoles[obj.Name] = obj.Role
+	for _, kind := range []string{"RoleBinding", "ClusterRoleBinding"} {
+		for _, u := range objs.OfKind(kind) {
+			var b rbacv1.RoleBinding
+			objs.Decode(t, kind, u.GetName(), &b)
+			if len(b.Subjects) != 1 || b.Subjects[0].Name != "sandbox-executor" {
+				continue
+			}
+			var r rbacv1.Role
+			objs.Decode(t, b.RoleRef.Kind, b.RoleRef.Name, &r)
+			if b.RoleRef.Kind == "Role" {
+				roles[r.Name] = r
+			} else {
+				clusterRoles[r.Name] = r
+			}
 		}
 	}
+	return roles, clusterRoles
 }
 
 // granted flattens RBAC rules to one Permission per verb, refusing what a list cannot express.
@@ -73,35 +67,33 @@ func wanted(perms []kube.Permission) []string {
 	return out
 }
 
-// The shipped Role grants exactly what the code calls: no more (least privilege), no less (a
-// missing verb is a job failing in production with "RBAC denied").
-func TestRoleGrantsExactlyRequiredPermissions(t *testing.T) {
-	roles, clusterRoles := rbacObjects(t, "../deploy/base/rbac.yaml")
-	role, ok := roles["sandbox-executor"]
-	if !ok {
-		t.Fatal("deploy/base/rbac.yaml has no Role sandbox-executor")
+// The chart's Roles grant the executor's ServiceAccount exactly what the code calls: no more
+// (least privilege), no less (a missing verb is a job failing in production with "RBAC denied").
+// What jobs need (Role sandbox-executor), what cold starts add (sandbox-executor-cold-images, only
+// with coldStart.enabled), what doctor reads (sandbox-executor-doctor), and nothing else.
+func TestChartGrantsExactlyThePermissions(t *testing.T) {
+	roles, clusterRoles := rbacObjects(t)
+	for _, want := range []struct {
+		kind, name string
+		roles      map[string]rbacv1.Role
+		list       string
+		perms      []kube.Permission
+	}{
+		{"Role", "sandbox-executor", roles, "kube.RequiredPermissions", kube.RequiredPermissions},
+		{"Role", "sandbox-executor-cold-images", roles, "kube.ColdStartPermissions", kube.ColdStartPermissions},
+		{"Role", "sandbox-executor-doctor", roles, "kube.DoctorPermissions", kube.DoctorPermissions},
+		{"ClusterRole", "sandbox-executor-doctor", clusterRoles, "kube.ClusterPermissions", kube.ClusterPermissions},
+	} {
+		role, ok := want.roles[want.name]
+		if !ok {
+			t.Errorf("the chart binds no %s %s to the executor's ServiceAccount", want.kind, want.name)
+			continue
+		}
+		assertSameGrants(t, want.kind+" "+want.name, granted(t, want.kind, role.Rules), want.list, wanted(want.perms))
 	}
-	assertSameGrants(t, "Role sandbox-executor", granted(t, "Role", role.Rules), "kube.RequiredPermissions", wanted(kube.RequiredPermissions))
-	doctor, ok := clusterRoles["sandbox-executor-doctor"]
-	if !ok {
-		t.Fatal("deploy/base/rbac.yaml has no ClusterRole sandbox-executor-doctor")
+	if len(roles)+len(clusterRoles) != 4 {
+		t.Errorf("the executor's ServiceAccount is bound to %d roles, want exactly the four above", len(roles)+len(clusterRoles))
 	}
-	assertSameGrants(t, "ClusterRole sandbox-executor-doctor", granted(t, "ClusterRole", doctor.Rules), "kube.ClusterPermissions", wanted(kube.ClusterPermissions))
-	if len(roles)+len(clusterRoles) != 2 {
-		t.Errorf("deploy/base/rbac.yaml defines %d roles, want exactly the two above", len(roles)+len(clusterRoles))
-	}
-}
-
-// The cold-images component grants exactly what unknown_image = "cold" adds, and nothing else;
-// the default Role grants none of it (creating Sandboxes is opt-in).
-func TestColdImagesComponentGrantsExactlyColdStartPermissions(t *testing.T) {
-	roles, clusterRoles := rbacObjects(t, "../deploy/components/cold-images/rbac.yaml")
-	role, ok := roles["sandbox-executor-cold-images"]
-	if !ok || len(roles) != 1 || len(clusterRoles) != 0 {
-		t.Fatalf("deploy/components/cold-images/rbac.yaml must define exactly the Role sandbox-executor-cold-images: %d roles, %d cluster roles", len(roles), len(clusterRoles))
-	}
-	// TestPermissionsAreUniqueAndExplained keeps these out of RequiredPermissions, the default Role.
-	assertSameGrants(t, "Role sandbox-executor-cold-images", granted(t, "Role", role.Rules), "kube.ColdStartPermissions", wanted(kube.ColdStartPermissions))
 }
 
 func assertSameGrants(t *testing.T, role string, got []string, list string, want []string) {
@@ -120,7 +112,7 @@ func assertSameGrants(t *testing.T, role string, got []string, list string, want
 
 func TestPermissionsAreUniqueAndExplained(t *testing.T) {
 	seen := map[string]bool{}
-	for _, p := range slices.Concat(kube.RequiredPermissions, kube.ColdStartPermissions, kube.ClusterPermissions) {
+	for _, p := range slices.Concat(kube.RequiredPermissions, kube.ColdStartPermissions, kube.DoctorPermissions, kube.ClusterPermissions) {
 		if seen[p.String()] {
 			t.Errorf("%s listed twice", p)
 		}

@@ -12,8 +12,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/http"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/sandbox-executor/sandbox-executor/operator"
 	"github.com/urfave/cli/v2"
@@ -23,8 +25,12 @@ import (
 	"github.com/sandbox-executor/sandbox-executor/kube"
 
 	"github.com/go-logr/logr"
+	admissionv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
 	extv1beta1 "sigs.k8s.io/agent-sandbox/extensions/api/v1beta1"
 
 	"github.com/sandbox-executor/sandbox-executor/config"
@@ -60,7 +66,7 @@ func (r Result) String() string {
 func Command(setup operator.Setup) *cli.Command {
 	return &cli.Command{
 		Name:  "doctor",
-		Usage: "check the cluster before use: CRDs, RBAC, RuntimeClasses, pools and their templates (exit 1 on any FAIL)",
+		Usage: "check the cluster before use: CRDs, RBAC, RuntimeClasses, pools, their templates and NetworkPolicies, the cold-start admission policy, egress proxies (exit 1 on any FAIL)",
 		Flags: []cli.Flag{
 			&cli.BoolFlag{Name: "kubelet", Usage: "also read every node's kubelet podPidsLimit (needs cluster-admin credentials)"},
 		},
@@ -86,9 +92,14 @@ type Checker struct {
 	// replace it.
 	KubeletConfigz func(ctx context.Context, node string) ([]byte, error)
 
+	// HTTP reaches the egress proxies' admin ports; tests replace it.
+	HTTP *http.Client
+
 	// tolerations of the job pods (templates and RuntimeClasses seen so far): the kubelet check
 	// skips nodes whose taints keep job pods off.
 	tolerations []corev1.Toleration
+	// templates found by the pool checks, for the NetworkPolicy check.
+	templates []*extv1beta1.SandboxTemplate
 }
 
 // Run prints every check's line and fails when any check FAILs.
@@ -114,7 +125,7 @@ func Run(ctx context.Context, env *stages.Env, opts Options) error {
 
 // Run runs the checks in order. Nothing else is worth asking an API server that does not answer.
 func (c *Checker) Run(ctx context.Context) []Result {
-	c.tolerations = nil
+	c.tolerations, c.templates = nil, nil
 	api := c.checkAPI()
 	if api.Status == Fail {
 		return []Result{api}
@@ -124,6 +135,11 @@ func (c *Checker) Run(ctx context.Context) []Result {
 	out = append(out, c.checkRBAC(ctx)...)
 	out = append(out, c.checkRuntimeClasses(ctx)...)
 	out = append(out, c.checkPools(ctx)...)
+	out = append(out, c.checkNetworkPolicies(ctx)...)
+	if c.Config.UnknownImage == config.UnknownImageCold {
+		out = append(out, c.checkColdStartPolicy(ctx))
+	}
+	out = append(out, c.checkEgressProxies(ctx)...)
 	if c.Options.Kubelet {
 		out = append(out, c.checkKubelets(ctx)...)
 	}
@@ -182,11 +198,11 @@ func (c *Checker) checkRBAC(ctx context.Context) []Result {
 	}
 	var perms []permission
 	for _, p := range kube.RequiredPermissions {
-		perms = append(perms, permission{p, "bind the executor's identity to Role sandbox-executor (kubectl apply -k deploy/base, rbac.yaml)"})
+		perms = append(perms, permission{p, "bind the executor's identity to the chart's Role (helm upgrade; RoleBinding <release>-sandbox-executor grants exactly these)"})
 	}
 	if c.Config.UnknownImage == config.UnknownImageCold {
 		for _, p := range kube.ColdStartPermissions {
-			perms = append(perms, permission{p, "add the component deploy/components/cold-images to your overlay (unknown_image = \"cold\")"})
+			perms = append(perms, permission{p, "helm upgrade with coldStart.enabled=true (unknown_image = \"cold\")"})
 		}
 	}
 	for _, p := range perms {
@@ -215,10 +231,10 @@ func (c *Checker) checkRuntimeClasses(ctx context.Context) []Result {
 		rc, err := c.Clients.RuntimeClass(ctx, name)
 		switch {
 		case apierrors.IsForbidden(err):
-			out = append(out, Result{Warn, check, "cannot verify: this identity may not get runtimeclasses", "apply ClusterRole and ClusterRoleBinding sandbox-executor-doctor (deploy/base/rbac.yaml)"})
+			out = append(out, Result{Warn, check, "cannot verify: this identity may not get runtimeclasses", "bind the executor's identity to the chart's ClusterRole ...-doctor (helm upgrade)"})
 		case apierrors.IsNotFound(err):
 			out = append(out, Result{Fail, check, "not found: every job pod would be refused (runtime_classes in " + c.Config.Path() + ")",
-				"install gVisor (runsc) on the nodes and apply deploy/base/runtimeclass.yaml, or fix runtime_classes"})
+				"install gVisor (runsc) on the nodes and create the RuntimeClass (the chart's runtimeClass.create), or fix runtime_classes"})
 		case err != nil:
 			out = append(out, Result{Fail, check, oneLine(err), "check the API server"})
 		default:
@@ -250,10 +266,10 @@ func (c *Checker) checkPools(ctx context.Context) []Result {
 		switch {
 		case apierrors.IsNotFound(err):
 			out = append(out, Result{Fail, check, fmt.Sprintf("SandboxWarmPool %q not found in namespace %q", p.Name, ns),
-				fmt.Sprintf("create it (deploy/base/sandboxwarmpool.yaml) or correct the [[pool]] name in %s", c.Config.Path())})
+				fmt.Sprintf("add it to the chart's pools values (helm upgrade) or correct the [[pool]] name in %s", c.Config.Path())})
 			continue
 		case err != nil:
-			out = append(out, Result{Fail, check, oneLine(err), "check the API server and Role sandbox-executor"})
+			out = append(out, Result{Fail, check, oneLine(err), "check the API server and the chart's Role"})
 			continue
 		}
 		out = append(out, poolResult(pool))
@@ -264,6 +280,141 @@ func (c *Checker) checkPools(ctx context.Context) []Result {
 	}
 	for _, t := range order {
 		out = append(out, c.checkTemplate(ctx, t, templates[t]))
+	}
+	return out
+}
+
+// checkNetworkPolicies finds each checked template's NetworkPolicy: with networkPolicyManagement
+// Managed, agent-sandbox makes one per template (owned by it); a template without one leaves its
+// pods' egress open.
+func (c *Checker) checkNetworkPolicies(ctx context.Context) []Result {
+	if len(c.templates) == 0 {
+		return nil
+	}
+	ns := c.Config.Namespace
+	policies, err := c.Clients.NetworkPolicies(ctx, ns)
+	switch {
+	case apierrors.IsForbidden(err):
+		return []Result{{Warn, "networkpolicies", "cannot verify: this identity may not list networkpolicies in namespace " + ns, "bind the executor's identity to the chart's Role ...-doctor (helm upgrade)"}}
+	case err != nil:
+		return []Result{{Fail, "networkpolicies", oneLine(err), "check the API server"}}
+	}
+	var out []Result
+	for _, t := range c.templates {
+		check := "networkpolicy " + t.Name
+		if t.Spec.NetworkPolicyManagement == extv1beta1.NetworkPolicyManagementUnmanaged {
+			out = append(out, Result{Warn, check, "networkPolicyManagement Unmanaged: not checked", "set networkPolicyManagement Managed with a networkPolicy (the chart's templates do)"})
+			continue
+		}
+		policy := templatePolicy(policies, t.Name)
+		switch {
+		case policy == nil:
+			out = append(out, Result{Fail, check, "agent-sandbox has made no NetworkPolicy for template " + t.Name + ": its pods' egress is open",
+				"check that the agent-sandbox controller runs (its logs) and that the cluster's network plugin enforces NetworkPolicy"})
+		case !slices.Contains(policy.Spec.PolicyTypes, networkingv1.PolicyTypeEgress):
+			out = append(out, Result{Fail, check, "NetworkPolicy " + policy.Name + " does not restrict egress", "give the template a networkPolicy with egress rules (the chart's templates have them)"})
+		default:
+			out = append(out, Result{OK, check, "NetworkPolicy " + policy.Name + " restricts ingress and egress", ""})
+		}
+	}
+	return out
+}
+
+func templatePolicy(policies []networkingv1.NetworkPolicy, template string) *networkingv1.NetworkPolicy {
+	for i := range policies {
+		if owner := metav1.GetControllerOf(&policies[i]); owner != nil && owner.Kind == "SandboxTemplate" && owner.Name == template {
+			return &policies[i]
+		}
+	}
+	return nil
+}
+
+// checkColdStartPolicy looks for what holds cold starts to gVisor: RBAC lets the executor create
+// Sandboxes of any pod spec, so a ValidatingAdmissionPolicy must match this identity, require a
+// configured RuntimeClass, and be bound with Deny in the namespace.
+func (c *Checker) checkColdStartPolicy(ctx context.Context) Result {
+	const check = "admission policy (unknown_image = cold)"
+	const fix = "helm upgrade with coldStart.enabled=true (its policy matches the release's ServiceAccount and namespace), or set unknown_image = \"reject\""
+	user, err := c.Clients.WhoAmI(ctx)
+	if err != nil {
+		return Result{Warn, check, "cannot verify: who this identity is is unknown: " + oneLine(err), "check the API server (SelfSubjectReview)"}
+	}
+	policies, bindings, err := c.Clients.AdmissionPolicies(ctx)
+	switch {
+	case apierrors.IsForbidden(err):
+		return Result{Warn, check, "cannot verify: this identity may not list validatingadmissionpolicies and their bindings", "bind the executor's identity to the chart's ClusterRole ...-doctor (helm upgrade)"}
+	case err != nil:
+		return Result{Fail, check, oneLine(err), "check the API server"}
+	}
+	var unbound []string
+	for _, p := range policies {
+		if !holdsToRuntime(&p, user, c.Config.RuntimeClasses) {
+			continue
+		}
+		for _, b := range bindings {
+			if b.Spec.PolicyName == p.Name && slices.Contains(b.Spec.ValidationActions, admissionv1.Deny) && bindsNamespace(&b, c.Config.Namespace) {
+				return Result{OK, check, fmt.Sprintf("policy %s (binding %s, Deny) holds the Sandboxes %s creates to %s", p.Name, b.Name, user, strings.Join(c.Config.RuntimeClasses, ", ")), ""}
+			}
+		}
+		unbound = append(unbound, p.Name)
+	}
+	if len(unbound) > 0 {
+		return Result{Fail, check, fmt.Sprintf("policy %s is not bound with validationActions Deny in namespace %s: cold starts are not held to gVisor", strings.Join(unbound, ", "), c.Config.Namespace), fix}
+	}
+	return Result{Fail, check, fmt.Sprintf("no ValidatingAdmissionPolicy holds the Sandboxes %s creates to %s: a stolen executor token could start pods outside the sandbox", user, strings.Join(c.Config.RuntimeClasses, ", ")), fix}
+}
+
+// holdsToRuntime: the policy matches requests by user and validates runtimeClassName against one
+// of the configured RuntimeClasses.
+func holdsToRuntime(p *admissionv1.ValidatingAdmissionPolicy, user string, runtimeClasses []string) bool {
+	matchesUser := slices.ContainsFunc(p.Spec.MatchConditions, func(m admissionv1.MatchCondition) bool {
+		return strings.Contains(m.Expression, "'"+user+"'")
+	})
+	checksRuntime := slices.ContainsFunc(p.Spec.Validations, func(v admissionv1.Validation) bool {
+		return strings.Contains(v.Expression, "runtimeClassName") && slices.ContainsFunc(runtimeClasses, func(rc string) bool { return strings.Contains(v.Expression, "'"+rc+"'") })
+	})
+	return matchesUser && checksRuntime
+}
+
+func bindsNamespace(b *admissionv1.ValidatingAdmissionPolicyBinding, namespace string) bool {
+	if b.Spec.MatchResources == nil || b.Spec.MatchResources.NamespaceSelector == nil {
+		return true
+	}
+	selector, err := metav1.LabelSelectorAsSelector(b.Spec.MatchResources.NamespaceSelector)
+	return err == nil && selector.Matches(labels.Set{corev1.LabelMetadataName: namespace})
+}
+
+// checkEgressProxies asks each configured egress proxy's admin port for /healthz, as the run
+// stage will ask it for blocked attempts.
+func (c *Checker) checkEgressProxies(ctx context.Context) []Result {
+	client := c.HTTP
+	if client == nil {
+		client = &http.Client{Timeout: 5 * time.Second}
+	}
+	var out []Result
+	for _, p := range c.Config.Pools {
+		if p.EgressProxy == "" {
+			continue
+		}
+		check := "egress proxy " + p.Name
+		url := strings.TrimSuffix(p.EgressProxy, "/") + "/healthz"
+		const fix = "check the egress proxy's Deployment and Service (the chart's egressProxy.enabled), and that its NetworkPolicy admits this runner (label app.kubernetes.io/name=sandbox-executor-runner)"
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+		if err != nil {
+			out = append(out, Result{Fail, check, oneLine(err), "fix egress_proxy in " + c.Config.Path()})
+			continue
+		}
+		resp, err := client.Do(req)
+		if err != nil {
+			out = append(out, Result{Fail, check, "admin port unreachable: " + oneLine(err), fix})
+			continue
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			out = append(out, Result{Fail, check, url + " answered " + resp.Status, fix})
+			continue
+		}
+		out = append(out, Result{OK, check, url + " answers", ""})
 	}
 	return out
 }
@@ -292,19 +443,20 @@ func (c *Checker) checkTemplate(ctx context.Context, name string, users []string
 	t, err := c.Clients.Template(ctx, c.Config.Namespace, name)
 	switch {
 	case apierrors.IsForbidden(err):
-		return Result{Warn, check, "cannot verify: this identity may not get sandboxtemplates", "apply Role sandbox-executor (deploy/base/rbac.yaml)"}
+		return Result{Warn, check, "cannot verify: this identity may not get sandboxtemplates", "bind the executor's identity to the chart's Role (helm upgrade)"}
 	case apierrors.IsNotFound(err):
-		return Result{Fail, check, "SandboxTemplate not found: no sandbox can be made from it", "apply the template (deploy/base/sandboxtemplate.yaml), or fix the pool's sandboxTemplateRef or cold_template"}
+		return Result{Fail, check, "SandboxTemplate not found: no sandbox can be made from it", "add it to the chart's templates values (helm upgrade), or fix the pool's template or cold_template"}
 	case err != nil:
 		return Result{Fail, check, oneLine(err), "check the API server"}
 	}
 	c.tolerations = append(c.tolerations, t.Spec.PodTemplate.Spec.Tolerations...)
+	c.templates = append(c.templates, t)
 	fails, warns := TemplateProblems(t, c.Config.RuntimeClasses, c.Config.RequireFence)
 	switch {
 	case len(fails) > 0:
-		return Result{Fail, check, strings.Join(append(fails, warns...), "; "), "fix the SandboxTemplate (see deploy/base/sandboxtemplate.yaml)"}
+		return Result{Fail, check, strings.Join(append(fails, warns...), "; "), "fix the SandboxTemplate (the chart's templates are hardened: deploy/chart/sandbox-executor)"}
 	case len(warns) > 0:
-		return Result{Warn, check, strings.Join(warns, "; "), "harden the SandboxTemplate (see deploy/base/sandboxtemplate.yaml)"}
+		return Result{Warn, check, strings.Join(warns, "; "), "harden the SandboxTemplate (as the chart's are: deploy/chart/sandbox-executor)"}
 	}
 	rc := *t.Spec.PodTemplate.Spec.RuntimeClassName
 	return Result{OK, check, "runtimeClassName " + rc + ", nothing privileged, no ServiceAccount token, limits set, egress restricted", ""}

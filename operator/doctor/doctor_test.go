@@ -4,11 +4,17 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"net/http"
+	"net/http/httptest"
+	"reflect"
 	"strings"
 	"testing"
 
+	admissionv1 "k8s.io/api/admissionregistration/v1"
+	authenticationv1 "k8s.io/api/authentication/v1"
 	authorizationv1 "k8s.io/api/authorization/v1"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	nodev1 "k8s.io/api/node/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -19,6 +25,7 @@ import (
 	fakediscovery "k8s.io/client-go/discovery/fake"
 	kubefake "k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
+	"k8s.io/utils/ptr"
 	sandboxv1beta1 "sigs.k8s.io/agent-sandbox/api/v1beta1"
 	extfake "sigs.k8s.io/agent-sandbox/clients/k8s/extensions/clientset/versioned/fake"
 	extv1beta1 "sigs.k8s.io/agent-sandbox/extensions/api/v1beta1"
@@ -33,7 +40,7 @@ import (
 
 const ns = "sandbox-executor"
 
-// fixture is a healthy cluster as deploy/base leaves it; tests break one thing each.
+// fixture is a healthy cluster as the chart (deploy/chart) leaves it; tests break one thing each.
 type fixture struct {
 	kube *kubefake.Clientset
 	ext  *extfake.Clientset
@@ -42,7 +49,14 @@ type fixture struct {
 	denied map[string]bool
 	pool   *extv1beta1.SandboxWarmPool
 	tmpl   *extv1beta1.SandboxTemplate
+	// netpol is the NetworkPolicy agent-sandbox makes for tmpl.
+	netpol *networkingv1.NetworkPolicy
+	// policy and binding hold cold starts to gVisor, as the chart's coldStart.enabled makes them.
+	policy  *admissionv1.ValidatingAdmissionPolicy
+	binding *admissionv1.ValidatingAdmissionPolicyBinding
 }
+
+const executorUser = "system:serviceaccount:sandbox-executor:sandbox-executor"
 
 func newFixture(t *testing.T) *fixture {
 	t.Helper()
@@ -64,6 +78,26 @@ name = "duo-default"
 			Status:     extv1beta1.SandboxWarmPoolStatus{ReadyReplicas: 2},
 		},
 		tmpl: hardenedTemplate(),
+		netpol: &networkingv1.NetworkPolicy{
+			ObjectMeta: metav1.ObjectMeta{Name: "duo-gvisor-network-policy", Namespace: ns, OwnerReferences: []metav1.OwnerReference{{
+				APIVersion: "extensions.agents.x-k8s.io/v1beta1", Kind: "SandboxTemplate", Name: "duo-gvisor", Controller: ptr.To(true),
+			}}},
+			Spec: networkingv1.NetworkPolicySpec{PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeIngress, networkingv1.PolicyTypeEgress}},
+		},
+		policy: &admissionv1.ValidatingAdmissionPolicy{
+			ObjectMeta: metav1.ObjectMeta{Name: "sandbox-executor-cold-images"},
+			Spec: admissionv1.ValidatingAdmissionPolicySpec{
+				MatchConditions: []admissionv1.MatchCondition{{Name: "created-by-sandbox-executor", Expression: "request.userInfo.username == '" + executorUser + "'"}},
+				Validations:     []admissionv1.Validation{{Expression: "has(variables.pod.runtimeClassName) && variables.pod.runtimeClassName == 'gvisor'"}},
+			},
+		},
+		binding: &admissionv1.ValidatingAdmissionPolicyBinding{
+			ObjectMeta: metav1.ObjectMeta{Name: "sandbox-executor-cold-images"},
+			Spec: admissionv1.ValidatingAdmissionPolicyBindingSpec{
+				PolicyName: "sandbox-executor-cold-images", ValidationActions: []admissionv1.ValidationAction{admissionv1.Deny},
+				MatchResources: &admissionv1.MatchResources{NamespaceSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"kubernetes.io/metadata.name": ns}}},
+			},
+		},
 	}
 	return f
 }
@@ -101,12 +135,23 @@ func (f *fixture) checker(t *testing.T, kubelet map[string]string) *doctor.Check
 		extObjects = append(extObjects, f.tmpl)
 	}
 	f.ext = extfake.NewSimpleClientset(extObjects...)
-	f.kube = kubefake.NewSimpleClientset(
+	kubeObjects := []runtime.Object{
 		&nodev1.RuntimeClass{ObjectMeta: metav1.ObjectMeta{Name: "gvisor"}, Handler: "runsc"},
 		&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-a"}},
 		// Job pods cannot run here: the kubelet check skips it.
 		&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "control-plane"}, Spec: corev1.NodeSpec{Taints: []corev1.Taint{{Key: "node-role.kubernetes.io/control-plane", Effect: corev1.TaintEffectNoSchedule}}}},
-	)
+	}
+	for _, o := range []runtime.Object{f.netpol, f.policy, f.binding} {
+		if !reflect.ValueOf(o).IsNil() {
+			kubeObjects = append(kubeObjects, o)
+		}
+	}
+	f.kube = kubefake.NewSimpleClientset(kubeObjects...)
+	f.kube.PrependReactor("create", "selfsubjectreviews", func(action k8stesting.Action) (bool, runtime.Object, error) {
+		review := action.(k8stesting.CreateAction).GetObject().(*authenticationv1.SelfSubjectReview)
+		review.Status.UserInfo.Username = executorUser
+		return true, review, nil
+	})
 	disc := f.kube.Discovery().(*fakediscovery.FakeDiscovery)
 	disc.FakedServerVersion = &version.Info{GitVersion: "v1.36.3"}
 	disc.Resources = []*metav1.APIResourceList{
@@ -186,8 +231,9 @@ func TestHealthyClusterIsAllOK(t *testing.T) {
 		t.Fatalf("doctor failed on a healthy cluster: %v\n%s", err, out.String())
 	}
 	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
-	// API, 4 CRDs, one line per permission, the RuntimeClass, the pool and its template.
-	if want := 1 + 4 + len(kube.RequiredPermissions) + 1 + 1 + 1; len(lines) != want {
+	// API, 4 CRDs, one line per permission, the RuntimeClass, the pool, its template and the
+	// template's NetworkPolicy.
+	if want := 1 + 4 + len(kube.RequiredPermissions) + 1 + 1 + 1 + 1; len(lines) != want {
 		t.Errorf("%d lines, want %d:\n%s", len(lines), want, out.String())
 	}
 	for _, l := range lines {
@@ -201,6 +247,7 @@ func TestHealthyClusterIsAllOK(t *testing.T) {
 		"ok    runtimeclass gvisor: handler runsc",
 		"ok    pool duo-default: 2 of 2 sandboxes Ready (template duo-gvisor)",
 		"ok    template duo-gvisor (pool duo-default): runtimeClassName gvisor",
+		"ok    networkpolicy duo-gvisor: NetworkPolicy duo-gvisor-network-policy restricts ingress and egress",
 	} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("output lacks %q:\n%s", want, out.String())
@@ -246,7 +293,7 @@ func TestRBACDeniedVerbFails(t *testing.T) {
 	f.denied["create pods/exec"] = true
 	f.denied["list sandboxclaims"] = true
 	results := f.checker(t, nil).Run(context.Background())
-	expect(t, results, "rbac create pods/exec", doctor.Fail, "denied in namespace sandbox-executor", "Role sandbox-executor")
+	expect(t, results, "rbac create pods/exec", doctor.Fail, "denied in namespace sandbox-executor", "the chart's Role")
 	expect(t, results, "rbac list sandboxclaims.extensions.agents.x-k8s.io", doctor.Fail, "gc")
 	expect(t, results, "rbac get pods/exec", doctor.OK)
 	expect(t, results, "rbac create sandboxclaims.extensions.agents.x-k8s.io", doctor.OK)
@@ -259,7 +306,7 @@ func TestColdStartChecks(t *testing.T) {
 	f.cfg.UnknownImage, f.cfg.ColdTemplate, f.cfg.ColdImages = config.UnknownImageCold, "duo-gvisor", []string{"alpine:*"}
 	f.denied["create sandboxes"] = true
 	results := f.checker(t, nil).Run(context.Background())
-	expect(t, results, "rbac create sandboxes.agents.x-k8s.io", doctor.Fail, "ColdStart", "deploy/components/cold-images")
+	expect(t, results, "rbac create sandboxes.agents.x-k8s.io", doctor.Fail, "ColdStart", "coldStart.enabled=true")
 	expect(t, results, "rbac delete sandboxes.agents.x-k8s.io", doctor.OK)
 	expect(t, results, "template duo-gvisor (pool duo-default, cold_template)", doctor.OK, "runtimeClassName gvisor")
 
@@ -289,7 +336,7 @@ func TestRuntimeClass(t *testing.T) {
 		f.kube.PrependReactor("get", "runtimeclasses", func(k8stesting.Action) (bool, runtime.Object, error) {
 			return true, nil, apierrors.NewForbidden(schema.GroupResource{Group: "node.k8s.io", Resource: "runtimeclasses"}, "gvisor", errors.New("no"))
 		})
-		expect(t, c.Run(context.Background()), "runtimeclass gvisor", doctor.Warn, "cannot verify", "sandbox-executor-doctor")
+		expect(t, c.Run(context.Background()), "runtimeclass gvisor", doctor.Warn, "cannot verify", "ClusterRole ...-doctor")
 	})
 }
 
@@ -304,7 +351,7 @@ func TestPools(t *testing.T) {
 		if failure.KindOf(err) != failure.KindPermanent || !strings.Contains(err.Error(), "1 of") {
 			t.Errorf("doctor with a FAIL returned %v, want a permanent error counting the failures (exit 1)", err)
 		}
-		want := `FAIL  pool duo-node: SandboxWarmPool "duo-node" not found in namespace "sandbox-executor"; fix: create it (deploy/base/sandboxwarmpool.yaml) or correct the [[pool]] name in /etc/sandbox-executor/config.toml`
+		want := `FAIL  pool duo-node: SandboxWarmPool "duo-node" not found in namespace "sandbox-executor"; fix: add it to the chart's pools values (helm upgrade) or correct the [[pool]] name in /etc/sandbox-executor/config.toml`
 		if !strings.Contains(out.String(), want+"\n") {
 			t.Errorf("output lacks\n%s\n got:\n%s", want, out.String())
 		}
@@ -389,4 +436,114 @@ func TestKubeletPidsLimit(t *testing.T) {
 	if results := f.checker(t, nil).Run(context.Background()); strings.Contains(render(results), "pids limit") {
 		t.Errorf("the kubelet check runs only when asked:\n%s", render(results))
 	}
+}
+
+// Each checked template needs the NetworkPolicy agent-sandbox makes for it, restricting egress.
+func TestNetworkPolicies(t *testing.T) {
+	t.Run("missing", func(t *testing.T) {
+		f := newFixture(t)
+		f.netpol = nil
+		expect(t, f.checker(t, nil).Run(context.Background()), "networkpolicy duo-gvisor", doctor.Fail, "no NetworkPolicy for template duo-gvisor", "egress is open", "agent-sandbox controller")
+	})
+	t.Run("another template's", func(t *testing.T) {
+		f := newFixture(t)
+		f.netpol.OwnerReferences[0].Name = "other"
+		expect(t, f.checker(t, nil).Run(context.Background()), "networkpolicy duo-gvisor", doctor.Fail, "no NetworkPolicy")
+	})
+	t.Run("ingress only", func(t *testing.T) {
+		f := newFixture(t)
+		f.netpol.Spec.PolicyTypes = []networkingv1.PolicyType{networkingv1.PolicyTypeIngress}
+		expect(t, f.checker(t, nil).Run(context.Background()), "networkpolicy duo-gvisor", doctor.Fail, "does not restrict egress")
+	})
+	t.Run("not readable", func(t *testing.T) {
+		f := newFixture(t)
+		c := f.checker(t, nil)
+		f.kube.PrependReactor("list", "networkpolicies", func(k8stesting.Action) (bool, runtime.Object, error) {
+			return true, nil, apierrors.NewForbidden(schema.GroupResource{Group: "networking.k8s.io", Resource: "networkpolicies"}, "", errors.New("no"))
+		})
+		expect(t, c.Run(context.Background()), "networkpolicies", doctor.Warn, "cannot verify", "Role ...-doctor")
+	})
+}
+
+// With unknown_image = "cold", a ValidatingAdmissionPolicy must hold the Sandboxes this identity
+// creates to a configured RuntimeClass, bound with Deny in the namespace.
+func TestColdStartAdmissionPolicy(t *testing.T) {
+	const check = "admission policy (unknown_image = cold)"
+	cold := func(t *testing.T) *fixture {
+		f := newFixture(t)
+		f.cfg.UnknownImage, f.cfg.ColdTemplate = config.UnknownImageCold, "duo-gvisor"
+		return f
+	}
+	t.Run("in place", func(t *testing.T) {
+		expect(t, cold(t).checker(t, nil).Run(context.Background()), check, doctor.OK, "policy sandbox-executor-cold-images", "Deny", executorUser, "gvisor")
+	})
+	t.Run("missing", func(t *testing.T) {
+		f := cold(t)
+		f.policy, f.binding = nil, nil
+		expect(t, f.checker(t, nil).Run(context.Background()), check, doctor.Fail, "no ValidatingAdmissionPolicy holds the Sandboxes "+executorUser+" creates to gvisor", "coldStart.enabled=true")
+	})
+	t.Run("another release's ServiceAccount", func(t *testing.T) {
+		f := cold(t)
+		f.policy.Spec.MatchConditions[0].Expression = "request.userInfo.username == 'system:serviceaccount:sandbox-executor:other'"
+		expect(t, f.checker(t, nil).Run(context.Background()), check, doctor.Fail, "no ValidatingAdmissionPolicy")
+	})
+	t.Run("another RuntimeClass", func(t *testing.T) {
+		f := cold(t)
+		f.policy.Spec.Validations[0].Expression = "variables.pod.runtimeClassName == 'runc'"
+		expect(t, f.checker(t, nil).Run(context.Background()), check, doctor.Fail, "no ValidatingAdmissionPolicy")
+	})
+	t.Run("bound to another namespace", func(t *testing.T) {
+		f := cold(t)
+		f.binding.Spec.MatchResources.NamespaceSelector.MatchLabels["kubernetes.io/metadata.name"] = "elsewhere"
+		expect(t, f.checker(t, nil).Run(context.Background()), check, doctor.Fail, "policy sandbox-executor-cold-images is not bound with validationActions Deny in namespace sandbox-executor")
+	})
+	t.Run("only warns", func(t *testing.T) {
+		f := cold(t)
+		f.binding.Spec.ValidationActions = []admissionv1.ValidationAction{admissionv1.Warn}
+		expect(t, f.checker(t, nil).Run(context.Background()), check, doctor.Fail, "not bound with validationActions Deny")
+	})
+	t.Run("not readable", func(t *testing.T) {
+		f := cold(t)
+		c := f.checker(t, nil)
+		f.kube.PrependReactor("list", "validatingadmissionpolicies", func(k8stesting.Action) (bool, runtime.Object, error) {
+			return true, nil, apierrors.NewForbidden(schema.GroupResource{Group: "admissionregistration.k8s.io", Resource: "validatingadmissionpolicies"}, "", errors.New("no"))
+		})
+		expect(t, c.Run(context.Background()), check, doctor.Warn, "cannot verify", "ClusterRole ...-doctor")
+	})
+	t.Run("not checked with reject", func(t *testing.T) {
+		f := newFixture(t)
+		f.policy, f.binding = nil, nil
+		if strings.Contains(render(f.checker(t, nil).Run(context.Background())), check) {
+			t.Error("unknown_image = reject: doctor checks the cold-start policy")
+		}
+	})
+}
+
+// A pool's egress proxy must answer on its admin port, where the run stage reads blocked attempts.
+func TestEgressProxyReachable(t *testing.T) {
+	proxy := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/healthz" {
+			http.NotFound(w, r)
+			return
+		}
+		w.Write([]byte("ok\n"))
+	}))
+	defer proxy.Close()
+	broken := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		http.Error(w, "down", http.StatusServiceUnavailable)
+	}))
+	defer broken.Close()
+	gone := httptest.NewServer(http.NotFoundHandler())
+	gone.Close() // nothing listens there any more
+
+	f := newFixture(t)
+	f.cfg.Pools = []config.Pool{
+		{Name: "duo-default", EgressProxy: proxy.URL},
+		{Name: "broken", EgressProxy: broken.URL},
+		{Name: "gone", EgressProxy: gone.URL},
+	}
+	results := f.checker(t, nil).Run(context.Background())
+	expect(t, results, "egress proxy duo-default", doctor.OK, proxy.URL+"/healthz answers")
+	expect(t, results, "egress proxy broken", doctor.Fail, "503", "egressProxy.enabled")
+	expect(t, results, "egress proxy gone", doctor.Fail, "admin port unreachable", "connection refused", "NetworkPolicy admits this runner")
 }

@@ -53,7 +53,7 @@ func Run(ctx context.Context, env *stages.Env, opts Options) error {
 		return err
 	}
 	what := "claims"
-	// Listing Sandboxes needs deploy/components/cold-images, granted only with this policy.
+	// Listing Sandboxes needs the chart's coldStart.enabled, granted only with this policy.
 	if env.Config.UnknownImage == config.UnknownImageCold {
 		cold, err := claimer.RunnerColdStarts(ctx, env.Config.Namespace, env.Config.RunnerName)
 		if err != nil {

@@ -11,7 +11,7 @@
 # template's HTTP_PROXY and NetworkPolicy need one fixed address. The namespace sits next to "the
 # GitLab instance" (10.99.1.2) and "the internet" (10.99.0.2) of networkpolicy.sh, inside the
 # 10.99.0.0/16 that networkpolicy.sh opens for pods in net.sh's guard chain. Production runs the
-# same binary as a Deployment (deploy/egress-proxy). Config: deploy/local/egress-proxy.toml.
+# same binary as a Deployment (the chart's egressProxy.enabled). Config: deploy/local/egress-proxy.toml.
 # Decisions (JSON lines) go to $CLUSTER_LOG/egress-proxy.log.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"

@@ -11,10 +11,12 @@
 #                                         curl coreutils nodejs npm (what a Duo flow needs)
 #   sandbox-executor.local/posix:bookworm Debian bookworm minbase with bash removed: POSIX sh (dash)
 #                                         and coreutils only, to prove the executor needs no bash
-#   sandbox-executor.local/agent:<hash>   this repository's stage agent, static, alone: the init
-#                                         container that bakes it into job pods. Tagged by the
-#                                         binary's hash, so a changed agent changes the template
-#                                         (up.sh substitutes the tag) and the warm pools recreate
+#   sandbox-executor.local/sandbox-executor-agent:<hash>
+#                                         this repository's stage agent, made by tools/images as
+#                                         `make images` makes it: the init container that bakes it
+#                                         into job pods. Tagged by the binary's hash, so a changed
+#                                         agent changes the template (up.sh sets it) and the warm
+#                                         pools recreate
 #   sandbox-executor.local/coredns:<version>, sandbox-executor.local/agent-sandbox-controller:<version>
 #                                         the static binaries build.sh made from the pinned modules,
 #                                         alone, run as nonroot like upstream's distroless images:
@@ -135,23 +137,29 @@ C
 }
 
 # The agent is rebuilt from this checkout each time (a second with a warm Go cache); its hash,
-# not a recipe, says whether the image is current.
+# not a recipe, says whether the image is current. The image is made by the project's own image
+# tool (tools/images, the one `make images` uses), so the local cluster runs the image users get.
 build_agent_image() {
-  local dir=$ROOTFS/agent bin hash ref
+  local dir=$ROOTFS/agent bin hash ref digest archive
   mkdir -p "$dir"
   bin=$dir/sandbox-executor-agent.new
   (cd "$REPO_ROOT" && CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$bin" ./cmd/sandbox-executor-agent) >>"$CLUSTER_LOG/build-agent.log" 2>&1 ||
     { tail -n 20 "$CLUSTER_LOG/build-agent.log" >&2; die "building the stage agent failed (log: $CLUSTER_LOG/build-agent.log)"; }
   hash=$(sha256sum "$bin" | cut -c1-12)
-  ref=$AGENT_IMAGE_REPO:$hash
-  if [[ -f $CLUSTER_IMAGES/agent.tar && "$(cat "$CLUSTER_IMAGES/agent.ref" 2>/dev/null)" == "$ref" ]]; then
+  if [[ -f $CLUSTER_IMAGES/agent.tar && "$(cat "$CLUSTER_IMAGES/agent.ref" 2>/dev/null)" == *":$hash" ]]; then
     rm -f "$bin"
-    log "image $ref: up to date"
+    log "image $(cat "$CLUSTER_IMAGES/agent.ref"): up to date"
     return 0
   fi
   mv -f "$bin" "$dir/sandbox-executor-agent"
-  pack_oci "$dir" "$ref" "$CLUSTER_IMAGES/agent.tar" '"Entrypoint":["/sandbox-executor-agent"]'
+  rm -rf "$CLUSTER_IMAGES/agent-oci"
+  read -r ref digest archive < <(cd "$REPO_ROOT" && go run ./tools/images -bin "$dir" -only sandbox-executor-agent \
+    -repo "${AGENT_IMAGE_REPO%/*}" -tag "$hash" -out "$CLUSTER_IMAGES/agent-oci" 2>>"$CLUSTER_LOG/build-agent.log" | grep -v '^base ') ||
+    { tail -n 20 "$CLUSTER_LOG/build-agent.log" >&2; die "packing the agent image failed (log: $CLUSTER_LOG/build-agent.log)"; }
+  mv -f "$archive" "$CLUSTER_IMAGES/agent.tar"
+  echo "$digest" >"$CLUSTER_IMAGES/agent.digest"
   echo "$ref" >"$CLUSTER_IMAGES/agent.ref"
+  log "packed $ref: $(du -h "$CLUSTER_IMAGES/agent.tar" | cut -f1), manifest ${digest:0:19}"
 }
 
 # component_image NAME REF BINARY USER: an image of one static binary from $CLUSTER_BIN, current
@@ -281,11 +289,33 @@ import_all() {
   done
 }
 
+# import_archives DIR: the images `make images` wrote (DIR/images.json), into the running
+# containerd; without a local cluster there is nothing to import into, and that is no error.
+import_archives() {
+  local dir=$1 ref digest archive
+  [[ -f $dir/images.json ]] || die "no $dir/images.json: run tools/images first"
+  if [[ ! -S $CONTAINERD_SOCK ]]; then
+    log "no local cluster (containerd socket $CONTAINERD_SOCK): images left in $dir"
+    return 0
+  fi
+  while read -r ref digest archive; do
+    if [[ "$(imported_digest "$ref")" == "$digest" ]]; then
+      log "image $ref: already in containerd"
+      continue
+    fi
+    ctr_k8s images import "$dir/$archive" >/dev/null
+    ctr_k8s images label "$ref" io.cri-containerd.pinned=pinned >/dev/null
+    [[ "$(imported_digest "$ref")" == "$digest" ]] || die "import of $ref did not produce $digest"
+    log "imported $ref $digest"
+  done < <(python3 -c 'import json,sys; [print(i["ref"], i["digest"], i["archive"]) for i in json.load(open(sys.argv[1]))["images"]]' "$dir/images.json")
+}
+
 main() {
   case ${1:-} in
     build) build_all ;;
     import) import_all ;;
-    *) die "usage: images.sh build|import" ;;
+    import-archives) import_archives "${2:?usage: images.sh import-archives DIR}" ;;
+    *) die "usage: images.sh build|import|import-archives DIR" ;;
   esac
 }
 

@@ -12,14 +12,17 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 D=$CLUSTER_SCRIPTS_DIR
 NETWORKPOLICY=$D/networkpolicy.sh
 
+# The chart users install (deploy/chart), with the local cluster's values (deploy/local/values.yaml).
 apply_deploy() {
-  [[ -f $DEPLOY_DIR/kustomization.yaml || -f $DEPLOY_DIR/kustomization.yml ]] ||
-    die "no kustomization in $DEPLOY_DIR (the project's deploy/local manifests)"
-  local agent_ref
+  [[ -f $DEPLOY_DIR/values.yaml ]] || die "no values.yaml in $DEPLOY_DIR (the local cluster's chart values)"
+  local agent_ref helm
   agent_ref=$(cat "$CLUSTER_IMAGES/agent.ref") || die "no agent image built"
+  make -s --no-print-directory -C "$REPO_ROOT" helm >&2
+  helm=$(make -s --no-print-directory -C "$REPO_ROOT" helm-path)
   # The agent image's tag is its content hash: a new agent changes the template, and the warm
   # pools (updateStrategy Recreate) replace their unclaimed pods.
-  kubectl_admin kustomize "$DEPLOY_DIR" | sed "s|$AGENT_IMAGE_REPO:dev|$agent_ref|g" | kubectl_admin apply -f -
+  "$helm" template "$EXECUTOR_NAMESPACE" "$REPO_ROOT/deploy/chart/sandbox-executor" --namespace "$EXECUTOR_NAMESPACE" \
+    -f "$DEPLOY_DIR/values.yaml" --set "images.agent=$agent_ref" | kubectl_admin apply -f -
 }
 
 apply_runtimeclass() { kubectl_admin apply -f "$D/manifests/runtimeclass.yaml" >/dev/null; }
@@ -59,7 +62,7 @@ main() {
   step "cluster DNS" "$D/dns.sh" up
   step "egress proxy" "$D/egress-proxy.sh" up
   step "agent-sandbox" "$D/agent-sandbox.sh" up
-  step "apply deploy/local" apply_deploy
+  step "apply the chart (deploy/local/values.yaml)" apply_deploy
   step "warm pool $WARM_POOL ready" wait_until "warm pool $EXECUTOR_NAMESPACE/$WARM_POOL ready" 300 warm_pool_state
   step "executor kubeconfig" "$D/certs.sh" executor-kubeconfig
   step "check" "$D/check.sh"

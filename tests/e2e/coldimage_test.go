@@ -123,8 +123,9 @@ func TestColdImageRefusesUnlistedImage(t *testing.T) {
 	}
 }
 
-// deploy/components/cold-images' admission policy: the executor's ServiceAccount may create a
-// Sandbox like the ones ColdStart makes, and nothing that leaves gVisor (server-side dry runs).
+// The chart's cold-start admission policy (coldStart.enabled): the executor's ServiceAccount may
+// create a Sandbox like the ones ColdStart makes, and nothing that leaves gVisor (server-side dry
+// runs).
 func TestColdImageAdmissionPolicy(t *testing.T) {
 	c := clustertest.Connect(t)
 	ctx := context.Background()

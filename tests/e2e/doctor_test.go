@@ -53,8 +53,9 @@ func waitPoolsReady(t *testing.T, c *clustertest.Runner, pools ...string) {
 	}
 }
 
-// On the local cluster as deploy/local leaves it, with the executor's own ServiceAccount, every
-// check passes: CRDs, each verb of the Role, the RuntimeClass, both pools and their templates.
+// On the local cluster as the chart (deploy/local/values.yaml) leaves it, with the executor's own
+// ServiceAccount, every check passes: CRDs, each verb of the Role, the RuntimeClass, both pools,
+// their templates and the NetworkPolicies agent-sandbox made for them.
 func TestDoctorAllOKOnLocalCluster(t *testing.T) {
 	c := newCluster(t)
 	waitPoolsReady(t, c, pool, localcluster.PosixPool)
@@ -78,6 +79,8 @@ func TestDoctorAllOKOnLocalCluster(t *testing.T) {
 		"ok    pool duo-posix: ",
 		"ok    template duo-gvisor (pool duo-default): runtimeClassName gvisor",
 		"ok    template posix-gvisor (pool duo-posix): runtimeClassName gvisor",
+		"ok    networkpolicy duo-gvisor: NetworkPolicy duo-gvisor-network-policy restricts ingress and egress",
+		"ok    networkpolicy posix-gvisor: NetworkPolicy posix-gvisor-network-policy restricts ingress and egress",
 	}
 	for _, p := range kube.RequiredPermissions {
 		want = append(want, "ok    rbac "+p.String()+": allowed in namespace "+namespace)

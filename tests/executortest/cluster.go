@@ -67,7 +67,7 @@ type Cluster struct {
 	Launch kube.Launch
 }
 
-// HardenedTemplate is a SandboxTemplate as deploy/base has it: gVisor, no token, one job
+// HardenedTemplate is a SandboxTemplate as the chart (deploy/chart) renders it: gVisor, no token, one job
 // container.
 func HardenedTemplate() *extv1beta1.SandboxTemplate {
 	rc, no := "gvisor", false

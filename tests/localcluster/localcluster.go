@@ -72,7 +72,7 @@ func ClusterDir() (string, error) {
 	return filepath.Join(cache, "cluster"), nil
 }
 
-// ExecutorKubeconfig authenticates as the executor's ServiceAccount (deploy/base/rbac.yaml).
+// ExecutorKubeconfig authenticates as the executor's ServiceAccount (the chart's Role, deploy/chart).
 func (e *Env) ExecutorKubeconfig() string {
 	return filepath.Join(e.Dir, "kubeconfig", "executor.kubeconfig")
 }

@@ -58,8 +58,8 @@ func TestExecutorCanDoOnlyItsJob(t *testing.T) {
 		t.Fatal(err)
 	}
 	ns := clustertest.Namespace
-	// What the executor needs is kube.RequiredPermissions, which deploy/base/rbac.yaml grants,
-	// and kube.ColdStartPermissions, which deploy/local adds (deploy/components/cold-images).
+	// What the executor needs is kube.RequiredPermissions, which the chart (deploy/chart) grants,
+	// and kube.ColdStartPermissions, which deploy/local/values.yaml adds (coldStart.enabled).
 	var allowed []access
 	for _, p := range slices.Concat(sbxkube.RequiredPermissions, sbxkube.ColdStartPermissions) {
 		resource, sub, _ := strings.Cut(p.Resource, "/")

@@ -287,7 +287,7 @@ func (b *bench) setup(ctx context.Context) error {
 	return err
 }
 
-// podSpec is the production pod shape (deploy/base) placed on the kwok nodes only.
+// podSpec is the production pod shape (deploy/chart) placed on the kwok nodes only.
 func podSpec() corev1.PodSpec {
 	return corev1.PodSpec{
 		RuntimeClassName:              new("gvisor"),

@@ -27,6 +27,7 @@ import (
 	"github.com/sandbox-executor/sandbox-executor/config"
 	"github.com/sandbox-executor/sandbox-executor/operator/doctor"
 	"github.com/sandbox-executor/sandbox-executor/operator/gc"
+	"github.com/sandbox-executor/sandbox-executor/runnerstart"
 	"github.com/sandbox-executor/sandbox-executor/stages"
 	"github.com/sandbox-executor/sandbox-executor/stages/cleanup"
 	"github.com/sandbox-executor/sandbox-executor/stages/configure"
@@ -88,6 +89,15 @@ func RunWith(ctx context.Context, args []string, stdout, stderr io.Writer, geten
 			return fn(c, env)
 		}
 	}
+	// A verb that needs no config still counts as having run: its errors are its own, not usage.
+	ran := func(cmd *cli.Command) *cli.Command {
+		action := cmd.Action
+		cmd.Action = func(c *cli.Context) error {
+			actionRan = true
+			return action(c)
+		}
+		return cmd
+	}
 	app := &cli.App{
 		Name:      "sandbox-executor",
 		Usage:     "GitLab Runner custom executor: every job in a gVisor pod claimed from an agent-sandbox warm pool",
@@ -121,6 +131,7 @@ func RunWith(ctx context.Context, args []string, stdout, stderr io.Writer, geten
 			},
 			gc.Command(stage),
 			doctor.Command(stage),
+			ran(runnerstart.Command(stdout, stderr)),
 			{
 				Name:   "cleanup",
 				Usage:  "cleanup_exec: release the job's sandbox",

@@ -1,0 +1,45 @@
+{{/* The executor's config.toml; (dict "ctx" $ "runner" true) adds the runner image's binaries. */}}
+{{- define "sandbox-executor.config" -}}
+{{- $ctx := .ctx -}}
+{{- $proxied := list }}
+{{- range $ctx.Values.templates }}{{ if eq (.egress | default "direct") "proxied" }}{{ $proxied = append $proxied .name }}{{ end }}{{ end }}
+# In the cluster: the pod's ServiceAccount token.
+kubeconfig = ""
+namespace = {{ $ctx.Release.Namespace | quote }}
+# Fixed, not the pod's host name: claims are named and labelled by it, and gc reaps the
+# claims of this runner_name, whichever runner pod made them.
+runner_name = {{ $ctx.Values.executor.runnerName | quote }}
+default_pool = {{ $ctx.Values.executor.defaultPool | quote }}
+unknown_image = {{ $ctx.Values.executor.unknownImage | quote }}
+{{- if eq $ctx.Values.executor.unknownImage "cold" }}
+{{- if not $ctx.Values.coldStart.enabled }}
+{{- fail "executor.unknownImage cold needs coldStart.enabled (its Role and admission policy)" }}
+{{- end }}
+cold_template = {{ $ctx.Values.coldStart.template | quote }}
+cold_images = {{ toJson $ctx.Values.coldStart.images }}
+{{- end }}
+runtime_classes = [{{ include "sandbox-executor.runtimeClassName" $ctx | quote }}]
+require_fence = {{ $ctx.Values.executor.requireFence }}
+{{- if .runner }}
+# The runner image's binaries: the agent for templates that do not bake it in, the helper
+# for jobs with cache: or artifacts:.
+agent_binary = "/usr/local/bin/sandbox-executor-agent"
+helper_binary = "/usr/bin/gitlab-runner-helper"
+{{- end }}
+ready_timeout = {{ $ctx.Values.executor.readyTimeout | quote }}
+claim_grace = {{ $ctx.Values.executor.claimGrace | quote }}
+stage_transport = {{ $ctx.Values.executor.stageTransport | quote }}
+{{- with $ctx.Values.executor.extraConfig }}
+{{ . }}
+{{- end }}
+{{- range $ctx.Values.pools }}
+
+[[pool]]
+name = {{ .name | quote }}
+images = {{ toJson .images }}
+{{- if and $ctx.Values.egressProxy.enabled (has .template $proxied) }}
+# Where the run stage reads the blocked attempts of this pool's jobs.
+egress_proxy = {{ printf "http://%s:3129" (include "sandbox-executor.egressProxyHost" $ctx) | quote }}
+{{- end }}
+{{- end }}
+{{- end -}}

@@ -1,0 +1,96 @@
+{{/* The name of the release's namespaced objects: the release name when it already says
+sandbox-executor, else "<release>-sandbox-executor". */}}
+{{- define "sandbox-executor.fullname" -}}
+{{- if contains "sandbox-executor" .Release.Name -}}
+{{- .Release.Name | trunc 52 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-sandbox-executor" .Release.Name | trunc 52 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Cluster-scoped objects are shared by every release on the cluster: their names carry the
+namespace too (once, when it is the same as the release's name). */}}
+{{- define "sandbox-executor.clusterName" -}}
+{{- $full := include "sandbox-executor.fullname" . -}}
+{{- if eq $full .Release.Namespace -}}
+{{- $full -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Namespace $full | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "sandbox-executor.runtimeClassName" -}}
+{{- if .Values.runtimeClass.name -}}
+{{- .Values.runtimeClass.name -}}
+{{- else if .Values.runtimeClass.create -}}
+{{- printf "%s-gvisor" (include "sandbox-executor.clusterName" .) -}}
+{{- else -}}
+{{- fail "runtimeClass.name is required when runtimeClass.create is false: name the gVisor RuntimeClass your cluster has" -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The executor's ServiceAccount: the runner's pods, and whoever runs doctor with its token. */}}
+{{- define "sandbox-executor.serviceAccount" -}}
+{{- include "sandbox-executor.fullname" . -}}
+{{- end -}}
+
+{{- define "sandbox-executor.labels" -}}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: sandbox-executor
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+{{- end -}}
+
+{{/* The runner pods' labels: job pods' and the egress proxy's NetworkPolicies admit these. */}}
+{{- define "sandbox-executor.runnerSelector" -}}
+app.kubernetes.io/name: sandbox-executor-runner
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{- define "sandbox-executor.egressProxySelector" -}}
+app.kubernetes.io/name: sandbox-egress-proxy
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{/* image NAME OVERRIDE: OVERRIDE, else images.repository/NAME:(images.tag or appVersion). */}}
+{{- define "sandbox-executor.image" -}}
+{{- $ctx := index . 0 -}}
+{{- $name := index . 1 -}}
+{{- $override := index . 2 -}}
+{{- $ref := $override -}}
+{{- if not $ref -}}
+{{- $ref = printf "%s/%s:%s" $ctx.Values.images.repository $name ($ctx.Values.images.tag | default $ctx.Chart.AppVersion) -}}
+{{- end -}}
+{{- if or (hasSuffix ":latest" $ref) (not (regexMatch "[:@][^/]+$" $ref)) -}}
+{{- fail (printf "image %s: pin a tag or digest (images are never :latest)" $ref) -}}
+{{- end -}}
+{{- $ref -}}
+{{- end -}}
+
+{{- define "sandbox-executor.egressProxyHost" -}}
+{{- printf "%s-egress-proxy.%s.svc" (include "sandbox-executor.fullname" .) .Release.Namespace -}}
+{{- end -}}
+
+{{- define "sandbox-executor.pullSecrets" -}}
+{{- with .Values.images.pullSecrets }}
+imagePullSecrets:
+{{- range . }}
+  - name: {{ . }}
+{{- end }}
+{{- end }}
+{{- end -}}
+
+{{/* Hardening every container of ours shares. */}}
+{{- define "sandbox-executor.restrictedContainer" -}}
+allowPrivilegeEscalation: false
+readOnlyRootFilesystem: true
+capabilities: {drop: ["ALL"]}
+{{- end -}}
+
+{{- define "sandbox-executor.restrictedPod" -}}
+runAsNonRoot: true
+runAsUser: 65532
+runAsGroup: 65532
+seccompProfile: {type: RuntimeDefault}
+{{- end -}}

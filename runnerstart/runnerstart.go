@@ -1,0 +1,182 @@
+// Package runnerstart implements the start-runner command, the entrypoint of the runner image:
+// it registers gitlab-runner with GitLab (retrying with backoff: GitLab or the network may not be
+// there yet when the pod starts), then runs it, turning the pod's SIGTERM into gitlab-runner's
+// graceful SIGQUIT so running jobs finish. It needs no shell, so the image has none.
+package runnerstart
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/urfave/cli/v2"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/utils/clock"
+
+	"github.com/sandbox-executor/sandbox-executor/failure"
+)
+
+// TokenEnv carries the runner authentication token to `gitlab-runner register`, which reads it
+// from there; it is removed from the environment of `gitlab-runner run`, so job stages (which
+// inherit the runner's environment) never see it.
+const TokenEnv = "CI_SERVER_TOKEN"
+
+// Options is what Run needs.
+type Options struct {
+	// GitLabRunner is the gitlab-runner binary.
+	GitLabRunner string
+	// GlobalConfig is gitlab-runner's global section; it is copied to ConfigFile before each
+	// registration attempt, which appends the [[runners]] entry from Template.
+	GlobalConfig, Template, ConfigFile string
+	WorkingDirectory                   string
+	// Backoff spaces registration attempts; Steps is the number of attempts.
+	Backoff wait.Backoff
+	Clock   clock.Clock
+	Environ []string
+	Stdout  io.Writer
+	Stderr  io.Writer
+}
+
+// DefaultBackoff tries for about ten minutes before the pod restarts (and the kubelet's own
+// backoff takes over).
+var DefaultBackoff = wait.Backoff{Duration: 5 * time.Second, Factor: 2, Jitter: 0.1, Steps: 8, Cap: 2 * time.Minute}
+
+// Command is the start-runner verb.
+func Command(stdout, stderr io.Writer) *cli.Command {
+	return &cli.Command{
+		Name:  "start-runner",
+		Usage: "runner image entrypoint: gitlab-runner register (retried with backoff), then gitlab-runner run",
+		Flags: []cli.Flag{
+			&cli.StringFlag{Name: "gitlab-runner", Value: "gitlab-runner", Usage: "the gitlab-runner binary"},
+			&cli.StringFlag{Name: "global-config", Value: "/etc/gitlab-runner-templates/runner-global.toml", Usage: "gitlab-runner's global section"},
+			&cli.StringFlag{Name: "template-config", Value: "/etc/gitlab-runner-templates/runner-template.toml", Usage: "the [[runners]] template for register"},
+			&cli.StringFlag{Name: "config-file", Value: "/home/nonroot/.gitlab-runner/config.toml", Usage: "the config.toml written and run"},
+			&cli.StringFlag{Name: "working-directory", Value: "/home/nonroot", Usage: "gitlab-runner's working directory"},
+			&cli.IntFlag{Name: "register-attempts", Value: DefaultBackoff.Steps, Usage: "registration attempts before giving up"},
+		},
+		Action: func(c *cli.Context) error {
+			backoff := DefaultBackoff
+			backoff.Steps = c.Int("register-attempts")
+			return Run(c.Context, Options{
+				GitLabRunner:     c.String("gitlab-runner"),
+				GlobalConfig:     c.String("global-config"),
+				Template:         c.String("template-config"),
+				ConfigFile:       c.String("config-file"),
+				WorkingDirectory: c.String("working-directory"),
+				Backoff:          backoff,
+				Clock:            clock.RealClock{},
+				Environ:          os.Environ(),
+				Stdout:           stdout,
+				Stderr:           stderr,
+			})
+		},
+	}
+}
+
+// Run registers, then runs gitlab-runner until ctx ends (SIGTERM) and it has stopped gracefully.
+func Run(ctx context.Context, o Options) error {
+	if envValue(o.Environ, TokenEnv) == "" {
+		return failure.PermanentError(nil, "start-runner: %s is empty: mount the runner authentication token from the Secret's key runner-token", TokenEnv)
+	}
+	if o.Backoff.Steps < 1 {
+		return failure.PermanentError(nil, "start-runner: --register-attempts must be at least 1")
+	}
+	if err := register(ctx, o); err != nil {
+		return err
+	}
+	return run(ctx, o)
+}
+
+func register(ctx context.Context, o Options) error {
+	backoff := o.Backoff
+	attempts := backoff.Steps
+	for attempt := 1; ; attempt++ {
+		err := registerOnce(ctx, o)
+		if err == nil {
+			return nil
+		}
+		if attempt >= attempts || ctx.Err() != nil {
+			return failure.SystemError(err, "start-runner: gitlab-runner register failed %d times, giving up", attempt)
+		}
+		delay := backoff.Step()
+		fmt.Fprintf(o.Stderr, "start-runner: gitlab-runner register failed (attempt %d of %d: %s); next attempt in %s\n", attempt, attempts, err, delay.Round(time.Second))
+		select {
+		case <-ctx.Done():
+			return failure.SystemError(ctx.Err(), "start-runner: stopped while waiting to register")
+		case <-o.Clock.After(delay):
+		}
+	}
+}
+
+// registerOnce starts from the global section each time: register appends to the file.
+func registerOnce(ctx context.Context, o Options) error {
+	global, err := os.ReadFile(o.GlobalConfig)
+	if err != nil {
+		return failure.PermanentError(err, "start-runner")
+	}
+	if err := os.MkdirAll(filepath.Dir(o.ConfigFile), 0o700); err != nil {
+		return failure.PermanentError(err, "start-runner")
+	}
+	if err := os.WriteFile(o.ConfigFile, global, 0o600); err != nil {
+		return failure.PermanentError(err, "start-runner")
+	}
+	cmd := exec.CommandContext(ctx, o.GitLabRunner, "register", "--non-interactive", "--config", o.ConfigFile,
+		"--template-config", o.Template, "--executor", "custom")
+	cmd.Env, cmd.Stdout, cmd.Stderr = o.Environ, o.Stdout, o.Stderr
+	return cmd.Run()
+}
+
+func run(ctx context.Context, o Options) error {
+	cmd := exec.Command(o.GitLabRunner, "run", "--config", o.ConfigFile, "--working-directory", o.WorkingDirectory)
+	cmd.Env, cmd.Stdout, cmd.Stderr = withoutEnv(o.Environ, TokenEnv), o.Stdout, o.Stderr
+	if err := cmd.Start(); err != nil {
+		return failure.PermanentError(err, "start-runner")
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	select {
+	case err := <-exited:
+		return exitError(err)
+	case <-ctx.Done():
+	}
+	// SIGQUIT: stop taking jobs, let the running ones finish, then exit; the pod's
+	// terminationGracePeriodSeconds bounds how long that may take.
+	fmt.Fprintln(o.Stderr, "start-runner: stopping gitlab-runner gracefully (SIGQUIT): running jobs finish first")
+	if err := cmd.Process.Signal(syscall.SIGQUIT); err != nil && !errors.Is(err, os.ErrProcessDone) {
+		return failure.SystemError(err, "start-runner")
+	}
+	return exitError(<-exited)
+}
+
+func exitError(err error) error {
+	if err == nil {
+		return nil
+	}
+	return failure.SystemError(err, "start-runner: gitlab-runner run")
+}
+
+func envValue(environ []string, name string) string {
+	for _, kv := range environ {
+		if v, ok := strings.CutPrefix(kv, name+"="); ok {
+			return v
+		}
+	}
+	return ""
+}
+
+func withoutEnv(environ []string, name string) []string {
+	out := make([]string, 0, len(environ))
+	for _, kv := range environ {
+		if !strings.HasPrefix(kv, name+"=") {
+			out = append(out, kv)
+		}
+	}
+	return out
+}
