@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # build.sh: build the cluster's binaries from the Go module proxy into $CLUSTER_BIN.
 #
-#   build.sh [all|k8s|etcd|containerd|gvisor|agent-sandbox]...
+#   build.sh [all|k8s|etcd|containerd|gvisor|agent-sandbox|coredns]...
 #
 # Each component is built through a small wrapper module under $CLUSTER_BUILD/<name> that
 # requires the pinned upstream module (their own go.mod files carry replace directives and
@@ -14,11 +14,12 @@
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
-K8S_BINARIES=(kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl)
+K8S_BINARIES=(kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl kube-proxy)
 ETCD_BINARIES=(etcd)
 CONTAINERD_BINARIES=(containerd ctr containerd-shim-runc-v2)
 GVISOR_BINARIES=(runsc containerd-shim-runsc-v1)
 AGENT_SANDBOX_BINARIES=(agent-sandbox-controller)
+COREDNS_BINARIES=(coredns)
 # Bump when the local gVisor patch changes, so the stamp forces a rebuild.
 GVISOR_PATCH_ID=oom-score-eacces-1
 
@@ -70,7 +71,7 @@ build_k8s() {
 
 replace (
 $replaces
-)" k8s.io/kubernetes/cmd/{kube-apiserver,kube-controller-manager,kube-scheduler,kubelet,kubectl}
+)" k8s.io/kubernetes/cmd/{kube-apiserver,kube-controller-manager,kube-scheduler,kubelet,kubectl,kube-proxy}
   (cd "$dir" && run_build k8s go mod tidy)
   local minor=${v#v1.}
   minor=${minor%%.*}
@@ -78,7 +79,7 @@ $replaces
     -X k8s.io/component-base/version.gitMinor=$minor -X k8s.io/component-base/version.gitTreeState=clean
     -X k8s.io/client-go/pkg/version.gitVersion=$v"
   (cd "$dir" && run_build k8s go build -trimpath -ldflags "$ldflags" -o "$CLUSTER_BIN/" \
-    k8s.io/kubernetes/cmd/{kube-apiserver,kube-controller-manager,kube-scheduler,kubelet,kubectl})
+    k8s.io/kubernetes/cmd/{kube-apiserver,kube-controller-manager,kube-scheduler,kubelet,kubectl,kube-proxy})
   stamp_write "$CLUSTER_BIN/.k8s.version" "$v"
 }
 
@@ -166,15 +167,26 @@ build_agent_sandbox() {
   stamp_write "$CLUSTER_BIN/.agent-sandbox.version" "$v"
 }
 
+# CoreDNS runs in-cluster (images.sh packs this static binary); its main package is the module root.
+build_coredns() {
+  local v=$COREDNS_VERSION dir=$CLUSTER_BUILD/coredns m=github.com/coredns/coredns
+  up_to_date coredns "$v" "${COREDNS_BINARIES[@]}" && { log "coredns $v: up to date"; return 0; }
+  : >"$CLUSTER_LOG/build-coredns.log"
+  wrapper_module "$dir" sandbox-executor.local/cluster-build/coredns "require $m $v" "$m"
+  (cd "$dir" && run_build coredns go mod tidy &&
+    run_build coredns go build -trimpath -ldflags "-s -w -X $m/coremain.GitCommit=$v" -o "$CLUSTER_BIN/coredns" "$m")
+  stamp_write "$CLUSTER_BIN/.coredns.version" "$v"
+}
+
 main() {
   ensure_dirs
   go_env
   local what=("$@") c
   ((${#what[@]})) || what=(all)
-  [[ ${what[0]} == all ]] && what=(k8s etcd containerd gvisor agent-sandbox)
+  [[ ${what[0]} == all ]] && what=(k8s etcd containerd gvisor agent-sandbox coredns)
   for c in "${what[@]}"; do
     case $c in
-      k8s | etcd | containerd | gvisor | agent-sandbox) step "build $c" "build_${c//-/_}" ;;
+      k8s | etcd | containerd | gvisor | agent-sandbox | coredns) step "build $c" "build_${c//-/_}" ;;
       *) die "unknown component: $c" ;;
     esac
   done

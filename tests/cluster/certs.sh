@@ -96,7 +96,7 @@ pki() {
   make_cert scheduler system:kube-scheduler "" "" client
   make_cert kubelet-client "system:node:$NODE_NAME" system:nodes "" client
   make_cert kubelet-server "$NODE_NAME" "" "DNS:$NODE_NAME,DNS:localhost,IP:$NODE_IP,IP:127.0.0.1" server
-  make_cert agent-sandbox agent-sandbox-controller "" "" client
+  make_cert kube-proxy system:kube-proxy "" "" client
   if [[ ! -f $CLUSTER_PKI/sa.key ]]; then
     openssl genrsa -out "$CLUSTER_PKI/sa.key" 2048 2>/dev/null
     openssl rsa -in "$CLUSTER_PKI/sa.key" -pubout -out "$CLUSTER_PKI/sa.pub" 2>/dev/null
@@ -106,7 +106,7 @@ pki() {
   cert_kubeconfig controller-manager controller-manager
   cert_kubeconfig scheduler scheduler
   cert_kubeconfig kubelet kubelet-client
-  cert_kubeconfig agent-sandbox agent-sandbox
+  cert_kubeconfig kube-proxy kube-proxy
   log "PKI in $CLUSTER_PKI, kubeconfigs in $CLUSTER_KUBECONFIGS"
 }
 

@@ -2,8 +2,9 @@
 # check.sh: is the local cluster fully usable? One line per component; exits non-zero naming
 # every check that failed. Run by up.sh at the end; safe to run any time.
 #
-# The gVisor check starts two short-lived pods in namespace $CHECK_NAMESPACE (one per local
-# image) instead of exec'ing into warm-pool pods, which must stay pristine for CI jobs.
+# The gVisor and DNS checks start three short-lived pods in namespace $CHECK_NAMESPACE (a gVisor
+# pod per local image, and a runc pod) instead of exec'ing into warm-pool pods, which must stay
+# pristine for CI jobs.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
@@ -53,9 +54,39 @@ check_runtimeclass() {
   echo "gvisor -> handler $handler"
   [[ $handler == runsc ]]
 }
+check_kube_proxy() {
+  daemon_running kube-proxy || { echo "not running"; return 1; }
+  http_get "http://$KUBE_PROXY_HEALTHZ_ADDR/healthz" >/dev/null || { echo "healthz not answering"; return 1; }
+  iptables -t nat -S KUBE-SERVICES | grep -qF '"default/kubernetes:https cluster IP"' ||
+    { echo "no rule for the kubernetes Service"; return 1; }
+  echo "iptables mode, $KUBERNETES_SERVICE_IP:443 routed (pid $(daemon_pid kube-proxy))"
+}
+# deployment_available NAMESPACE NAME: prints "N/M available, image REF".
+deployment_available() {
+  local want ready image
+  read -r want ready image < <(kubectl_admin -n "$1" get deployment "$2" \
+    -o jsonpath='{.spec.replicas} {.status.availableReplicas} {.spec.template.spec.containers[0].image}{"\n"}') || true
+  [[ -n $want ]] || { echo "deployment $1/$2 not found"; return 1; }
+  [[ $ready == [0-9]* ]] || { image=$ready; ready=0; }
+  echo "${ready}/$want available, image $image"
+  ((want > 0 && ready == want))
+}
+check_coredns() {
+  deployment_available kube-system coredns || return 1
+  local ip
+  ip=$(kubectl_admin -n kube-system get service kube-dns -o jsonpath='{.spec.clusterIP}')
+  echo "service kube-dns $ip"
+  [[ $ip == "$CLUSTER_DNS_IP" ]]
+}
+# The controller runs in-cluster; listing sandboxes at the CRD's other served version makes the
+# apiserver convert every stored object through the webhook Service (kube-proxy), so this
+# proves the conversion path, not just a running pod.
 check_agent_sandbox() {
-  daemon_running agent-sandbox || { echo "not running"; return 1; }
-  http_get "http://$AGENT_SANDBOX_PROBE_ADDR/readyz" && echo " (pid $(daemon_pid agent-sandbox))"
+  deployment_available "$AGENT_SANDBOX_NAMESPACE" agent-sandbox-controller || return 1
+  local n
+  n=$(kubectl_admin get sandboxes.v1alpha1.agents.x-k8s.io -A --no-headers 2>&1 | grep -vc '^No resources') ||
+    { kubectl_admin get sandboxes.v1alpha1.agents.x-k8s.io -A 2>&1 | tail -n 1; return 1; }
+  echo ", $n sandbox(es) converted to v1alpha1 through the webhook"
 }
 check_crds() {
   local established
@@ -72,7 +103,7 @@ check_executor_kubeconfig() {
 }
 
 # --- gVisor pods ------------------------------------------------------------------------------
-check_pod_manifest() { # NAME IMAGE
+check_pod_manifest() { # NAME IMAGE [RUNTIMECLASS]
   cat <<YAML
 apiVersion: v1
 kind: Pod
@@ -81,7 +112,7 @@ metadata:
   namespace: $CHECK_NAMESPACE
   labels: {app.kubernetes.io/name: cluster-check}
 spec:
-  runtimeClassName: gvisor
+  ${3:+runtimeClassName: $3}
   automountServiceAccountToken: false
   terminationGracePeriodSeconds: 0
   activeDeadlineSeconds: 300
@@ -96,6 +127,7 @@ YAML
 
 POSIX_POD=gvisor-posix-$$
 CI_POD=gvisor-ci-$$
+RUNC_POD=runc-posix-$$
 # Created first and awaited last, so the sandboxes boot while the other checks run.
 create_check_pods() {
   kubectl_admin create namespace "$CHECK_NAMESPACE" --dry-run=client -o yaml | kubectl_admin apply -f - >/dev/null
@@ -103,14 +135,20 @@ create_check_pods() {
   kubectl_admin -n "$CHECK_NAMESPACE" delete pod -l app.kubernetes.io/name=cluster-check --wait=false >/dev/null 2>&1 || true
   # Pods are rejected until the namespace's default ServiceAccount exists.
   wait_until "ServiceAccount $CHECK_NAMESPACE/default" 30 kubectl_admin -n "$CHECK_NAMESPACE" get serviceaccount default 2>/dev/null
-  { check_pod_manifest "$POSIX_POD" "$POSIX_IMAGE"; echo ---; check_pod_manifest "$CI_POD" "$CI_IMAGE"; } |
+  {
+    check_pod_manifest "$POSIX_POD" "$POSIX_IMAGE" gvisor
+    echo ---
+    check_pod_manifest "$CI_POD" "$CI_IMAGE" gvisor
+    echo ---
+    check_pod_manifest "$RUNC_POD" "$POSIX_IMAGE"
+  } |
     kubectl_admin apply -f - >/dev/null
 }
 wait_check_pods() {
-  kubectl_admin -n "$CHECK_NAMESPACE" wait --for=condition=Ready --timeout=90s "pod/$POSIX_POD" "pod/$CI_POD" >/dev/null
+  kubectl_admin -n "$CHECK_NAMESPACE" wait --for=condition=Ready --timeout=90s "pod/$POSIX_POD" "pod/$CI_POD" "pod/$RUNC_POD" >/dev/null
 }
 stop_check_pods() {
-  kubectl_admin -n "$CHECK_NAMESPACE" delete pod "$POSIX_POD" "$CI_POD" --wait=false --ignore-not-found >/dev/null 2>&1 || true
+  kubectl_admin -n "$CHECK_NAMESPACE" delete pod "$POSIX_POD" "$CI_POD" "$RUNC_POD" --wait=false --ignore-not-found >/dev/null 2>&1 || true
 }
 
 # The kernel a gVisor sandbox reports is gVisor's own ("4.4.0-gvisor"-like), and its dmesg
@@ -131,6 +169,17 @@ check_gvisor_ci() {
   grep -q gvisor <<<"$out"
 }
 
+# check_dns POD: the pod resolves the kubernetes Service by its cluster name (through the
+# kube-dns Service, so kube-proxy's routing from pods too), and resolves nothing outside.
+check_dns() {
+  local out
+  out=$(kubectl_admin -n "$CHECK_NAMESPACE" exec "$1" -- /bin/sh -c \
+    "getent hosts kubernetes.default.svc.$CLUSTER_DOMAIN; getent hosts kube-dns.kube-system; getent hosts example.com || echo 'example.com: no answer'")
+  echo "$out"
+  grep -q "^$KUBERNETES_SERVICE_IP .*kubernetes.default.svc" <<<"$out" && grep -q "^$CLUSTER_DNS_IP " <<<"$out" &&
+    grep -qx 'example.com: no answer' <<<"$out"
+}
+
 main() {
   local pods_out pods_rc=0
   trap stop_check_pods EXIT
@@ -143,6 +192,8 @@ main() {
   check "kubelet / node Ready" check_kubelet
   check "images" check_images
   check "runtimeclass gvisor" check_runtimeclass
+  check "kube-proxy" check_kube_proxy
+  check "cluster DNS (CoreDNS)" check_coredns
   check "agent-sandbox controller" check_agent_sandbox
   check "agent-sandbox CRDs" check_crds
   check "warm pool" warm_pool_state
@@ -151,6 +202,8 @@ main() {
   if ((pods_rc == 0)); then
     check "gVisor pod (posix image)" check_gvisor_posix
     check "gVisor pod (ci image)" check_gvisor_ci
+    check "DNS from a gVisor pod" check_dns "$POSIX_POD"
+    check "DNS from a runc pod" check_dns "$RUNC_POD"
   else
     printf 'FAIL  %-26s %s\n' "gVisor pods" "$(tail -n 2 <<<"$pods_out" | tr '\n' ' ')"
     FAILED+=("gVisor pods")

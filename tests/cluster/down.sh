@@ -46,6 +46,10 @@ remove_container_log_links() {
 wipe_state() {
   remove_pod_netns
   remove_container_log_links
+  # kube-proxy's KUBE-* chains and rules in the nat and filter tables.
+  if [[ -x $CLUSTER_BIN/kube-proxy ]]; then
+    "$CLUSTER_BIN/kube-proxy" --cleanup >"$CLUSTER_LOG/kube-proxy-cleanup.log" 2>&1 || warn "kube-proxy --cleanup failed (log: $CLUSTER_LOG/kube-proxy-cleanup.log)"
+  fi
   "$D/net.sh" down
   # Build caches (bin, build, images) and component logs stay; pod logs belong to gone pods.
   rm -rf "${CLUSTER_DIR:?}"/{etcd,containerd,kubelet,cni,agent-sandbox,pki,kubeconfig,etc,run} "$CLUSTER_LOG/pods"
@@ -67,11 +71,11 @@ main() {
     "$NETWORKPOLICY" down || warn "networkpolicy.sh down failed"
   fi
   "$D/egress-proxy.sh" down || warn "egress-proxy.sh down failed"
-  "$D/start.sh" stop kubelet
+  "$D/start.sh" stop kubelet kube-proxy
+  # The in-cluster agent-sandbox controller and CoreDNS stop with the node's pods.
   "$D/start.sh" stop containerd
   "$D/start.sh" stop scheduler controller-manager apiserver
-  # After the apiserver: its watch caches convert agent-sandbox objects through the controller's
-  # webhook, and without it the apiserver's graceful shutdown hangs retrying.
+  # A controller that an earlier version of these scripts ran on the node.
   "$D/agent-sandbox.sh" down
   "$D/start.sh" stop etcd
   ((wipe == 0)) || wipe_state

@@ -17,6 +17,10 @@
 #                                         into job pods. Tagged by the binary's hash, so a changed
 #                                         agent changes the template (up.sh sets it) and the warm
 #                                         pools recreate
+#   sandbox-executor.local/coredns:<version>, sandbox-executor.local/agent-sandbox-controller:<version>
+#                                         the static binaries build.sh made from the pinned modules,
+#                                         alone, run as nonroot like upstream's distroless images:
+#                                         cluster DNS and agent-sandbox's controller run in-cluster
 # Each image carries a stamp: its ref plus a hash of the recipe (the functions that build it),
 # so editing a recipe rebuilds that image and nothing else.
 set -euo pipefail
@@ -158,6 +162,25 @@ build_agent_image() {
   log "packed $ref: $(du -h "$CLUSTER_IMAGES/agent.tar" | cut -f1), manifest ${digest:0:19}"
 }
 
+# component_image NAME REF BINARY USER: an image of one static binary from $CLUSTER_BIN, current
+# when its stamp (ref + binary hash) matches: a rebuilt binary repacks it.
+component_image() {
+  local name=$1 ref=$2 bin=$CLUSTER_BIN/$3 user=$4 dir=$ROOTFS/$1 want
+  [[ -x $bin ]] || die "$bin not built: run build.sh"
+  want="$ref $(sha256sum "$bin" | cut -c1-16)"
+  if stamp_matches "$CLUSTER_IMAGES/$name.stamp" "$want" && [[ -f $CLUSTER_IMAGES/$name.tar ]]; then
+    log "image $ref: up to date"
+    return 0
+  fi
+  rm -rf "$dir"
+  mkdir -p "$dir/tmp"
+  chmod 1777 "$dir/tmp"
+  cp "$bin" "$dir/$3"
+  pack_oci "$dir" "$ref" "$CLUSTER_IMAGES/$name.tar" "\"Entrypoint\":[\"/$3\"],\"User\":\"$user\""
+  echo "$ref" >"$CLUSTER_IMAGES/$name.ref"
+  stamp_write "$CLUSTER_IMAGES/$name.stamp" "$want"
+}
+
 # --- OCI packing ----------------------------------------------------------------------------
 # blob DIR FILE: move FILE into DIR/blobs/sha256 under its digest; print "digest size".
 blob() {
@@ -232,6 +255,9 @@ build_all() {
   step "image ci" build_image ci "$CI_IMAGE" '"Cmd":["/bin/bash"]' build_rootfs_ci
   step "image posix" build_image posix "$POSIX_IMAGE" '"Cmd":["/bin/sh"]' build_rootfs_posix
   step "image agent" build_agent_image
+  # CoreDNS binds :53, which needs root with only CAP_NET_BIND_SERVICE (its Deployment drops the rest).
+  step "image coredns" component_image coredns "$COREDNS_IMAGE" coredns 0:0
+  step "image agent-sandbox-controller" component_image agent-sandbox-controller "$AGENT_SANDBOX_IMAGE" agent-sandbox-controller 65532:65532
 }
 
 # --- import ---------------------------------------------------------------------------------
@@ -257,7 +283,7 @@ import_one() {
 
 import_all() {
   local name
-  for name in pause ci posix agent; do
+  for name in pause ci posix agent coredns agent-sandbox-controller; do
     [[ -f $CLUSTER_IMAGES/$name.tar ]] || die "image $name not built: run images.sh build"
     step "import $name" import_one "$name"
   done

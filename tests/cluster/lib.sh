@@ -40,18 +40,24 @@ ETCD_VERSION=v3.6.16
 CONTAINERD_VERSION=v2.2.9
 GVISOR_VERSION=v0.0.0-20260527191743-a81fd9dd382e
 AGENT_SANDBOX_VERSION=v0.5.6
+COREDNS_VERSION=v1.15.0
 GO_BIN_DIR=${GO_BIN_DIR:-/usr/local/go/bin}
 
 # --- network plan ---------------------------------------------------------------------
 # The node IP lives on a bridge with no ports (this kernel has no `dummy` netdev); it never
-# leaves the machine. Pods get 10.88.0.0/16 on a second bridge; Services are not routed
-# (no kube-proxy): the service CIDR is an unreachable route.
+# leaves the machine. Pods get 10.88.0.0/16 on a second bridge; Services are routed by
+# kube-proxy (iptables mode) on this node, and cluster DNS answers at the 10th service IP.
 NODE_IP=${NODE_IP:-10.77.0.1}
 NODE_BRIDGE=${NODE_BRIDGE:-sbx-node0}
 POD_CIDR=${POD_CIDR:-10.88.0.0/16}
 POD_GATEWAY=${POD_GATEWAY:-10.88.0.1}
 POD_BRIDGE=${POD_BRIDGE:-sbx-pods0}
 SERVICE_CIDR=${SERVICE_CIDR:-10.96.0.0/16}
+# service_ip N: the Nth address of the service CIDR (1: the kubernetes Service, 10: cluster DNS).
+service_ip() { echo "${SERVICE_CIDR%/*}" | awk -F. -v n="$1" '{print $1"."$2"."$3"."$4+n}'; }
+KUBERNETES_SERVICE_IP=$(service_ip 1)
+CLUSTER_DNS_IP=$(service_ip 10)
+CLUSTER_DOMAIN=cluster.local
 APISERVER_PORT=6443
 APISERVER_URL=https://$NODE_IP:$APISERVER_PORT
 # iptables chains owned by net.sh. To let pods reach an extra destination, insert a RETURN
@@ -67,14 +73,17 @@ PAUSE_IMAGE=sandbox-executor.local/pause:3.10
 CI_IMAGE=sandbox-executor.local/ci:bookworm
 POSIX_IMAGE=sandbox-executor.local/posix:bookworm
 AGENT_IMAGE_REPO=sandbox-executor.local/agent
+# In-cluster components, built from the pinned modules (images.sh) and tagged with their version.
+COREDNS_IMAGE=sandbox-executor.local/coredns:$COREDNS_VERSION
+AGENT_SANDBOX_IMAGE=sandbox-executor.local/agent-sandbox-controller:$AGENT_SANDBOX_VERSION
 
 # --- ports of the local-only endpoints -----------------------------------------------
 ETCD_CLIENT_URL=http://127.0.0.1:2379
 ETCD_METRICS_URL=http://127.0.0.1:2381
 KUBELET_HEALTHZ_URL=http://127.0.0.1:10248/healthz
-AGENT_SANDBOX_METRICS_ADDR=127.0.0.1:18080
-AGENT_SANDBOX_PROBE_ADDR=127.0.0.1:18081
-AGENT_SANDBOX_WEBHOOK_PORT=9443
+KUBE_PROXY_HEALTHZ_ADDR=127.0.0.1:10256
+KUBE_PROXY_METRICS_ADDR=127.0.0.1:10249
+AGENT_SANDBOX_NAMESPACE=agent-sandbox-system
 AGENT_SANDBOX_CRDS=(sandboxes.agents.x-k8s.io sandboxclaims.extensions.agents.x-k8s.io
   sandboxtemplates.extensions.agents.x-k8s.io sandboxwarmpools.extensions.agents.x-k8s.io)
 # What deploy/local creates and up.sh waits for.
@@ -85,8 +94,8 @@ WARM_POOL=duo-default
 export CLUSTER_SCRIPTS_DIR REPO_ROOT CLUSTER_DIR CLUSTER_BIN CLUSTER_BUILD CLUSTER_IMAGES \
   CLUSTER_LOG CLUSTER_RUN CLUSTER_ETC CLUSTER_PKI CLUSTER_KUBECONFIGS ADMIN_KUBECONFIG \
   EXECUTOR_KUBECONFIG CONTAINERD_SOCK DEPLOY_DIR NODE_IP NODE_BRIDGE POD_CIDR POD_GATEWAY POD_BRIDGE \
-  SERVICE_CIDR APISERVER_URL POD_FORWARD_CHAIN NODE_INPUT_CHAIN POD_V6_CHAIN NODE_NAME PAUSE_IMAGE CI_IMAGE \
-  POSIX_IMAGE AGENT_IMAGE_REPO EXECUTOR_NAMESPACE EXECUTOR_SERVICEACCOUNT WARM_POOL
+  SERVICE_CIDR KUBERNETES_SERVICE_IP CLUSTER_DNS_IP CLUSTER_DOMAIN APISERVER_URL POD_FORWARD_CHAIN NODE_INPUT_CHAIN POD_V6_CHAIN NODE_NAME PAUSE_IMAGE CI_IMAGE \
+  POSIX_IMAGE AGENT_IMAGE_REPO COREDNS_IMAGE AGENT_SANDBOX_IMAGE AGENT_SANDBOX_NAMESPACE EXECUTOR_NAMESPACE EXECUTOR_SERVICEACCOUNT WARM_POOL
 
 # Our binaries first, then the Go toolchain, then the system (runc and CNI come from Debian).
 export PATH=$CLUSTER_BIN:$GO_BIN_DIR:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin

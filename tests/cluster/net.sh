@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # net.sh: the node's network plumbing (idempotent).
 #
-#   net.sh up     node bridge with the node IP, unreachable service CIDR, iptables guard chains
+#   net.sh up     node bridge with the node IP, service CIDR route, iptables guard chains
 #   net.sh down   remove all of it (down.sh --wipe)
 #
 # - The node IP ($NODE_IP) sits on $NODE_BRIDGE, a bridge with no ports: this kernel has no
@@ -11,12 +11,16 @@
 #   with a default route to $POD_GATEWAY; the node forwards nothing but pod<->pod traffic
 #   ($POD_FORWARD_CHAIN), so pods cannot reach any real network. Another script may open a
 #   destination by inserting `-d CIDR -j RETURN` at the top of that chain.
-# - No kube-proxy: the service CIDR is an unreachable route so connects fail fast.
-# - The agent-sandbox webhook binds all interfaces on :$AGENT_SANDBOX_WEBHOOK_PORT (no flag to
-#   change that); $NODE_INPUT_CHAIN accepts it only from this machine itself (interface lo).
+# - Services: kube-proxy (iptables mode) DNATs ClusterIPs to endpoints. The service CIDR is routed
+#   to $NODE_BRIDGE (no ports), so the node's own connections (the apiserver calling a webhook
+#   Service) get a route and a source address before kube-proxy's OUTPUT rules rewrite them, and a
+#   ClusterIP that no rule rewrites leads nowhere.
 # - Pods talk to the node only in reply to connections the node opened (kubelet probes, exec
-#   streams run node -> pod); the same chain drops anything else from the pod CIDR. Open a node
-#   port for pods with `iptables -I SBX-INPUT 1 -s $POD_CIDR -p tcp --dport PORT -j RETURN`.
+#   streams run node -> pod), and to the API server only through the kubernetes Service (the
+#   conntrack entry remembers the ClusterIP it was DNATed from; in-cluster controllers, CoreDNS and
+#   runners need it; NetworkPolicy still decides which pods may); $NODE_INPUT_CHAIN drops anything
+#   else from the pod CIDR. Open a node port for pods with
+#   `iptables -I SBX-INPUT 1 -s $POD_CIDR -p tcp --dport PORT -j RETURN`.
 # - The pod network is IPv4-only, but every veth still gets an IPv6 link-local address, and
 #   NetworkPolicy (kube-router) and the chains above are IPv4 only: without $POD_V6_CHAIN a job
 #   reached other job pods and the node's [::] listeners over fe80:: addresses. It drops all IPv6
@@ -42,11 +46,20 @@ ensure_rule() {
   iptables -C "$chain" "$@" 2>/dev/null || iptables -A "$chain" "$@"
 }
 
+# ensure_rule_first CHAIN RULE...: insert RULE at the top unless the chain already has it.
+ensure_rule_first() {
+  local chain=$1
+  shift
+  iptables -C "$chain" "$@" 2>/dev/null || iptables -I "$chain" 1 "$@"
+}
+
 node_bridge_up() {
   ip link show "$NODE_BRIDGE" >/dev/null 2>&1 || ip link add "$NODE_BRIDGE" type bridge
   ip addr replace "$NODE_IP/32" dev "$NODE_BRIDGE"
   ip link set "$NODE_BRIDGE" up
-  ip route replace unreachable "$SERVICE_CIDR"
+  # An earlier cluster routed the service CIDR unreachable (no kube-proxy then).
+  ip route del unreachable "$SERVICE_CIDR" 2>/dev/null || true
+  ip route replace "$SERVICE_CIDR" dev "$NODE_BRIDGE" src "$NODE_IP"
 }
 
 guard_chains_up() {
@@ -58,11 +71,20 @@ guard_chains_up() {
 
   ensure_chain "$NODE_INPUT_CHAIN"
   ensure_rule "$NODE_INPUT_CHAIN" -s "$POD_CIDR" -m conntrack --ctstate ESTABLISHED,RELATED -j RETURN
+  # At the top: on a chain from before it must still come ahead of the DROP.
+  ensure_rule_first "$NODE_INPUT_CHAIN" -s "$POD_CIDR" -d "$NODE_IP" -p tcp --dport "$APISERVER_PORT" \
+    -m conntrack --ctstate DNAT --ctorigdst "$KUBERNETES_SERVICE_IP" --ctorigdstport 443 \
+    -m comment --comment "sandbox-executor: pods reach the API server through the kubernetes Service only" -j RETURN
   ensure_rule "$NODE_INPUT_CHAIN" -s "$POD_CIDR" -m comment --comment "sandbox-executor: pods open no connection to the node" -j DROP
-  # The apiserver dials the webhook at the node IP from this machine: such packets arrive on lo.
-  ensure_rule "$NODE_INPUT_CHAIN" -p tcp --dport "$AGENT_SANDBOX_WEBHOOK_PORT" -i lo -j RETURN
-  ensure_rule "$NODE_INPUT_CHAIN" -p tcp --dport "$AGENT_SANDBOX_WEBHOOK_PORT" -m comment --comment "sandbox-executor: webhook is node-local" -j DROP
+  drop_legacy_webhook_rules
   ensure_jump INPUT "$NODE_INPUT_CHAIN"
+}
+
+# The agent-sandbox controller once ran on the node with its webhook on :9443 of every address;
+# it runs in a pod now. Remove the rules that guarded that port on a cluster from before.
+drop_legacy_webhook_rules() {
+  iptables -D "$NODE_INPUT_CHAIN" -p tcp --dport 9443 -i lo -j RETURN 2>/dev/null || true
+  iptables -D "$NODE_INPUT_CHAIN" -p tcp --dport 9443 -m comment --comment "sandbox-executor: webhook is node-local" -j DROP 2>/dev/null || true
 }
 
 guard_v6_up() {
@@ -90,7 +112,7 @@ net_up() {
   node_bridge_up
   guard_chains_up
   guard_v6_up
-  log "node IP $NODE_IP on $NODE_BRIDGE; pods $POD_CIDR via $POD_BRIDGE; services $SERVICE_CIDR unreachable"
+  log "node IP $NODE_IP on $NODE_BRIDGE; pods $POD_CIDR via $POD_BRIDGE; services $SERVICE_CIDR (kube-proxy)"
 }
 
 net_down() {
@@ -98,7 +120,7 @@ net_down() {
   remove_chain INPUT "$NODE_INPUT_CHAIN"
   local builtin
   for builtin in INPUT FORWARD; do remove_chain "$builtin" "$POD_V6_CHAIN" ip6tables; done
-  ip route del unreachable "$SERVICE_CIDR" 2>/dev/null || true
+  ip route del "$SERVICE_CIDR" 2>/dev/null || true
   local br
   for br in "$POD_BRIDGE" "$NODE_BRIDGE"; do
     if ip link del "$br" 2>/dev/null; then log "removed bridge $br"; fi

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # start.sh: start and stop the node's daemons, each tracked by a PID file in $CLUSTER_RUN.
 #
-#   start.sh start [etcd|apiserver|controller-manager|scheduler|containerd|kubelet]...
+#   start.sh start [etcd|apiserver|controller-manager|scheduler|containerd|kubelet|kube-proxy]...
 #   start.sh stop  [same names]...        (no names: all, in reverse order)
 #   start.sh kill  NAME...                 SIGKILL, as a crash would: open connections drop at once
 #
@@ -12,13 +12,13 @@
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
-ALL_COMPONENTS=(etcd apiserver controller-manager scheduler containerd kubelet)
+ALL_COMPONENTS=(etcd apiserver controller-manager scheduler containerd kubelet kube-proxy)
 TASK_STATE=$CLUSTER_DIR/containerd/state/io.containerd.runtime.v2.task
 
 # daemon NAME of each component (PID file and log name)
 daemon_name() {
   case $1 in
-    etcd | containerd | kubelet) echo "$1" ;;
+    etcd | containerd | kubelet | kube-proxy) echo "$1" ;;
     *) echo "kube-$1" ;;
   esac
 }
@@ -38,8 +38,8 @@ start_etcd() {
 
 start_apiserver() {
   local p=$CLUSTER_PKI
-  # --enable-aggregator-routing: the apiserver calls webhooks at their Service's endpoints, not
-  # the ClusterIP (there is no kube-proxy); agent-sandbox's conversion webhook needs it.
+  # Webhooks (agent-sandbox's CRD conversion) are called at their Service's ClusterIP, routed
+  # by kube-proxy's OUTPUT rules on this node, as on any cluster.
   start_daemon kube-apiserver "$CLUSTER_BIN/kube-apiserver" --etcd-servers="$ETCD_CLIENT_URL" \
     --bind-address="$NODE_IP" --advertise-address="$NODE_IP" --secure-port="$APISERVER_PORT" \
     --service-cluster-ip-range="$SERVICE_CIDR" --allow-privileged=true \
@@ -49,7 +49,7 @@ start_apiserver() {
     --service-account-key-file="$p/sa.pub" --service-account-signing-key-file="$p/sa.key" \
     --service-account-issuer=https://kubernetes.default.svc.cluster.local \
     --authorization-mode=Node,RBAC --enable-admission-plugins=NodeRestriction \
-    --enable-aggregator-routing=true --profiling=false --v=1
+    --profiling=false --v=1
   wait_until "kube-apiserver ready" 180 curl_ok --cacert "$p/ca.crt" "$APISERVER_URL/readyz"
 }
 
@@ -93,6 +93,17 @@ start_kubelet() {
   wait_until "kubelet healthy" 120 curl_ok "$KUBELET_HEALTHZ_URL"
   wait_until "node $NODE_NAME Ready" 180 node_ready
 }
+
+# kube-proxy, a host daemon like the kubelet, routes the service CIDR with iptables rules; it is
+# ready once it has written them (healthz answers 200 only after its first sync).
+start_kube_proxy() {
+  start_daemon kube-proxy "$CLUSTER_BIN/kube-proxy" --config="$CLUSTER_ETC/kube-proxy.yaml" --v=1
+  wait_until "kube-proxy synced" 60 curl_ok "http://$KUBE_PROXY_HEALTHZ_ADDR/healthz"
+  wait_until "kubernetes Service routed" 30 service_routed default/kubernetes:https
+}
+
+# service_routed NAMESPACE/NAME:PORT: kube-proxy has a rule for that Service port's ClusterIP.
+service_routed() { iptables -t nat -S KUBE-SERVICES | grep -qF "\"$1 cluster IP\""; }
 
 # --- stopping -------------------------------------------------------------------------------
 
@@ -169,6 +180,7 @@ unmount_state() {
 stop_component() {
   case $1 in
     kubelet) stop_daemon kubelet 20 ;;
+    kube-proxy) stop_daemon kube-proxy 10 ;;
     containerd) stop_pod_processes && unmount_state && prune_dead_shim_sockets ;;
     # The apiserver's graceful shutdown waits up to a minute for connected clients (watches of
     # the agent-sandbox controller, of other engineers' tools) to go away; it keeps no state of
@@ -188,7 +200,7 @@ main() {
       (($#)) || set -- "${ALL_COMPONENTS[@]}"
       for c in "$@"; do
         case $c in
-          etcd | apiserver | controller-manager | scheduler | containerd | kubelet) "start_${c//-/_}" ;;
+          etcd | apiserver | controller-manager | scheduler | containerd | kubelet | kube-proxy) "start_${c//-/_}" ;;
           *) die "unknown component: $c" ;;
         esac
       done

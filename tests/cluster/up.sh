@@ -54,10 +54,12 @@ main() {
   step "containerd" "$D/start.sh" start containerd
   step "import images" "$D/images.sh" import
   step "kubelet" "$D/start.sh" start kubelet
+  step "kube-proxy" "$D/start.sh" start kube-proxy
   step "runtimeclass gvisor" apply_runtimeclass
   if [[ -x $NETWORKPOLICY ]]; then
     step "networkpolicy" "$NETWORKPOLICY" up
   fi
+  step "cluster DNS" "$D/dns.sh" up
   step "egress proxy" "$D/egress-proxy.sh" up
   step "agent-sandbox" "$D/agent-sandbox.sh" up
   step "apply the chart (deploy/local/values.yaml)" apply_deploy

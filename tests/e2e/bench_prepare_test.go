@@ -330,3 +330,20 @@ func reportRate(b testing.TB, name string, mbps []float64, baseline float64) {
 	b.Log(line)
 	fmt.Fprintln(os.Stderr, "BENCH", line)
 }
+
+// BenchmarkWarmClaimReady is agent-sandbox's controller alone, wherever it runs (in-cluster on
+// the local cluster): BENCH_N (20) sequential claims on a full warm pool of 2, each created and
+// watched to Ready. A quick figure for comparing controller deployments; BenchmarkPrepare has
+// the same series interleaved with ours.
+func BenchmarkWarmClaimReady(b *testing.B) {
+	c := clustertest.Connect(b)
+	const pool = "bench-claim"
+	benchPool(b, c, pool, 2)
+	var raw samples
+	for i := 0; i < benchN(20); i++ {
+		waitPoolFull(b, c, pool)
+		raw = append(raw, rawClaim(b, c, pool))
+	}
+	report(b, "warm claim->Ready (agent-sandbox)", raw, 0)
+	b.ReportMetric(float64(raw.median().Microseconds())/1000, "claim-ready-ms")
+}

@@ -19,7 +19,8 @@ import (
 	"github.com/sandbox-executor/sandbox-executor/tests/localcluster"
 )
 
-// dnsStandIn answers every query with an A record for the GitLab instance (10.99.1.2).
+// dnsStandIn answers every query with an A record for the GitLab instance (10.99.1.2): a
+// resolver that is not cluster DNS.
 const dnsStandIn = `const d = require("dgram").createSocket("udp4");
 d.on("message", (m, r) => {
   let i = 12; while (m[i]) i += m[i] + 1;
@@ -30,39 +31,39 @@ d.on("message", (m, r) => {
 d.bind(53);`
 
 // TestJobResolvesOnlyThroughClusterDNS: the template lets jobs send DNS to the cluster's DNS
-// pods (kube-system, k8s-app=kube-dns) and nowhere else. This cluster has no DNS, so two
-// stand-in resolvers run in kube-system: one labelled as cluster DNS, one not. Both answer the
-// node; the job gets answers from the first and none from the second.
+// pods (kube-system, k8s-app=kube-dns) and nowhere else. The cluster's CoreDNS answers at the
+// kube-dns Service; a stand-in resolver runs in kube-system under another label. Both answer the
+// node; the job gets answers from cluster DNS and none from the stand-in.
 func TestJobResolvesOnlyThroughClusterDNS(t *testing.T) {
 	t.Parallel()
 	c := clustertest.Connect(t)
-	suffix := fmt.Sprint(os.Getpid())
-	allowed := startResolver(t, c, "sec-dns-allowed-"+suffix, map[string]string{"k8s-app": "kube-dns"})
-	other := startResolver(t, c, "sec-dns-other-"+suffix, map[string]string{"k8s-app": "not-dns"})
-	for _, ip := range []string{allowed, other} {
-		if !hostResolves(t, ip) {
-			t.Fatalf("positive control: the stand-in resolver at %s does not answer the node", ip)
-		}
+	other := startResolver(t, c, "sec-dns-other-"+fmt.Sprint(os.Getpid()), map[string]string{"k8s-app": "not-dns"})
+	const clusterName = "kubernetes.default.svc.cluster.local"
+	if !hostResolves(t, clusterDNS, clusterName, kubernetesService) {
+		t.Fatalf("positive control: cluster DNS at %s does not answer the node", clusterDNS)
+	}
+	if !hostResolves(t, other, "gitlab.example.test", gitlab) {
+		t.Fatalf("positive control: the stand-in resolver at %s does not answer the node", other)
 	}
 
 	r := c.NewRunner(t, "sec-dns", "")
 	j := prepared(t, r, clustertest.JobSpec{})
 	out := j.MustRun(t, fmt.Sprintf(`q() {
   node -e 'const r = new (require("dns").promises.Resolver)({timeout: 3000, tries: 1}); r.setServers([process.argv[1]]);
-    r.resolve4("gitlab.example.test").then(a => console.log("@dns", process.argv[2], "answer", a.join(",")), e => console.log("@dns", process.argv[2], "error", e.code))' "$1" "$2" &
+    r.resolve4(process.argv[3]).then(a => console.log("@dns", process.argv[2], "answer", a.join(",")), e => console.log("@dns", process.argv[2], "error", e.code))' "$1" "$2" "$3" &
 }
-q %s cluster-dns
-q %s other-resolver
+q %s cluster-dns %s
+q %s other-resolver gitlab.example.test
 wait
-`, allowed, other)).Stdout
+`, clusterDNS, clusterName, other)).Stdout
 	answers := map[string]string{}
 	for _, m := range regexp.MustCompile(`(?m)^@dns (\S+) (.*)$`).FindAllStringSubmatch(out, -1) {
 		answers[m[1]] = m[2]
 	}
-	if answers["cluster-dns"] != "answer 10.99.1.2" {
-		t.Fatalf("positive control: the job gets no answer from the cluster DNS stand-in at %s: %q\n%s", allowed, answers["cluster-dns"], out)
+	if answers["cluster-dns"] != "answer "+kubernetesService {
+		t.Fatalf("positive control: the job gets no answer from cluster DNS at %s: %q\n%s", clusterDNS, answers["cluster-dns"], out)
 	}
-	t.Logf("the cluster DNS stand-in answers the job: %s", answers["cluster-dns"])
+	t.Logf("cluster DNS answers the job: %s", answers["cluster-dns"])
 	if a := answers["other-resolver"]; !strings.HasPrefix(a, "error") {
 		t.Errorf("the resolver that is not cluster DNS (%s) answered the job: %q", other, a)
 	} else {
@@ -109,8 +110,9 @@ func startResolver(t *testing.T, c *clustertest.Cluster, name string, labels map
 	return ""
 }
 
-// hostResolves asks the resolver at ip from the node, retrying while the pod's server starts.
-func hostResolves(t *testing.T, ip string) bool {
+// hostResolves asks the resolver at ip from the node for name, retrying while the pod's server
+// starts, and says whether it answered want.
+func hostResolves(t *testing.T, ip, name, want string) bool {
 	t.Helper()
 	res := &net.Resolver{PreferGo: true, Dial: func(ctx context.Context, _, _ string) (net.Conn, error) {
 		d := net.Dialer{LocalAddr: &net.UDPAddr{IP: net.ParseIP(nodeIP)}}
@@ -120,9 +122,9 @@ func hostResolves(t *testing.T, ip string) bool {
 	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		var addrs []net.IP
-		addrs, err = res.LookupIP(ctx, "ip4", "gitlab.example.test")
+		addrs, err = res.LookupIP(ctx, "ip4", name)
 		cancel()
-		if err == nil && len(addrs) > 0 && addrs[0].String() == gitlab {
+		if err == nil && len(addrs) > 0 && addrs[0].String() == want {
 			return true
 		}
 	}

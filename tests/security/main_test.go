@@ -19,14 +19,16 @@ import (
 func TestMain(m *testing.M) { clustertest.SuiteMain(m, "security") }
 
 const (
-	nodeIP      = "10.77.0.1"
-	podGateway  = "10.88.0.1"
-	podBridge   = "sbx-pods0"
-	internet    = "10.99.0.2" // "the internet": not in the template's egress allowlist
-	gitlab      = "10.99.1.2" // "the GitLab instance": allowed on TCP 80 and 443
-	gitlabAlt   = 9090        // a port of the GitLab instance the allowlist does not open
-	metadataIP  = "169.254.169.254"
-	webhookPort = 9443 // the agent-sandbox webhook listens on all of the node's addresses
+	nodeIP     = "10.77.0.1"
+	podGateway = "10.88.0.1"
+	podBridge  = "sbx-pods0"
+	internet   = "10.99.0.2" // "the internet": not in the template's egress allowlist
+	gitlab     = "10.99.1.2" // "the GitLab instance": allowed on TCP 80 and 443
+	gitlabAlt  = 9090        // a port of the GitLab instance the allowlist does not open
+	metadataIP = "169.254.169.254"
+	clusterDNS = "10.96.0.10" // the kube-dns Service (tests/cluster/dns.sh)
+	// kubernetesService is the kubernetes Service's ClusterIP, routed by kube-proxy.
+	kubernetesService = "10.96.0.1"
 )
 
 // prepared is a job of the default pool that is ready to run stages.

@@ -10,9 +10,12 @@ import (
 	"net"
 	"net/http"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/sandbox-executor/sandbox-executor/tests/clustertest"
 )
@@ -22,12 +25,16 @@ const listenerPort = 8081
 
 // TestJobNetworkIsFenced: a job reaches the GitLab instance (the allowlist, and the positive
 // control of every check) and nothing else: not the cloud metadata address, not "the internet",
-// not another port of the GitLab instance, not the node (kubelet, the webhook on the node IP and
-// on the pod gateway), not another job's pod, over IPv4 or IPv6, by address or by name. Every
+// not another port of the GitLab instance, not the node (kubelet, a listener on all of the
+// node's addresses reached by the node IP, the pod gateway and IPv6), not the agent-sandbox
+// webhook Service, not another job's pod, over IPv4 or IPv6, by address or by name. Every
 // target that can answer is first shown to answer from the node itself.
 func TestJobNetworkIsFenced(t *testing.T) {
 	t.Parallel()
-	r := clustertest.Connect(t).NewRunner(t, "sec-net", "")
+	c := clustertest.Connect(t)
+	r := c.NewRunner(t, "sec-net", "")
+	nodePort := listenOnAllNodeAddresses(t)
+	webhook := webhookServiceAddr(t, c)
 	neighbour := prepared(t, r, clustertest.JobSpec{})
 	job := prepared(t, r, clustertest.JobSpec{})
 
@@ -56,9 +63,10 @@ probes
 		hostGets(t, url(gitlab, gitlabAlt, "/"), "gitlab-alt"),
 		hostGets(t, url(neighbourV4, listenerPort, "/"), "neighbour"),
 		hostDials(t, net.JoinHostPort(nodeIP, "10250")),
-		hostDials(t, net.JoinHostPort(nodeIP, fmt.Sprint(webhookPort))),
-		hostDials(t, net.JoinHostPort(podGateway, fmt.Sprint(webhookPort))),
-		hostDials(t, net.JoinHostPort(bridgeV6+"%"+podBridge, fmt.Sprint(webhookPort))),
+		hostDials(t, net.JoinHostPort(nodeIP, fmt.Sprint(nodePort))),
+		hostDials(t, net.JoinHostPort(podGateway, fmt.Sprint(nodePort))),
+		hostDials(t, net.JoinHostPort(bridgeV6+"%"+podBridge, fmt.Sprint(nodePort))),
+		hostDials(t, webhook),
 	)
 
 	probes := []string{
@@ -67,9 +75,10 @@ probes
 		"internet " + url(internet, 80, "/"),
 		"gitlab-other-port " + url(gitlab, gitlabAlt, "/"),
 		"kubelet " + httpsURL(nodeIP, 10250, "/pods"),
-		"webhook-node-ip " + httpsURL(nodeIP, webhookPort, "/"),
-		"webhook-pod-gateway " + httpsURL(podGateway, webhookPort, "/"),
-		"webhook-node-ipv6 " + httpsURL(bridgeV6+"%eth0", webhookPort, "/"),
+		"node-listener-node-ip " + url(nodeIP, nodePort, "/"),
+		"node-listener-pod-gateway " + url(podGateway, nodePort, "/"),
+		"node-listener-ipv6 " + url(bridgeV6+"%eth0", nodePort, "/"),
+		"webhook-service https://" + webhook + "/",
 		"neighbour-ipv4 " + url(neighbourV4, listenerPort, "/"),
 		"by-name-internet http://example.com/",
 		"by-name-gitlab https://gitlab.com/",
@@ -92,11 +101,17 @@ awk '{print "route6", $1, $2, $10}' /proc/net/ipv6_route
 		blocked(t, res, strings.Fields(p)[0])
 	}
 
-	// No cluster DNS here: the pod's resolver is its own loopback, where nothing answers, so
-	// no outside name resolves (by-name-* above fail with "could not resolve").
+	// The job's resolver is cluster DNS, which answers for the cluster domain only and forwards
+	// nothing, so no outside name resolves (by-name-* above fail with "could not resolve").
 	resolv := regexp.MustCompile(`resolv: (.*)`).FindStringSubmatch(out)
-	if resolv == nil || !regexp.MustCompile(`^(nameserver (127\.\S+|::1) ?)+`).MatchString(strings.TrimSpace(resolv[1])) {
-		t.Errorf("the job's resolv.conf points at something other than its loopback: %v", resolv)
+	var nameservers []string
+	if resolv != nil {
+		for _, m := range regexp.MustCompile(`nameserver (\S+)`).FindAllStringSubmatch(resolv[1], -1) {
+			nameservers = append(nameservers, m[1])
+		}
+	}
+	if len(nameservers) == 0 || slices.ContainsFunc(nameservers, func(ns string) bool { return ns != clusterDNS }) {
+		t.Errorf("the job's resolv.conf names resolvers other than cluster DNS %s: %v", clusterDNS, resolv)
 	} else {
 		t.Logf("the job's resolv.conf: %s", resolv[1])
 	}
@@ -197,4 +212,33 @@ func hostDials(t *testing.T, addr string) bool {
 	}
 	conn.Close()
 	return true
+}
+
+// listenOnAllNodeAddresses serves on a free port of every address of the node (IPv4 and IPv6,
+// the pod gateway included), as a node daemon bound to the wildcard address does, and returns
+// the port. It answers what connects; the test shows jobs cannot connect.
+func listenOnAllNodeAddresses(t *testing.T) int {
+	t.Helper()
+	l, err := net.Listen("tcp", ":0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "node") })}
+	go func() { _ = srv.Serve(l) }()
+	t.Cleanup(func() { srv.Close() })
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+// webhookServiceAddr is the ClusterIP:port of agent-sandbox's webhook Service, which the API
+// server calls through kube-proxy; the controller pod behind it is no job's business.
+func webhookServiceAddr(t *testing.T, c *clustertest.Cluster) string {
+	t.Helper()
+	svc, err := c.Admin.Kube.CoreV1().Services("agent-sandbox-system").Get(context.Background(), "agent-sandbox-webhook-service", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(svc.Spec.Ports) == 0 {
+		t.Fatalf("Service agent-sandbox-system/%s has no port", svc.Name)
+	}
+	return net.JoinHostPort(svc.Spec.ClusterIP, fmt.Sprint(svc.Spec.Ports[0].Port))
 }

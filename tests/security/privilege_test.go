@@ -60,10 +60,10 @@ func TestJobHasNoPrivilege(t *testing.T) {
 }
 
 // TestJobCannotReachKubernetesAPI: the job has no service-account token, and cannot connect to
-// the API server, neither at the node's address (which the runner host reaches: the positive
-// control) nor at the kubernetes Service IP the kubelet puts in KUBERNETES_SERVICE_HOST. This
-// cluster has no kube-proxy, so the Service IP leads nowhere even from the node: that check
-// holds here regardless of the sandbox, and the node address check is the one that counts.
+// the API server, neither at the node's address nor at the kubernetes Service IP (both of which
+// answer the runner host: the positive controls). kube-proxy routes the Service IP to the node
+// address, and the node lets pods through that way (in-cluster controllers, CoreDNS and runners
+// use it): the job's NetworkPolicy is what keeps it out, and this proves it does.
 func TestJobCannotReachKubernetesAPI(t *testing.T) {
 	t.Parallel()
 	r := clustertest.Connect(t).NewRunner(t, "sec-api", "")
@@ -75,6 +75,12 @@ func TestJobCannotReachKubernetesAPI(t *testing.T) {
 	}
 	resp.Body.Close()
 	t.Logf("the API server answers at %s from the node: %s", apiURL, resp.Status)
+	serviceURL := httpsURL(kubernetesService, 443, "/version")
+	resp, err = client.Get(serviceURL)
+	if err != nil {
+		t.Fatalf("positive control: the API server does not answer at its Service %s from the node: %v", serviceURL, err)
+	}
+	resp.Body.Close()
 
 	j := prepared(t, r, clustertest.JobSpec{})
 	out := j.MustRun(t, probeLib+
@@ -82,6 +88,7 @@ func TestJobCannotReachKubernetesAPI(t *testing.T) {
 ls -a /var/run/secrets/kubernetes.io/serviceaccount 2>&1 | head -n 3
 probe control-gitlab `+url(gitlab, 80, "/")+`
 probe api-node `+apiURL+`
+probe api-service-ip `+serviceURL+`
 [ -n "$KUBERNETES_SERVICE_HOST" ] && probe api-service "https://$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT/version"
 probes
 `).Stdout
@@ -91,6 +98,7 @@ probes
 	res := probeResults(t, out)
 	mustControls(t, reachable(t, res, "control-gitlab", "gitlab"))
 	blocked(t, res, "api-node")
+	blocked(t, res, "api-service-ip")
 	if strings.Contains(out, "service-host=unset") {
 		t.Log("KUBERNETES_SERVICE_HOST is not set in the job")
 	} else {
