@@ -22,6 +22,11 @@ HELM_VERSION := v3.19.5
 HELM := $(TOOLS)/helm-$(HELM_VERSION)
 HELM_LDFLAGS := -X helm.sh/helm/v3/internal/version.version=$(HELM_VERSION) \
 	-X helm.sh/helm/v3/pkg/chartutil.k8sVersionMajor=1 -X helm.sh/helm/v3/pkg/chartutil.k8sVersionMinor=34
+# promtool for the alert rules' tests (unit suite), from the module proxy. -tags remove_all_sd
+# leaves out Prometheus's cloud service discoveries (AWS, Azure, GCE, ...), which promtool's
+# rule tests never use and which are most of its build.
+PROMTOOL_VERSION := v0.316.0
+PROMTOOL := $(TOOLS)/promtool-$(PROMTOOL_VERSION)
 # go test through gotestsum, with its output format; tests/check.sh sets TEST_JSON to keep the
 # events it counts.
 gotest = $(GOTESTSUM) --format $(1) $(if $(TEST_JSON),--jsonfile $(TEST_JSON)) --
@@ -53,6 +58,9 @@ $(HELM): | modules
 	@$(call install_tool,helm.sh/helm/v3/cmd/helm,$(HELM_VERSION),-ldflags '$(HELM_LDFLAGS)')
 
 helm: $(HELM)
+
+$(PROMTOOL): | modules
+	@$(call install_tool,github.com/prometheus/prometheus/cmd/promtool,$(PROMTOOL_VERSION),-tags remove_all_sd)
 
 helm-path: $(HELM)
 	@echo $(HELM)
@@ -106,8 +114,8 @@ vet: lint
 
 # Unit tests: fake clientsets and a stubbed exec, with the race detector; the chart's lint and
 # rendering tests (tests/charttest) run the pinned helm.
-unit: $(GOTESTSUM) $(HELM)
-	SANDBOX_EXECUTOR_HELM=$(HELM) $(call gotest,pkgname) -race -count=1 ./...
+unit: $(GOTESTSUM) $(HELM) $(PROMTOOL)
+	SANDBOX_EXECUTOR_HELM=$(HELM) SANDBOX_EXECUTOR_PROMTOOL=$(PROMTOOL) $(call gotest,pkgname) -race -count=1 ./...
 
 test: lint unit
 

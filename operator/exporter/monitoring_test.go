@@ -73,6 +73,7 @@ func TestMonitoringNamesOnlyExportedMetrics(t *testing.T) {
 	for _, path := range []string{
 		"deploy/chart/sandbox-executor/files/alerts.yaml",
 		"deploy/chart/sandbox-executor/files/dashboard.json",
+		"deploy/chart/sandbox-executor/templates/autoscaling.yaml",
 		"tests/monitoring/alerts_test.yaml",
 	} {
 		for _, name := range metricName.FindAllString(monitoringFile(t, path), -1) {

@@ -161,7 +161,8 @@ func TestExporterCountsWhatJobsDid(t *testing.T) {
 		script []string
 		state  string
 	}{
-		{[]string{"echo one"}, fakegitlab.StateSuccess},
+		// Held until the test has scraped the exporter while it runs.
+		{[]string{"echo held", "until [ -e /tmp/e2e-go-on ]; do sleep 0.2; done"}, fakegitlab.StateSuccess},
 		{[]string{"echo two; exit 3"}, fakegitlab.StateFailed},
 		{[]string{"echo three"}, fakegitlab.StateSuccess},
 	}
@@ -171,11 +172,13 @@ func TestExporterCountsWhatJobsDid(t *testing.T) {
 		gitlab.Enqueue(job)
 		proc := startRunner(t, gitlab, r.Definition())
 		if i == 0 {
-			// Scraped while the job runs: its claim is on the pool.
-			waitTrace(t, gitlab, proc, job.ID, "Sandbox ready: pool "+testPool)
-			during := scrape(t, url)
-			if got := during.value(exporter.MetricPoolClaims, map[string]string{"pool": testPool, "state": "ready"}); got != 1 {
-				t.Errorf("while job %d runs: %s{state=ready} = %v, want 1\n%s", job.ID, exporter.MetricPoolClaims, got, dump(during))
+			// While the job runs, its claim is on the pool, Ready.
+			waitTrace(t, gitlab, proc, job.ID, "\nheld\n")
+			waitScrape(t, url, "the running job's claim", func(m metricFamilies) bool {
+				return m.value(exporter.MetricPoolClaims, map[string]string{"pool": testPool, "state": "ready"}) == 1
+			})
+			if out, err := c.Exec(context.Background(), jobPod(t, r, job.ID), "touch", "/tmp/e2e-go-on"); err != nil {
+				t.Fatalf("letting the job go on: %v %s", err, out)
 			}
 		}
 		res := waitJob(t, gitlab, proc, job.ID)
