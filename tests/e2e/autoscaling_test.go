@@ -72,7 +72,7 @@ func TestHPAReadsThePoolScale(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	selector := fields.OneTermEqualSelector("metadata.name", testPool).String()
-	lw := &cache.ListWatch{WatchFunc: func(o metav1.ListOptions) (watch.Interface, error) {
+	lw := &cache.ListWatch{WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
 		o.FieldSelector = selector
 		return hpas.Watch(ctx, o)
 	}}
