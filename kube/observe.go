@@ -74,6 +74,7 @@ type PoolState struct {
 // Observer follows a namespace's pools, claims, sandboxes and pods through informers (one watch
 // each) for the exporter: events as jobs start and end, and a snapshot of the pools on demand.
 type Observer struct {
+	clients   *Clients
 	namespace string
 	kube      informers.SharedInformerFactory
 	sandboxes sandboxinformers.SharedInformerFactory
@@ -96,6 +97,7 @@ type Observer struct {
 // per job, from the informers' goroutines.
 func (c *Clients) Observe(namespace string, onStart func(JobStart), onEnd func(JobEnd)) *Observer {
 	o := &Observer{
+		clients:   c,
 		namespace: namespace,
 		// No resync: every change arrives as a watch event, and a snapshot reads the caches.
 		kube:      informers.NewSharedInformerFactoryWithOptions(c.Kube, 0, informers.WithNamespace(namespace)),
@@ -116,6 +118,11 @@ func (c *Clients) Observe(namespace string, onStart func(JobStart), onEnd func(J
 // Run starts the informers and returns once their caches hold the namespace, or with an error
 // naming what could not be listed. The informers stop with ctx; Shutdown waits for them.
 func (o *Observer) Run(ctx context.Context) error {
+	// An informer whose list is refused retries forever: ask once first, so that missing RBAC or
+	// CRDs are one clear error instead of an exporter that never serves.
+	if err := o.canList(ctx); err != nil {
+		return err
+	}
 	claimInformer := o.ext.Extensions().V1beta1().SandboxClaims().Informer()
 	sandboxInformer := o.sandboxes.Agents().V1beta1().Sandboxes().Informer()
 	handlers := []struct {
@@ -153,6 +160,34 @@ func (o *Observer) Run(ctx context.Context) error {
 			if !ok {
 				return failure.SystemError(ctx.Err(), "exporter: could not list %s (%s) in namespace %s: check the exporter's RBAC (ObservePermissions) and that agent-sandbox's CRDs are installed", name, typ, o.namespace)
 			}
+		}
+	}
+	return nil
+}
+
+// canList lists one object of each resource the informers follow.
+func (o *Observer) canList(ctx context.Context) error {
+	one := metav1.ListOptions{Limit: 1}
+	for _, try := range []struct {
+		resource string
+		list     func() error
+	}{
+		{SandboxWarmPools.String(), func() error {
+			_, err := o.clients.Extensions.ExtensionsV1beta1().SandboxWarmPools(o.namespace).List(ctx, one)
+			return err
+		}},
+		{SandboxClaims.String(), func() error {
+			_, err := o.clients.Extensions.ExtensionsV1beta1().SandboxClaims(o.namespace).List(ctx, one)
+			return err
+		}},
+		{Sandboxes.String(), func() error {
+			_, err := o.clients.Sandboxes.AgentsV1beta1().Sandboxes(o.namespace).List(ctx, one)
+			return err
+		}},
+		{Pods.String(), func() error { _, err := o.clients.Kube.CoreV1().Pods(o.namespace).List(ctx, one); return err }},
+	} {
+		if err := try.list(); err != nil {
+			return explainAPIError(err, apiCall{Verb: "list", Resource: try.resource, Namespace: o.namespace})
 		}
 	}
 	return nil

@@ -2,6 +2,7 @@ package exporter_test
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"testing"
 	"time"
@@ -9,8 +10,10 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/apimachinery/pkg/watch"
@@ -332,4 +335,19 @@ sandbox_executor_claim_ready_seconds_count{pool="duo-default"} 2
 	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), exporter.MetricStarts, exporter.MetricJobs, exporter.MetricClaimReady); err != nil {
 		t.Error(err)
 	}
+}
+
+// An exporter whose identity may not list pods says so in one line and does not start, instead
+// of informers that retry forever behind an exporter that never serves.
+func TestRefusedListIsOneClearError(t *testing.T) {
+	fc := newFakeCluster(warmPool(1, 1, 1))
+	fc.kube.PrependReactor("list", "pods", func(k8stesting.Action) (bool, runtime.Object, error) {
+		return true, nil, apierrors.NewForbidden(schema.GroupResource{Resource: "pods"}, "", errors.New("no"))
+	})
+	observer := fc.clients().Observe(ns, func(kube.JobStart) {}, func(kube.JobEnd) {})
+	err := observer.Run(context.Background())
+	if err == nil || !strings.Contains(err.Error(), "RBAC denied: cannot list pods in namespace "+ns) {
+		t.Fatalf("Run: %v, want RBAC denied naming list pods", err)
+	}
+	observer.Shutdown()
 }
