@@ -24,7 +24,8 @@ HELM_LDFLAGS := -X helm.sh/helm/v3/internal/version.version=$(HELM_VERSION) \
 	-X helm.sh/helm/v3/pkg/chartutil.k8sVersionMajor=1 -X helm.sh/helm/v3/pkg/chartutil.k8sVersionMinor=34
 # promtool for the alert rules' tests (unit suite), from the module proxy. -tags remove_all_sd
 # leaves out Prometheus's cloud service discoveries (AWS, Azure, GCE, ...), which promtool's
-# rule tests never use and which are most of its build.
+# rule tests never use and which are most of its build: 4 CPU-minutes from an empty build cache
+# (3m20s user + 45s sys), about 2-3 minutes on 2 idle cores, then cached.
 PROMTOOL_VERSION := v0.316.0
 PROMTOOL := $(TOOLS)/promtool-$(PROMTOOL_VERSION)
 # go test through gotestsum, with its output format; tests/check.sh sets TEST_JSON to keep the
