@@ -138,7 +138,8 @@ var launchIn = regexp.MustCompile(`Sandbox ready: pool \S+ \((warm start|waited|
 // Jobs through the real gitlab-runner on a pool of the test's own, scraped by the exporter
 // while they run: the pool's gauges equal the pool's status, every job's start is counted under
 // the launch its job log names, the claim-to-Ready histogram has one sample per job, and the
-// failed job is counted with its reason, the others as successes.
+// failed job is counted with its reason, the others as successes; a job on an empty pool of its
+// own is counted as a cold start.
 func TestExporterCountsWhatJobsDid(t *testing.T) {
 	c := clustertest.Connect(t)
 	const testPool = "e2e-metrics"
@@ -221,6 +222,20 @@ func TestExporterCountsWhatJobsDid(t *testing.T) {
 	if got := after.value(exporter.MetricJobs, outcome(kube.OutcomeFailed, kube.ReasonScript)); got != 1 {
 		t.Errorf("%s{outcome=failed,reason=script_failure} = %v, want 1\n%s", exporter.MetricJobs, got, dump(after))
 	}
+	// A cold start: a job on an empty pool with drained_pool = "cold" gets a sandbox created for
+	// its claim, and is counted as cold on that pool.
+	const coldPool = "e2e-metrics-cold"
+	benchPool(t, c, coldPool, 0)
+	cold := newRunner(t, c, localcluster.Config{Pools: localcluster.Pools(coldPool), Extra: `drained_pool = "cold"`})
+	coldJob := gitlab.NewJob(fakegitlab.JobSpec{Image: ciImage, GitStrategy: "none", Script: []string{"echo cold"}})
+	if res := runJob(t, cold, cold.Definition(), gitlab, coldJob); res.State != fakegitlab.StateSuccess || !strings.Contains(res.Trace, "(cold start") {
+		t.Fatalf("job %d on the empty pool: %s, want success with a cold start\n%s", coldJob.ID, res.State, res.Trace)
+	}
+	coldLaunch := map[string]string{"pool": coldPool, "launch": string(kube.LaunchCold)}
+	waitScrape(t, url, "the cold start", func(m metricFamilies) bool {
+		return m.value(exporter.MetricStarts, coldLaunch) == 1 && m.value(exporter.MetricJobs, map[string]string{"pool": coldPool, "outcome": kube.OutcomeSuccess, "reason": ""}) == 1
+	})
+
 	for _, gauge := range []string{exporter.MetricClaimsPastShutdown, exporter.MetricFenceHeldOut} {
 		if got := after.value(gauge, pool); got != 0 {
 			t.Errorf("%s = %v, want 0: no claim leaked, every fence holds", gauge, got)
