@@ -11,6 +11,7 @@
 #                                         curl coreutils nodejs npm (what a Duo flow needs)
 #   sandbox-executor.local/posix:bookworm Debian bookworm minbase with bash removed: POSIX sh (dash)
 #                                         and coreutils only, to prove the executor needs no bash
+#   GitLab's Duo flow images, local stand-ins under their real names: see images-duo.sh
 #   sandbox-executor.local/agent:<hash>   this repository's stage agent, static, alone: the init
 #                                         container that bakes it into job pods. Tagged by the
 #                                         binary's hash, so a changed agent changes the template
@@ -19,6 +20,8 @@
 # so editing a recipe rebuilds that image and nothing else.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+# Stand-ins for GitLab's Duo flow images (build_duo_images, DUO_IMAGE_NAMES).
+source "$(dirname "${BASH_SOURCE[0]}")/images-duo.sh"
 
 SUITE=bookworm
 ROOTFS=$CLUSTER_IMAGES/rootfs
@@ -224,6 +227,7 @@ build_all() {
   step "image ci" build_image ci "$CI_IMAGE" '"Cmd":["/bin/bash"]' build_rootfs_ci
   step "image posix" build_image posix "$POSIX_IMAGE" '"Cmd":["/bin/sh"]' build_rootfs_posix
   step "image agent" build_agent_image
+  build_duo_images
 }
 
 # --- import ---------------------------------------------------------------------------------
@@ -249,7 +253,7 @@ import_one() {
 
 import_all() {
   local name
-  for name in pause ci posix agent; do
+  for name in pause ci posix agent "${DUO_IMAGE_NAMES[@]}"; do
     [[ -f $CLUSTER_IMAGES/$name.tar ]] || die "image $name not built: run images.sh build"
     step "import $name" import_one "$name"
   done
