@@ -192,3 +192,11 @@ func adminCall(ctx context.Context, hc *http.Client, method, base, client string
 	}
 	return nil
 }
+
+// AdminTimeout bounds one call to the admin endpoint: a proxy that does not answer costs a
+// stage at most this.
+const AdminTimeout = 2 * time.Second
+
+// AdminClient talks to the proxy's admin address directly: never through a proxy from the
+// runner's environment.
+var AdminClient = &http.Client{Transport: &http.Transport{Proxy: nil}, Timeout: AdminTimeout}

@@ -31,14 +31,6 @@ DUO_SRT_VERSION=0.0.20
 DUO_CLI_JS=$REPO_ROOT/tests/duocli/duo.js
 DUO_HARDENED_UID=1001
 
-# The npm registry the host's npm uses (so no host name is written into this repo).
-duo_npm_registry() {
-  local r
-  r=$(npm config get registry 2>/dev/null | tail -n1) || true
-  [[ $r == http* ]] || die "cannot find the host's npm registry (npm config get registry)"
-  echo "$r"
-}
-
 install_duo_packages() {
   local dir=$1
   shift
@@ -53,20 +45,29 @@ install_duo_cli() {
 }
 
 build_rootfs_duo_default() {
-  local dir=$ROOTFS/duo-default log=$CLUSTER_LOG/rootfs-duo-default.log registry
-  registry=$(duo_npm_registry)
+  local dir=$ROOTFS/duo-default log=$CLUSTER_LOG/rootfs-duo-default.log
   rm -rf "$dir"
   cp -a "$ROOTFS/base" "$dir"
   cp /etc/resolv.conf "$dir/etc/resolv.conf"
   : >"$log"
   with_progress "duo default image packages" "$log" install_duo_packages "$dir" "${DUO_PACKAGES[@]}" "${DUO_SRT_PACKAGES[@]}" ||
     { tail -n 20 "$log" >&2; die "duo default rootfs: apt-get failed"; }
-  chroot "$dir" /usr/bin/env npm_config_registry="$registry" npm_config_update_notifier=false npm_config_fund=false \
-    npm install -g --no-audit "@anthropic-ai/sandbox-runtime@$DUO_SRT_VERSION" >>"$log" 2>&1 ||
+  # npm in the image installs it, with the host's npm registry and CA bundle when the host has
+  # npm (a registry mirror behind a private CA, say): neither is written into the image.
+  local registry="" cafile=/etc/ssl/certs/ca-certificates.crt
+  if command -v npm >/dev/null; then
+    registry=$(npm config get registry 2>/dev/null | tail -n1)
+    cafile=$(npm config get cafile 2>/dev/null | tail -n1)
+    [[ -f $cafile ]] || cafile=/etc/ssl/certs/ca-certificates.crt
+  fi
+  cp "$cafile" "$dir/tmp/host-ca.crt"
+  chroot "$dir" /usr/bin/env ${registry:+npm_config_registry=$registry} npm_config_cafile=/tmp/host-ca.crt \
+    npm_config_update_notifier=false npm_config_fund=false npm_config_audit=false \
+    npm install -g "@anthropic-ai/sandbox-runtime@$DUO_SRT_VERSION" >>"$log" 2>&1 ||
     { tail -n 20 "$log" >&2; die "duo default rootfs: npm install of SRT failed"; }
+  rm -rf "$dir/tmp/host-ca.crt" "$dir/root/.npm"
   chroot "$dir" /bin/bash -c 'git --version && node --version && npm --version && srt --version && bwrap --version && socat -V | head -n2 && rg --version | head -n1' >>"$log" 2>&1 ||
     { tail -n 20 "$log" >&2; die "duo default rootfs: a required tool does not run"; }
-  rm -rf "$dir/root/.npm"
   slim_rootfs "$dir"
 }
 
