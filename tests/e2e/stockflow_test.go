@@ -1,0 +1,116 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/sandbox-executor/sandbox-executor/tests/clustertest"
+	"github.com/sandbox-executor/sandbox-executor/tests/localcluster"
+	"github.com/sandbox-executor/sandbox-executor/tools/duoflow"
+)
+
+// deploy/duo-flow's pools on the local cluster (deploy/local), serving the stand-ins of
+// GitLab's flow images (tests/cluster/images-duo.sh) through the egress proxy.
+const (
+	flowPool       = "duo-flow"
+	flowImages     = "registry.gitlab.com/gitlab-org/duo-workflow/default-docker-image/workflow-generic-image:*"
+	hardenedPool   = "duo-flow-hardened"
+	hardenedImages = "registry.gitlab.com/gitlab-org/duo-workflow/default-docker-image/workflow-generic-image-hardened:*"
+	// flowEgressAdmin is the proxy of these pools: deploy/local's (tests/cluster/egress-proxy.sh).
+	flowEgressAdmin = egressAdmin
+)
+
+// TestStockDuoFlow runs the stock flow's shape through gitlab-runner 17.9: a job with no image,
+// served by the pool of GitLab's default image, whose egress is what the executor derives from
+// the job (the instance of CI_SERVER_URL) plus the pool's npm registry, through the egress
+// proxy. In order: setup_script as the image's user (root); the duo CLI installed from the npm
+// stand-in; the repository cloned; SRT probed and falling back (gVisor and the fence are the
+// sandbox, as the job log says); a WebSocket session with the workflow service through the
+// instance; edit, test, commit, push; a merge request with CI_JOB_TOKEN; and a destination
+// nothing allows, refused and named in the job log.
+func TestStockDuoFlow(t *testing.T) {
+	helper, err := duoflow.HelperConfig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	inst, err := duoflow.NewInstance()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer inst.Close()
+	npm, err := duoflow.NewNPMRegistry()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer npm.Close()
+	// The instance is granted from the job itself; only the npm registry is the pool's.
+	pools := append([]localcluster.PoolConfig{
+		{Name: flowPool, Images: []string{flowImages}, EgressProxy: flowEgressAdmin, EgressInstance: true, EgressAllow: []string{npm.Host + ":80"}},
+	}, localcluster.Pools(pool)...)
+	c := newRunner(t, clustertest.Connect(t), localcluster.Config{Pools: pools, Extra: helper})
+	base, err := inst.CreateProject()
+	if err != nil {
+		t.Fatal(err)
+	}
+	job, dws := inst.StockJob(base, npm.URL,
+		`echo "setup_script: running as $(id -un) (uid $(id -u)) in $(pwd)"`,
+		`npm config set registry "$`+duoflow.NPMRegistryVariable+`"`)
+	res := runDuoJob(t, c, inst, job)
+	trace := res.Trace
+
+	mustContainInOrder(t, trace,
+		"Sandbox ready: pool "+flowPool,
+		"Isolation: this flow runs under gVisor (RuntimeClass gvisor), not SRT, fenced by its NetworkPolicy and the egress proxy of pool "+flowPool+"; SRT in this image cannot build its own sandbox",
+		"Fetching changes with git depth set to 1",
+		"setup_script: running as root (uid 0)",
+		"added 1 package",
+		"/usr/local/bin/duo",
+		"1.0.0",
+		"Warning: SRT found but can't create sandbox (insufficient privileges), running command directly",
+		"duo: session "+strconv.FormatInt(job.ID, 10)+": connected (websocket)",
+		"tests passed: welcome, farewell",
+		"merge request !1",
+		"duo: session "+strconv.FormatInt(job.ID, 10)+": finished: 7 actions done",
+		"egress blocked: GET outside.sandbox.test:80 (not in the allowlist of pool "+flowPool+")",
+	)
+	mustContain(t, "trace", trace, "Egress of this job through the egress proxy of pool "+flowPool+": "+inst.Host+":80, "+inst.Host+":443, "+npm.Host+":80")
+	if n := npm.Downloads("@gitlab/duo-cli"); n != 1 {
+		t.Errorf("@gitlab/duo-cli downloaded %d times, want 1", n)
+	}
+	sessions := dws.Sessions()
+	if len(sessions) != 1 || !sessions[0].Finished || sessions[0].WorkflowID != strconv.FormatInt(job.ID, 10) || len(sessions[0].Replies) != 7 {
+		t.Fatalf("workflow service sessions: %+v (refused %d)", sessions, dws.Refused())
+	}
+	branch := duoflow.Branch(job.ID)
+	assertPushed(t, inst, branch, base)
+	mrs := inst.GitLab.MergeRequests()
+	if len(mrs) != 1 || mrs[0].JobID != job.ID || mrs[0].SourceBranch != branch || mrs[0].Title != duoflow.StockMergeRequestTitle {
+		t.Errorf("merge requests: %+v, want one from %s by job %d", mrs, branch, job.ID)
+	}
+	for _, v := range job.Variables {
+		if v.Masked && strings.Contains(trace, v.Value) {
+			t.Errorf("the value of %s appears in the trace", v.Key)
+		}
+	}
+	c.WaitJobGone(t, job.ID)
+	t.Logf("job %d: %s in %s (handed out -> final state)", job.ID, res.State, res.Duration())
+}
+
+// mustContainInOrder checks that each of wants appears in text after the previous one.
+func mustContainInOrder(t *testing.T, text string, wants ...string) {
+	t.Helper()
+	rest := text
+	for _, want := range wants {
+		i := strings.Index(rest, want)
+		if i < 0 {
+			if strings.Contains(text, want) {
+				t.Fatalf("%q appears, but not after the previous step; trace:\n%s", want, text)
+			}
+			t.Fatalf("%q does not appear; trace:\n%s", want, text)
+		}
+		rest = rest[i+len(want):]
+	}
+}
