@@ -57,7 +57,7 @@ func TestStockDuoFlow(t *testing.T) {
 	}
 	job, dws := inst.StockJob(base, npm.URL,
 		`echo "setup_script: running as $(id -un) (uid $(id -u)) in $(pwd)"`,
-		`npm config set registry "$`+duoflow.NPMRegistryVariable+`"`)
+		`npm config set --location=global registry "$`+duoflow.NPMRegistryVariable+`"`)
 	res := runDuoJob(t, c, inst, job)
 	trace := res.Trace
 
@@ -68,13 +68,16 @@ func TestStockDuoFlow(t *testing.T) {
 		"setup_script: running as root (uid 0)",
 		"added 1 package",
 		"/usr/local/bin/duo",
-		"1.0.0",
+		"0.0.0-standin",
 		"Warning: SRT found but can't create sandbox (insufficient privileges), running command directly",
 		"duo: session "+strconv.FormatInt(job.ID, 10)+": connected (websocket)",
 		"tests passed: welcome, farewell",
 		"merge request !1",
 		"duo: session "+strconv.FormatInt(job.ID, 10)+": finished: 7 actions done",
-		"egress blocked: GET outside.sandbox.test:80 (not in the allowlist of pool "+flowPool+")",
+		// agent-config.yml's network_policy.allowed_domains reached SRT's settings only: the
+		// proxy refuses the domain all the same.
+		"outside: HTTP 403",
+		"egress blocked: GET "+duoflow.ProjectAllowedDomain+":80 (not in the allowlist of pool "+flowPool+")",
 	)
 	mustContain(t, "trace", trace, "Egress of this job through the egress proxy of pool "+flowPool+": "+inst.Host+":80, "+inst.Host+":443, "+npm.Host+":80")
 	if n := npm.Downloads("@gitlab/duo-cli"); n != 1 {
@@ -95,6 +98,64 @@ func TestStockDuoFlow(t *testing.T) {
 			t.Errorf("the value of %s appears in the trace", v.Key)
 		}
 	}
+	c.WaitJobGone(t, job.ID)
+	t.Logf("job %d: %s in %s (handed out -> final state)", job.ID, res.State, res.Duration())
+}
+
+// TestStockDuoFlowHardenedImage runs the same flow with agent-config.yml naming GitLab's
+// hardened image: its pool (deploy/duo-flow) serves it; setup_script runs as the image's USER,
+// UID 1001; the duo CLI is in the image, so the pool grants no npm registry and none is needed;
+// there is no SRT; and the cache key is agent-config.yml's `key: {files, prefix}` as GitLab
+// computes it.
+func TestStockDuoFlowHardenedImage(t *testing.T) {
+	helper, err := duoflow.HelperConfig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	inst, err := duoflow.NewInstance()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer inst.Close()
+	pools := append([]localcluster.PoolConfig{
+		{Name: hardenedPool, Images: []string{hardenedImages}, EgressProxy: flowEgressAdmin, EgressInstance: true},
+	}, localcluster.Pools(pool)...)
+	c := newRunner(t, clustertest.Connect(t), localcluster.Config{Pools: pools, Extra: helper})
+	base, err := inst.CreateProject()
+	if err != nil {
+		t.Fatal(err)
+	}
+	key, err := inst.FilesCacheKey("duo-workflow", base, "package.json", ".npmrc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	job, dws := inst.StockJob(base, "http://registry.invalid/",
+		`echo "setup_script: running as $(id -un) (uid $(id -u))"`)
+	job.Image.Name = strings.TrimSuffix(hardenedImages, "*") + "v0.0.7"
+	job.Cache[0].Key = key
+	res := runDuoJob(t, c, inst, job)
+	trace := res.Trace
+	mustContainInOrder(t, trace,
+		"Sandbox ready: pool "+hardenedPool,
+		"Isolation: this flow runs under gVisor (RuntimeClass gvisor), not SRT, fenced by its NetworkPolicy and the egress proxy of pool "+hardenedPool+"; this image has no SRT",
+		"Fetching changes with git depth set to 1",
+		"setup_script: running as duo-runner (uid 1001)",
+		"duo-cli already present, skipping installation",
+		"Warning: srt is not installed or not in PATH, running command directly without sandbox",
+		"duo: session "+strconv.FormatInt(job.ID, 10)+": connected (websocket)",
+		"tests passed: welcome, farewell",
+		"merge request !1",
+		"Creating cache "+key,
+		"Created cache",
+	)
+	mustContain(t, "trace", trace, "Egress of this job through the egress proxy of pool "+hardenedPool+": "+inst.Host+":80, "+inst.Host+":443 (until")
+	if sessions := dws.Sessions(); len(sessions) != 1 || !sessions[0].Finished {
+		t.Errorf("workflow service sessions: %+v", sessions)
+	}
+	if keys := inst.Cache.Keys(); len(keys) != 1 || !strings.HasSuffix(keys[0], "/"+key) {
+		t.Errorf("S3 cache objects %q, want one for %s", keys, key)
+	}
+	assertPushed(t, inst, duoflow.Branch(job.ID), base)
 	c.WaitJobGone(t, job.ID)
 	t.Logf("job %d: %s in %s (handed out -> final state)", job.ID, res.State, res.Duration())
 }

@@ -44,6 +44,10 @@ func (r *statusRecorder) WriteHeader(status int) {
 	r.ResponseWriter.WriteHeader(status)
 }
 
+// Unwrap lets handlers mounted next to the API take over the connection (a WebSocket upgrade
+// through http.ResponseController).
+func (r *statusRecorder) Unwrap() http.ResponseWriter { return r.ResponseWriter }
+
 type runnerRequest struct {
 	Token string        `json:"token"`
 	Info  RunnerVersion `json:"info"`

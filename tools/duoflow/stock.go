@@ -1,6 +1,8 @@
 package duoflow
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"net/http"
 	"strings"
@@ -48,12 +50,17 @@ func NewNPMRegistry() (*NPMRegistry, error) {
 func (r *NPMRegistry) Close() { _ = r.server.Close() }
 
 // NPMRegistryVariable names the npm registry stand-in in the stock job; its setup_script makes it
-// the user's registry (npm config set registry), which `npm install -g` uses while the project's
+// the global npm registry (npm config set --location=global), which `npm install -g` uses while the project's
 // own .npmrc keeps serving the project's install.
 const NPMRegistryVariable = "DUO_TEST_NPM_REGISTRY"
 
 // SRTSettings is where the flow's script writes SRT's settings (GitLab's SANDBOX_SYSTEM_DIR).
 const SRTSettings = "/var/tmp/.gitlab-sandbox/srt-settings.json"
+
+// ProjectAllowedDomain is what the project's agent-config.yml network_policy.allowed_domains
+// lists: GitLab writes it into SRT's settings, which nothing enforces here (SRT falls back), and
+// the egress proxy still refuses it: a project cannot widen its egress.
+const ProjectAllowedDomain = "outside.sandbox.test"
 
 // StockScript is the stock flow job's script in the order GitLab generates it (its
 // StartWorkflowService and DuoWorkflow::Sandbox, rewritten here): the sandbox directory, the
@@ -68,7 +75,7 @@ func StockScript(setupScript ...string) []string {
 		`git remote set-url origin "http://${DUO_WORKFLOW_GIT_HTTP_USER}:${DUO_WORKFLOW_GIT_HTTP_PASSWORD}@${DUO_WORKFLOW_GIT_HTTP_BASE_URL#http://}/${CI_PROJECT_PATH}.git"`,
 		`command -v duo > /dev/null 2>&1 && echo "duo-cli already present, skipping installation" || npm install -g --no-audit --no-fund @gitlab/duo-cli@`+duocli.Version,
 		`which duo && duo --version`,
-		`echo '{"network":{"allowedDomains":["localhost","'"$CI_SERVER_HOST"'","*.'"$CI_SERVER_HOST"'"],"deniedDomains":[]},"filesystem":{"denyRead":["~/.ssh"],"allowWrite":["./","/tmp"],"denyWrite":["/var/tmp/.gitlab-sandbox"]}}' > `+SRTSettings,
+		`echo '{"network":{"allowedDomains":["localhost","'"$CI_SERVER_HOST"'","*.'"$CI_SERVER_HOST"'","`+ProjectAllowedDomain+`"],"deniedDomains":[]},"filesystem":{"denyRead":["~/.ssh"],"allowWrite":["./","/tmp"],"denyWrite":["/var/tmp/.gitlab-sandbox"]}}' > `+SRTSettings,
 		`if which srt > /dev/null; then
   if unshare -m true 2>/dev/null; then SANDBOX_UNSHARE="unshare -m"; elif unshare -rm true 2>/dev/null; then SANDBOX_UNSHARE="unshare -rm"; else SANDBOX_UNSHARE=""; fi
   echo "srt probe: unshare=[${SANDBOX_UNSHARE}]"
@@ -109,6 +116,7 @@ func StockActions(jobID int64) []fakedws.Action {
 func (inst *Instance) StockJob(sha, npmRegistry string, setupScript ...string) (fakegitlab.Job, *fakedws.Service) {
 	job := inst.Job(sha, "")
 	job.Steps[0].Script = StockScript(setupScript...)
+	job.Artifacts = nil // the flow's work is its branch and merge request
 	job.Variables = append(job.Variables,
 		fakegitlab.Variable{Key: NPMRegistryVariable, Value: npmRegistry, Public: true},
 		fakegitlab.Variable{Key: "NPM_CONFIG_UPDATE_NOTIFIER", Value: "false", Public: true})
@@ -116,6 +124,26 @@ func (inst *Instance) StockJob(sha, npmRegistry string, setupScript ...string) (
 	dws := fakedws.New(token, StockActions(job.ID)...)
 	inst.GitLab.Handle(fakedws.Path, dws)
 	return job, dws
+}
+
+// FilesCacheKey is the cache key GitLab sends the runner for agent-config.yml's
+// `cache: {key: {files: [...], prefix: P}}`: GitLab computes it on its side, P, a dash and a
+// checksum over the last commits that changed the files (up to two), so the runner and the
+// executor see a plain string. This computes it the same way from the project's repository.
+func (inst *Instance) FilesCacheKey(prefix, ref string, files ...string) (string, error) {
+	if len(files) > 2 {
+		files = files[:2]
+	}
+	var commits []string
+	for _, f := range files {
+		c, err := inst.Repos.RepoGit(Project, "log", "-1", "--format=%H", ref, "--", f)
+		if err != nil {
+			return "", err
+		}
+		commits = append(commits, c)
+	}
+	sum := sha256.Sum256([]byte(strings.Join(commits, "\n")))
+	return prefix + "-" + hex.EncodeToString(sum[:])[:40], nil
 }
 
 // StockMergeRequestTitle is the title of the merge request the stock flow opens.
