@@ -55,7 +55,7 @@ func TestStockDuoFlow(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	job, dws := inst.StockJob(base, npm.URL,
+	job := inst.StockJob(base, npm.URL,
 		`echo "setup_script: running as $(id -un) (uid $(id -u)) in $(pwd)"`,
 		`npm config set --location=global registry "$`+duoflow.NPMRegistryVariable+`"`)
 	res := runDuoJob(t, c, inst, job)
@@ -83,9 +83,9 @@ func TestStockDuoFlow(t *testing.T) {
 	if n := npm.Downloads("@gitlab/duo-cli"); n != 1 {
 		t.Errorf("@gitlab/duo-cli downloaded %d times, want 1", n)
 	}
-	sessions := dws.Sessions()
-	if len(sessions) != 1 || !sessions[0].Finished || sessions[0].WorkflowID != strconv.FormatInt(job.ID, 10) || len(sessions[0].Replies) != 7 {
-		t.Fatalf("workflow service sessions: %+v (refused %d)", sessions, dws.Refused())
+	sessions := inst.Workflows.Sessions(strconv.FormatInt(job.ID, 10))
+	if len(sessions) != 1 || !sessions[0].Finished || len(sessions[0].Replies) != 7 {
+		t.Fatalf("workflow service sessions: %+v (refused %d)", sessions, inst.Workflows.Refused())
 	}
 	branch := duoflow.Branch(job.ID)
 	assertPushed(t, inst, branch, base)
@@ -129,7 +129,7 @@ func TestStockDuoFlowHardenedImage(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	job, dws := inst.StockJob(base, "http://registry.invalid/",
+	job := inst.StockJob(base, "http://registry.invalid/",
 		`echo "setup_script: running as $(id -un) (uid $(id -u))"`)
 	job.Image.Name = strings.TrimSuffix(hardenedImages, "*") + "v0.0.7"
 	job.Cache[0].Key = key
@@ -149,7 +149,7 @@ func TestStockDuoFlowHardenedImage(t *testing.T) {
 		"Created cache",
 	)
 	mustContain(t, "trace", trace, "Egress of this job through the egress proxy of pool "+hardenedPool+": "+inst.Host+":80, "+inst.Host+":443 (until")
-	if sessions := dws.Sessions(); len(sessions) != 1 || !sessions[0].Finished {
+	if sessions := inst.Workflows.Sessions(strconv.FormatInt(job.ID, 10)); len(sessions) != 1 || !sessions[0].Finished {
 		t.Errorf("workflow service sessions: %+v", sessions)
 	}
 	if keys := inst.Cache.Keys(); len(keys) != 1 || !strings.HasSuffix(keys[0], "/"+key) {

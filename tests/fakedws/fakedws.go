@@ -29,39 +29,52 @@ type Reply struct {
 	Output string `json:"output"`
 }
 
-// Session is one connection: the workflow it named, the answers it gave, and whether it got to
-// the end.
+// Session is one connection: the workflow it named, when it began, the answers it gave, and
+// whether it got to the end.
 type Session struct {
 	WorkflowID string
+	Started    time.Time
 	Replies    []Reply
 	Finished   bool
 }
 
-// Service serves the sessions. Create it with New.
+// Service serves the sessions it expects. Create it with New.
 type Service struct {
-	token    string
-	actions  []Action
 	upgrader websocket.Upgrader
 
 	mu       sync.Mutex
+	expected map[string]expectation
 	sessions []Session
 	refused  int
 }
 
-// New serves sessions authenticated with "Authorization: Bearer <token>", each taking the
-// actions in order and stopping at the first that fails.
-func New(token string, actions ...Action) *Service {
-	return &Service{token: token, actions: actions}
+type expectation struct {
+	token   string
+	actions []Action
 }
 
-// Sessions are the sessions so far, in the order they began.
-func (s *Service) Sessions() []Session {
+// New is a service that expects no session yet.
+func New() *Service { return &Service{expected: map[string]expectation{}} }
+
+// Expect makes the service accept a session for workflowID authenticated with
+// "Authorization: Bearer <token>", which takes the actions in order and stops at the first
+// that fails. GitLab creates the workflow before the flow's job runs, as this does.
+func (s *Service) Expect(workflowID, token string, actions ...Action) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	out := make([]Session, len(s.sessions))
-	for i, session := range s.sessions {
-		out[i] = session
-		out[i].Replies = append([]Reply(nil), session.Replies...)
+	s.expected[workflowID] = expectation{token: token, actions: actions}
+}
+
+// Sessions are the sessions of workflowID so far, in the order they began.
+func (s *Service) Sessions(workflowID string) []Session {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []Session
+	for _, session := range s.sessions {
+		if session.WorkflowID == workflowID {
+			session.Replies = append([]Reply(nil), session.Replies...)
+			out = append(out, session)
+		}
 	}
 	return out
 }
@@ -75,13 +88,17 @@ func (s *Service) Refused() int {
 
 // ServeHTTP implements http.Handler.
 func (s *Service) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	if r.Header.Get("Authorization") != "Bearer "+s.token {
-		s.mu.Lock()
+	workflowID := r.URL.Query().Get("workflow_id")
+	s.mu.Lock()
+	want, known := s.expected[workflowID]
+	if !known || want.token == "" || r.Header.Get("Authorization") != "Bearer "+want.token {
 		s.refused++
 		s.mu.Unlock()
 		http.Error(w, "401 Unauthorized", http.StatusUnauthorized)
 		return
 	}
+	s.mu.Unlock()
+	started := time.Now()
 	conn, err := s.upgrader.Upgrade(w, r, nil)
 	if err != nil {
 		return // the upgrader has answered
@@ -89,10 +106,10 @@ func (s *Service) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	defer conn.Close()
 	s.mu.Lock()
 	index := len(s.sessions)
-	s.sessions = append(s.sessions, Session{WorkflowID: r.URL.Query().Get("workflow_id")})
+	s.sessions = append(s.sessions, Session{WorkflowID: workflowID, Started: started})
 	s.mu.Unlock()
-	summary := fmt.Sprintf("%d actions done", len(s.actions))
-	for i, action := range s.actions {
+	summary := fmt.Sprintf("%d actions done", len(want.actions))
+	for i, action := range want.actions {
 		msg := Action{"id": i + 1}
 		for k, v := range action {
 			msg[k] = v

@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"net/http"
+	"strconv"
 	"strings"
 
 	"github.com/sandbox-executor/sandbox-executor/tests/duocli"
@@ -112,8 +113,9 @@ func StockActions(jobID int64) []fakedws.Action {
 }
 
 // StockJob is the stock flow's job for commit sha, with no image (the runner's default pool
-// serves it), its duo CLI from npmRegistry, and its workflow service mounted on the instance.
-func (inst *Instance) StockJob(sha, npmRegistry string, setupScript ...string) (fakegitlab.Job, *fakedws.Service) {
+// serves it) and its duo CLI from npmRegistry; the instance's workflow service expects its
+// session (workflow ID: the job ID).
+func (inst *Instance) StockJob(sha, npmRegistry string, setupScript ...string) fakegitlab.Job {
 	job := inst.Job(sha, "")
 	job.Steps[0].Script = StockScript(setupScript...)
 	job.Artifacts = nil // the flow's work is its branch and merge request
@@ -121,9 +123,8 @@ func (inst *Instance) StockJob(sha, npmRegistry string, setupScript ...string) (
 		fakegitlab.Variable{Key: NPMRegistryVariable, Value: npmRegistry, Public: true},
 		fakegitlab.Variable{Key: "NPM_CONFIG_UPDATE_NOTIFIER", Value: "false", Public: true})
 	token, _ := job.Variable("GITLAB_OAUTH_TOKEN")
-	dws := fakedws.New(token, StockActions(job.ID)...)
-	inst.GitLab.Handle(fakedws.Path, dws)
-	return job, dws
+	inst.Workflows.Expect(strconv.FormatInt(job.ID, 10), token, StockActions(job.ID)...)
+	return job
 }
 
 // FilesCacheKey is the cache key GitLab sends the runner for agent-config.yml's
