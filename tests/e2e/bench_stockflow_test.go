@@ -6,7 +6,6 @@ import (
 	"context"
 	"regexp"
 	"strconv"
-	"strings"
 	"testing"
 	"time"
 
@@ -51,7 +50,7 @@ func BenchmarkStockFlowStartup(b *testing.B) {
 	setup := `npm config set --location=global registry "$` + duoflow.NPMRegistryVariable + `"`
 	baked, _ := stockStartups(b, cluster, c, inst, n, hardenedPool, func() fakegitlab.Job {
 		job := inst.StockJob(base, npm.URL)
-		job.Image.Name = strings.TrimSuffix(hardenedImages, "*") + "v0.0.7"
+		job.Image.Name = hardenedImage
 		return job
 	})
 	viaNPM, npmInstalls := stockStartups(b, cluster, c, inst, n, flowPool, func() fakegitlab.Job { return inst.StockJob(base, npm.URL, setup) })

@@ -19,6 +19,7 @@ const (
 	flowImages     = "registry.gitlab.com/gitlab-org/duo-workflow/default-docker-image/workflow-generic-image:*"
 	hardenedPool   = "duo-flow-hardened"
 	hardenedImages = "registry.gitlab.com/gitlab-org/duo-workflow/default-docker-image/workflow-generic-image-hardened:*"
+	hardenedImage  = "registry.gitlab.com/gitlab-org/duo-workflow/default-docker-image/workflow-generic-image-hardened:v0.0.7"
 	// flowEgressAdmin is the proxy of these pools: deploy/local's (tests/cluster/egress-proxy.sh).
 	flowEgressAdmin = egressAdmin
 )
@@ -131,7 +132,7 @@ func TestStockDuoFlowHardenedImage(t *testing.T) {
 	}
 	job := inst.StockJob(base, "http://registry.invalid/",
 		`echo "setup_script: running as $(id -un) (uid $(id -u))"`)
-	job.Image.Name = strings.TrimSuffix(hardenedImages, "*") + "v0.0.7"
+	job.Image.Name = hardenedImage
 	job.Cache[0].Key = key
 	res := runDuoJob(t, c, inst, job)
 	trace := res.Trace
