@@ -56,7 +56,7 @@ func TestStockDuoFlow(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	job := inst.StockJob(base, npm.URL,
+	job := inst.StockJob(base, npm.URL, flowEgressAdmin,
 		`echo "setup_script: running as $(id -un) (uid $(id -u)) in $(pwd)"`,
 		`npm config set --location=global registry "$`+duoflow.NPMRegistryVariable+`"`)
 	res := runDuoJob(t, c, inst, job)
@@ -75,9 +75,12 @@ func TestStockDuoFlow(t *testing.T) {
 		"tests passed: welcome, farewell",
 		"merge request !1",
 		"duo: session "+strconv.FormatInt(job.ID, 10)+": finished: 7 actions done",
+		// The job cannot grant itself more egress: the proxy does not forward to its admin port.
+		"self-grant: HTTP 403",
 		// agent-config.yml's network_policy.allowed_domains reached SRT's settings only: the
 		// proxy refuses the domain all the same.
 		"outside: HTTP 403",
+		"egress blocked: PUT "+strings.TrimPrefix(flowEgressAdmin, "http://")+" (not in the allowlist of pool "+flowPool+")",
 		"egress blocked: GET "+duoflow.ProjectAllowedDomain+":80 (not in the allowlist of pool "+flowPool+")",
 	)
 	mustContain(t, "trace", trace, "Egress of this job through the egress proxy of pool "+flowPool+": "+inst.Host+":80, "+inst.Host+":443, "+npm.Host+":80")
@@ -130,7 +133,7 @@ func TestStockDuoFlowHardenedImage(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	job := inst.StockJob(base, "http://registry.invalid/",
+	job := inst.StockJob(base, "http://registry.invalid/", flowEgressAdmin,
 		`echo "setup_script: running as $(id -un) (uid $(id -u))"`)
 	job.Image.Name = hardenedImage
 	job.Cache[0].Key = key

@@ -92,9 +92,16 @@ else
   echo "Warning: srt is not installed or not in PATH, running command directly without sandbox"
   duo run --existing-session-id "$CI_JOB_ID" --connection-type websocket
 fi`,
+		// The job tries to widen its own egress through the proxy's admin endpoint: the proxy
+		// does not forward to it (and the pod's NetworkPolicy would drop a direct connection).
+		`if curl -sS --max-time 10 -o /dev/null -X PUT -d '{"allow":["`+ProjectAllowedDomain+`"],"until":"2100-01-01T00:00:00Z"}' -w "self-grant: HTTP %{http_code}\n" "${`+EgressAdminVariable+`}/v1/grants?client=$(hostname -i)"; then :; fi`,
 		`if curl -sS --max-time 10 -o /dev/null -w "outside: HTTP %{http_code}\n" http://outside.sandbox.test/; then :; fi`,
 	)
 }
+
+// EgressAdminVariable names the egress proxy's admin address in the stock job, which the job
+// tries, and must fail, to grant itself more egress through.
+const EgressAdminVariable = "DUO_TEST_EGRESS_ADMIN"
 
 // StockActions are what the workflow service has the agent do for job jobID: branch, install
 // the project's dependency from the instance's registry, change the code, test, commit and
@@ -113,14 +120,15 @@ func StockActions(jobID int64) []fakedws.Action {
 }
 
 // StockJob is the stock flow's job for commit sha, with no image (the runner's default pool
-// serves it) and its duo CLI from npmRegistry; the instance's workflow service expects its
+// serves it), its duo CLI from npmRegistry and egressAdmin the proxy's admin address; the instance's workflow service expects its
 // session (workflow ID: the job ID).
-func (inst *Instance) StockJob(sha, npmRegistry string, setupScript ...string) fakegitlab.Job {
+func (inst *Instance) StockJob(sha, npmRegistry, egressAdmin string, setupScript ...string) fakegitlab.Job {
 	job := inst.Job(sha, "")
 	job.Steps[0].Script = StockScript(setupScript...)
 	job.Artifacts = nil // the flow's work is its branch and merge request
 	job.Variables = append(job.Variables,
 		fakegitlab.Variable{Key: NPMRegistryVariable, Value: npmRegistry, Public: true},
+		fakegitlab.Variable{Key: EgressAdminVariable, Value: egressAdmin, Public: true},
 		fakegitlab.Variable{Key: "NPM_CONFIG_UPDATE_NOTIFIER", Value: "false", Public: true})
 	token, _ := job.Variable("GITLAB_OAUTH_TOKEN")
 	inst.Workflows.Expect(strconv.FormatInt(job.ID, 10), token, StockActions(job.ID)...)
