@@ -119,7 +119,19 @@ type Pool struct {
 	// EgressProxy is the admin address of the egress proxy this pool's pods are forced through
 	// (e.g. "http://10.0.0.5:3129"): after each stage, run lists the attempts it blocked.
 	EgressProxy string `toml:"egress_proxy"`
+	// EgressInstance grants each job's pod, through EgressProxy and for the job's lifetime, the
+	// job's GitLab instance as the job JSON names it (CI_SERVER_URL), like SRT's allowlist in
+	// GitLab's default flow image: no instance is configured anywhere (docs/egress.md).
+	EgressInstance bool `toml:"egress_instance"`
+	// EgressInstanceWildcard also grants every name below the instance's (*.gitlab.example.com).
+	EgressInstanceWildcard bool `toml:"egress_instance_wildcard"`
+	// EgressAllow are allowlist entries (the egress proxy's syntax) granted to every job of the
+	// pool, e.g. the npm registry for images without the duo CLI.
+	EgressAllow []string `toml:"egress_allow"`
 }
+
+// GrantsEgress tells whether prepare gives the pool's jobs egress grants.
+func (p *Pool) GrantsEgress() bool { return p.EgressInstance || len(p.EgressAllow) > 0 }
 
 // Duration is a time.Duration written as a Go duration string ("90s", "5m").
 type Duration struct{ time.Duration }
@@ -297,6 +309,14 @@ func (c *Config) validate() error {
 			if u, err := url.Parse(p.EgressProxy); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.User != nil || u.RawQuery != "" || u.Fragment != "" {
 				return fail(key+".egress_proxy", "%q is not an http(s)://host:port URL of the egress proxy's admin address", p.EgressProxy)
 			}
+		}
+		switch {
+		case p.GrantsEgress() && p.EgressProxy == "":
+			return fail(key+".egress_proxy", "is required with egress_instance or egress_allow: the grants go to the egress proxy")
+		case p.EgressInstanceWildcard && !p.EgressInstance:
+			return fail(key+".egress_instance_wildcard", "needs egress_instance = true")
+		case slices.Contains(p.EgressAllow, ""):
+			return fail(key+".egress_allow", "has an empty entry")
 		}
 	}
 	if c.DefaultPool != "" && !seen[c.DefaultPool] {

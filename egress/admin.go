@@ -21,6 +21,10 @@ const BlockedPath = "/v1/blocked"
 // anyone holding the token.
 type Admin struct {
 	Recorder *Recorder
+	// Grants receives the per-job additions to the allowlist (nil: PUT/DELETE /v1/grants answer 404).
+	Grants *Grants
+	// Now is the clock grants are checked against (nil: time.Now).
+	Now func() time.Time
 	// Allow lists the source networks trusted without a token (e.g. loopback, the runners').
 	Allow []netip.Prefix
 	// Token, if set, is accepted as "Authorization: Bearer <token>" from any source.
@@ -37,6 +41,13 @@ func (a *Admin) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		io.WriteString(w, "ok\n")
 		return
 	case BlockedPath:
+	case GrantsPath:
+		if a.Grants == nil {
+			http.NotFound(w, r)
+			return
+		}
+		a.serveGrants(w, r)
+		return
 	default:
 		http.NotFound(w, r)
 		return
@@ -64,6 +75,44 @@ func (a *Admin) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	w.Header().Set("Content-Type", "application/json")
 	json.NewEncoder(w).Encode(a.Recorder.Blocked(client, since))
+}
+
+// serveGrants answers PUT (replace the client's grant) and DELETE (remove it), from the same
+// trusted sources as the blocked attempts: a job pod must never widen its own allowlist.
+func (a *Admin) serveGrants(w http.ResponseWriter, r *http.Request) {
+	if r.Method != http.MethodPut && r.Method != http.MethodDelete {
+		http.Error(w, "egress proxy admin: use PUT or DELETE", http.StatusMethodNotAllowed)
+		return
+	}
+	if !a.authorized(r) {
+		http.Error(w, "egress proxy admin: forbidden: source "+clientIP(r.RemoteAddr)+" is not in admin_allow and no valid bearer token was sent", http.StatusForbidden)
+		return
+	}
+	q := r.URL.Query()
+	client, err := netip.ParseAddr(q.Get("client"))
+	if err != nil {
+		http.Error(w, fmt.Sprintf("egress proxy admin: client=%q is not an IP address", truncate(q.Get("client"), 64)), http.StatusBadRequest)
+		return
+	}
+	if r.Method == http.MethodDelete {
+		a.Grants.Delete(client)
+		w.WriteHeader(http.StatusNoContent)
+		return
+	}
+	var grant Grant
+	if err := json.NewDecoder(io.LimitReader(r.Body, 64<<10)).Decode(&grant); err != nil {
+		http.Error(w, "egress proxy admin: the grant is not JSON {\"allow\":[...],\"until\":\"RFC 3339\"}", http.StatusBadRequest)
+		return
+	}
+	now := time.Now
+	if a.Now != nil {
+		now = a.Now
+	}
+	if err := a.Grants.Put(client, grant, now()); err != nil {
+		http.Error(w, "egress proxy admin: grant refused: "+truncateErr(err), http.StatusBadRequest)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
 }
 
 func (a *Admin) authorized(r *http.Request) bool {
@@ -111,3 +160,43 @@ func QueryBlocked(ctx context.Context, hc *http.Client, base, client string, sin
 	}
 	return &b, nil
 }
+
+// PutGrant gives client the allowlist entries allow until a time, through the admin endpoint at base.
+func PutGrant(ctx context.Context, hc *http.Client, base, client string, grant Grant) error {
+	body, err := json.Marshal(grant)
+	if err != nil {
+		return err
+	}
+	return adminCall(ctx, hc, http.MethodPut, base, client, strings.NewReader(string(body)))
+}
+
+// DeleteGrant removes client's grant through the admin endpoint at base.
+func DeleteGrant(ctx context.Context, hc *http.Client, base, client string) error {
+	return adminCall(ctx, hc, http.MethodDelete, base, client, nil)
+}
+
+func adminCall(ctx context.Context, hc *http.Client, method, base, client string, body io.Reader) error {
+	u := strings.TrimSuffix(base, "/") + GrantsPath + "?" + url.Values{"client": {client}}.Encode()
+	req, err := http.NewRequestWithContext(ctx, method, u, body)
+	if err != nil {
+		return err
+	}
+	resp, err := hc.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusNoContent {
+		line, _ := bufio.NewReader(io.LimitReader(resp.Body, 4096)).ReadString('\n')
+		return fmt.Errorf("%s: %s", resp.Status, truncate(strings.TrimSpace(line), 200))
+	}
+	return nil
+}
+
+// AdminTimeout bounds one call to the admin endpoint: a proxy that does not answer costs a
+// stage at most this.
+const AdminTimeout = 2 * time.Second
+
+// AdminClient talks to the proxy's admin address directly: never through a proxy from the
+// runner's environment.
+var AdminClient = &http.Client{Transport: &http.Transport{Proxy: nil}, Timeout: AdminTimeout}

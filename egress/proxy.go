@@ -21,6 +21,8 @@ const DefaultDialTimeout = 10 * time.Second
 // allowed destinations; everything else is refused with a body that names the destination.
 type Proxy struct {
 	Allowlist *Allowlist
+	// Grants widen the allowlist per client, for a job's lifetime (nil: none).
+	Grants *Grants
 	// Hosts resolves names without DNS. The operator wrote them, so they are trusted like IP
 	// literals; names resolved by DNS must not lead to loopback or link-local addresses.
 	Hosts    map[string]netip.Addr
@@ -102,6 +104,9 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	dec.Dest = dest.String()
 	rule, ok := p.Allowlist.Match(dest)
 	if !ok {
+		rule, ok = p.grantFor(dec.Client, dest, dec.Time)
+	}
+	if !ok {
 		p.block(w, dec, ReasonNotAllowed)
 		return
 	}
@@ -111,6 +116,17 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	p.forward(w, r, dec)
+}
+
+// grantFor matches dest against the client's grant; a granted rule is named "grant <rule>".
+func (p *Proxy) grantFor(client string, dest Dest, now time.Time) (Rule, bool) {
+	addr, err := netip.ParseAddr(client)
+	if err != nil || p.Grants == nil {
+		return Rule{}, false
+	}
+	rule, ok := p.Grants.Match(addr, dest, now)
+	rule.Text = "grant " + rule.Text
+	return rule, ok
 }
 
 func (p *Proxy) block(w http.ResponseWriter, dec Decision, reason string) {

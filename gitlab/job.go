@@ -30,6 +30,11 @@ type Job struct {
 	// bound to a keyed hash of it (kube.JobBinding). Never printed, never stored; empty when
 	// unknown (runners without JOB_RESPONSE_FILE).
 	Token string
+	// ServerURL and ServerHost are the GitLab instance the job came from (CI_SERVER_URL,
+	// CI_SERVER_HOST): the first of each in the job JSON, where GitLab puts its predefined
+	// variables before the project's.
+	ServerURL  string
+	ServerHost string
 }
 
 // archivePaths is a cache: or artifacts: entry; without paths or untracked, the runner skips it.
@@ -104,6 +109,14 @@ func ReadJob(path string) (*Job, error) {
 		switch v.Key {
 		case "CI_PIPELINE_ID":
 			job.PipelineID, _ = strconv.ParseInt(v.Value, 10, 64)
+		case "CI_SERVER_URL":
+			if job.ServerURL == "" {
+				job.ServerURL = v.Value
+			}
+		case "CI_SERVER_HOST":
+			if job.ServerHost == "" {
+				job.ServerHost = v.Value
+			}
 		case "CI_PROJECT_ID":
 			if job.ProjectID == 0 {
 				job.ProjectID, _ = strconv.ParseInt(v.Value, 10, 64)

@@ -38,7 +38,7 @@ func TestClaimCreatesLabelledClaimWithLifecycle(t *testing.T) {
 		t.Fatalf("Claim: %v", err)
 	}
 	want := kube.Sandbox{Namespace: executortest.Namespace, Claim: kube.ClaimName("runner-a", 4242), Pool: "duo-default",
-		SandboxName: "duo-default-abcde", Pod: "duo-default-abcde", Container: "job", RuntimeClass: "gvisor", Launch: kube.LaunchWarm, PodIP: executortest.PodIP}
+		SandboxName: "duo-default-abcde", Pod: "duo-default-abcde", Container: "job", Image: "ci:bookworm", RuntimeClass: "gvisor", Launch: kube.LaunchWarm, PodIP: executortest.PodIP}
 	if *sbx != want {
 		t.Errorf("sandbox = %+v\nwant      %+v", *sbx, want)
 	}

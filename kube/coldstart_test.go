@@ -37,7 +37,7 @@ func TestColdStartCreatesTheJobsSandboxFromTheTemplate(t *testing.T) {
 		t.Fatalf("ColdStart: %v", err)
 	}
 	name := kube.ClaimName("runner-a", 4242)
-	want := kube.Sandbox{Namespace: executortest.Namespace, SandboxName: name, Pod: name, PodUID: "", Container: "job",
+	want := kube.Sandbox{Namespace: executortest.Namespace, SandboxName: name, Pod: name, PodUID: "", Container: "job", Image: "registry.example.com/tools/jq:1.7",
 		RuntimeClass: "gvisor", Launch: kube.LaunchCold, PodIP: executortest.PodIP, ColdTemplate: executortest.Template}
 	if *got != want {
 		t.Errorf("sandbox = %+v\nwant      %+v", *got, want)

@@ -14,8 +14,10 @@ type Sandbox struct {
 	SandboxName string
 	Pod         string
 	// PodUID tells the pod from a replacement of the same name.
-	PodUID       string
-	Container    string
+	PodUID    string
+	Container string
+	// Image is the job container's image, as the pod names it.
+	Image        string
 	RuntimeClass string
 	// Launch is how the job got the sandbox (launchOf), and Waited, for LaunchWaited, how long
 	// prepare waited for it (0 when not measured: a later stage that found the claim again).

@@ -48,6 +48,7 @@ func (c *Claimer) verifiedSandbox(ctx context.Context, sbx *sandboxv1beta1.Sandb
 		Pod:          pod.Name,
 		PodUID:       string(pod.UID),
 		Container:    pod.Spec.Containers[0].Name,
+		Image:        pod.Spec.Containers[0].Image,
 		RuntimeClass: *pod.Spec.RuntimeClassName,
 		PodIP:        pod.Status.PodIP,
 		AgentBaked:   agentBaked(&pod.Spec.Containers[0]),

@@ -27,6 +27,22 @@ cluster_bin=${CLUSTER_DIR:-${SANDBOX_EXECUTOR_CACHE:-$HOME/.cache/sandbox-execut
   echo "- $(go version)"
   echo "- Kubernetes $("$cluster_bin/kubectl" version --client -o json 2>/dev/null | sed -n 's/.*"gitVersion": "\(.*\)".*/\1/p' | head -1), containerd $("$cluster_bin/containerd" --version 2>/dev/null | awk '{print $3}'), runsc $("$cluster_bin/runsc" --version 2>/dev/null | head -1 | awk '{print $3}'), agent-sandbox v0.5.6"
   echo "- gitlab-runner $("${SANDBOX_EXECUTOR_GITLAB_RUNNER:-$PWD/../shared/tools/gitlab-runner-17.9.0/gitlab-runner}" --version 2>/dev/null | awk '/^Version/ {print $2}')"
+  if grep -q '^BENCH flow startup' "$out"; then
+    echo
+    echo "## Stock Duo flow startup"
+    echo
+    echo "BenchmarkStockFlowStartup (tests/e2e/bench_stockflow_test.go): from the job's hand-out (POST /jobs/request"
+    echo "answered by the fake GitLab) to the flow's first line, the duo CLI's WebSocket session reaching the"
+    echo "workflow service stand-in (the upgrade, timed on this machine), through gitlab-runner 17.9, warm pods, jobs"
+    echo "back to back; the project is cloned first (GIT_DEPTH=1). GitLab's default image (stand-in, v0.0.6) installs"
+    echo "the duo CLI from the npm registry (stand-in on the instance network, granted by the pool's egress_allow) and"
+    echo "probes SRT before \`duo run\`; the hardened image (stand-in, v0.0.7) has the CLI baked in and no SRT. The"
+    echo "images are stand-ins built by tests/cluster/images-duo.sh, not GitLab's."
+    echo
+    echo '```'
+    sed -n 's/^BENCH \(\(flow startup\|  of which npm\).*\)/\1/p' "$out"
+    echo '```'
+  fi
 } > docs/benchmarks.md
 echo "wrote docs/benchmarks.md" >&2
 

@@ -49,8 +49,9 @@ func run() error {
 		return nil
 	}
 	rec := &egress.Recorder{PerClient: cfg.Config.PerClient, MaxClients: cfg.Config.MaxClients, Out: os.Stdout}
-	proxy := &egress.Proxy{Allowlist: cfg.Allowlist, Hosts: cfg.Hosts, Recorder: rec}
-	admin := &egress.Admin{Recorder: rec, Allow: cfg.Allow, Token: cfg.Token}
+	grants := &egress.Grants{}
+	proxy := &egress.Proxy{Allowlist: cfg.Allowlist, Grants: grants, Hosts: cfg.Hosts, Recorder: rec}
+	admin := &egress.Admin{Recorder: rec, Grants: grants, Allow: cfg.Allow, Token: cfg.Token}
 
 	proxyLn, err := net.Listen("tcp", cfg.Config.Listen)
 	if err != nil {

@@ -10,6 +10,7 @@ import (
 	"github.com/sandbox-executor/sandbox-executor/kube"
 
 	"github.com/sandbox-executor/sandbox-executor/config"
+	"github.com/sandbox-executor/sandbox-executor/egress"
 	"github.com/sandbox-executor/sandbox-executor/executor"
 	"github.com/sandbox-executor/sandbox-executor/stages"
 )
@@ -65,6 +66,7 @@ func Run(ctx context.Context, env *stages.Env) error {
 		}
 		env.Log().Debugf("Released %s %s/%s", release.kind, env.Config.Namespace, name)
 	}
+	revokeEgress(ctx, env, saved)
 	executor.ForgetJob(env.Runner.TmpDir)
 	return stateErr
 }
@@ -81,4 +83,24 @@ func jobOutcome(state *executor.JobState, tmpDir string) kube.Outcome {
 	default:
 		return kube.Outcome{}
 	}
+}
+
+// revokeEgress withdraws the job's egress grant from the pool's egress proxy once the pod is
+// gone, so that a pod that gets the address next cannot use it. A proxy that does not answer
+// costs a warning: the grant lapses at the job's deadline anyway.
+func revokeEgress(ctx context.Context, env *stages.Env, saved *kube.Sandbox) {
+	if saved == nil || saved.PodIP == "" {
+		return
+	}
+	pool := env.Config.Pool(saved.Pool)
+	if pool == nil || !pool.GrantsEgress() {
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, egress.AdminTimeout)
+	defer cancel()
+	if err := egress.DeleteGrant(ctx, egress.AdminClient, pool.EgressProxy, saved.PodIP); err != nil {
+		env.Log().Warnf("egress proxy %s: cannot withdraw the egress grant of pod %s (%s): %v; it lapses when the job's time is up", pool.EgressProxy, saved.Pod, saved.PodIP, err)
+		return
+	}
+	env.Log().Debugf("Withdrew the egress grant of pod %s (%s)", saved.Pod, saved.PodIP)
 }

@@ -92,6 +92,10 @@ func Run(ctx context.Context, env *stages.Env) error {
 		endSection()
 		return err
 	}
+	if err := grantEgress(ctx, env, cluster, job, sbx, req.Binding); err != nil {
+		endSection()
+		return err
+	}
 	if err := executor.InstallHelper(ctx, cluster.Exec(), sbx, env.Config.HelperBinary, job, log); err != nil {
 		endSection()
 		return err
@@ -109,6 +113,9 @@ func Run(ctx context.Context, env *stages.Env) error {
 	log.Infof("Sandbox ready: %s, pod %s/%s, runtime %s, kernel %s, shell %s, stages over %s, %s in %s, ready in %s",
 		origin, sbx.Namespace, sbx.Pod, sbx.RuntimeClass, probe.KernelRelease, probe.Shell, transport,
 		acquired, gitlab.Millis(claimed), gitlab.Millis(env.Clock.Since(start)))
+	if line := gitlab.FlowImageIsolation(sbx.Image, sbx.RuntimeClass, sbx.Pool, egressOf(env.Config.Pool(sbx.Pool))); line != "" {
+		log.Infof("%s", line)
+	}
 	return nil
 }
 

@@ -3,7 +3,6 @@ package run
 import (
 	"context"
 	"fmt"
-	"net/http"
 	"time"
 
 	"github.com/sandbox-executor/sandbox-executor/gitlab"
@@ -12,17 +11,8 @@ import (
 	"github.com/sandbox-executor/sandbox-executor/egress"
 )
 
-const (
-	// egressQueryTimeout bounds the look-up after each stage: a proxy that does not answer
-	// costs the stage at most this.
-	egressQueryTimeout = 2 * time.Second
-	// maxBlockedLines bounds the warnings per stage.
-	maxBlockedLines = 20
-)
-
-// egressClient talks to the proxy's admin address directly: never through a proxy from the
-// runner's environment.
-var egressClient = &http.Client{Transport: &http.Transport{Proxy: nil}, Timeout: egressQueryTimeout}
+// maxBlockedLines bounds the warnings per stage.
+const maxBlockedLines = 20
 
 // reportBlocked warns in the job log about every destination the pool's egress proxy refused
 // to the pod since the stage started, once per destination. It never fails the job.
@@ -30,9 +20,9 @@ func reportBlocked(ctx context.Context, log *gitlab.JobLog, pool *config.Pool, p
 	if pool == nil || pool.EgressProxy == "" || podIP == "" {
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), egressQueryTimeout)
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), egress.AdminTimeout)
 	defer cancel()
-	b, err := egress.QueryBlocked(ctx, egressClient, pool.EgressProxy, podIP, since)
+	b, err := egress.QueryBlocked(ctx, egress.AdminClient, pool.EgressProxy, podIP, since)
 	if err != nil {
 		log.Warnf("egress proxy %s: cannot list blocked attempts: %v", pool.EgressProxy, err)
 		return

@@ -48,6 +48,20 @@ runtimeClass: {create: false, name: gvisor}
 jobDefaults: {nonRoot: true}
 `},
 	{"the local cluster", "sandbox-executor", "sandbox-executor", localValues()},
+	{"GitLab's default flow images", "duo", "duo-flows", chartFile("values-duo-flow.yaml")},
+}
+
+// chartFile is a values file shipped with the chart.
+func chartFile(name string) string {
+	root, err := testutil.ModuleRoot()
+	if err != nil {
+		panic(err)
+	}
+	b, err := os.ReadFile(filepath.Join(root, "deploy", "chart", "sandbox-executor", name))
+	if err != nil {
+		panic(err)
+	}
+	return string(b)
 }
 
 func localValues() string {
@@ -355,6 +369,7 @@ func TestLocalValuesKeepTheSuitesNames(t *testing.T) {
 	objs := charttest.Render(t, "sandbox-executor", "sandbox-executor", localValues())
 	for _, want := range []struct{ kind, name string }{
 		{"SandboxWarmPool", "duo-default"}, {"SandboxWarmPool", "duo-proxied"}, {"SandboxWarmPool", "duo-posix"},
+		{"SandboxWarmPool", "duo-flow"}, {"SandboxWarmPool", "duo-flow-hardened"},
 		{"SandboxTemplate", "duo-gvisor"}, {"SandboxTemplate", "duo-gvisor-proxied"}, {"SandboxTemplate", "posix-gvisor"},
 		{"ServiceAccount", "sandbox-executor"}, {"Role", "sandbox-executor"}, {"Role", "sandbox-executor-cold-images"},
 		{"ClusterRole", "sandbox-executor-doctor"}, {"ValidatingAdmissionPolicy", "sandbox-executor-cold-images"},
@@ -446,4 +461,50 @@ func fullname(release string) string {
 		return release
 	}
 	return release + "-sandbox-executor"
+}
+
+// values-duo-flow.yaml serves GitLab's default flow image and its hardened variant: each pool
+// grants its jobs their own instance on the egress proxy (and npm for the default image only),
+// and the hardened image runs as its own UID with builds and cache it can write.
+func TestDuoFlowValues(t *testing.T) {
+	const release = "duo"
+	objs := charttest.Render(t, release, "duo-flows", chartFile("values-duo-flow.yaml"))
+	cfg := executorConfig(t, objs, release)
+	for _, want := range []struct {
+		pool, image string
+		npm         bool
+	}{
+		{"duo-flow", "registry.gitlab.com/gitlab-org/duo-workflow/default-docker-image/workflow-generic-image:v0.0.9", true},
+		{"duo-flow-hardened", "registry.gitlab.com/gitlab-org/duo-workflow/default-docker-image/workflow-generic-image-hardened:v0.0.9", false},
+	} {
+		placement, err := cfg.Place(want.image)
+		if err != nil || placement.Pool != want.pool {
+			t.Errorf("image %s goes to %+v, %v; want pool %s", want.image, placement, err, want.pool)
+			continue
+		}
+		p := cfg.Pool(want.pool)
+		if p.EgressProxy == "" || !p.EgressInstance || !p.EgressInstanceWildcard || slices.Contains(p.EgressAllow, "registry.npmjs.org:443") != want.npm {
+			t.Errorf("pool %s: egress_proxy %q, egress_instance %t, wildcard %t, egress_allow %v", want.pool, p.EgressProxy, p.EgressInstance, p.EgressInstanceWildcard, p.EgressAllow)
+		}
+	}
+	var hardened struct {
+		Spec struct {
+			PodTemplate struct {
+				Spec corev1.PodSpec `json:"spec"`
+			} `json:"podTemplate"`
+		} `json:"spec"`
+	}
+	objs.Decode(t, "SandboxTemplate", "duo-gvisor-flow-hardened", &hardened)
+	spec := hardened.Spec.PodTemplate.Spec
+	sc := spec.SecurityContext
+	if sc == nil || sc.RunAsUser == nil || *sc.RunAsUser != 1001 || sc.FSGroup == nil || *sc.FSGroup != 1001 || sc.RunAsNonRoot == nil || !*sc.RunAsNonRoot {
+		t.Errorf("the hardened image's pod security context: %+v; want UID 1001, fsGroup 1001, non-root", sc)
+	}
+	var mounts []string
+	for _, m := range spec.Containers[0].VolumeMounts {
+		mounts = append(mounts, m.MountPath)
+	}
+	if !slices.Contains(mounts, "/builds") || !slices.Contains(mounts, "/cache") {
+		t.Errorf("the hardened image's mounts %v lack /builds or /cache", mounts)
+	}
 }

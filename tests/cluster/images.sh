@@ -21,10 +21,13 @@
 #                                         the static binaries build.sh made from the pinned modules,
 #                                         alone, run as nonroot like upstream's distroless images:
 #                                         cluster DNS and agent-sandbox's controller run in-cluster
+#   GitLab's Duo flow images, local stand-ins under their real names: see images-duo.sh
 # Each image carries a stamp: its ref plus a hash of the recipe (the functions that build it),
 # so editing a recipe rebuilds that image and nothing else.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+# Stand-ins for GitLab's Duo flow images (build_duo_images, DUO_IMAGE_NAMES).
+source "$(dirname "${BASH_SOURCE[0]}")/images-duo.sh"
 
 SUITE=bookworm
 ROOTFS=$CLUSTER_IMAGES/rootfs
@@ -258,6 +261,7 @@ build_all() {
   # CoreDNS binds :53, which needs root with only CAP_NET_BIND_SERVICE (its Deployment drops the rest).
   step "image coredns" component_image coredns "$COREDNS_IMAGE" coredns 0:0
   step "image agent-sandbox-controller" component_image agent-sandbox-controller "$AGENT_SANDBOX_IMAGE" agent-sandbox-controller 65532:65532
+  build_duo_images
 }
 
 # --- import ---------------------------------------------------------------------------------
@@ -283,7 +287,7 @@ import_one() {
 
 import_all() {
   local name
-  for name in pause ci posix agent coredns agent-sandbox-controller; do
+  for name in pause ci posix agent coredns agent-sandbox-controller "${DUO_IMAGE_NAMES[@]}"; do
     [[ -f $CLUSTER_IMAGES/$name.tar ]] || die "image $name not built: run images.sh build"
     step "import $name" import_one "$name"
   done

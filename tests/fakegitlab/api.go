@@ -30,6 +30,7 @@ func (s *Server) newRouter() *http.ServeMux {
 	mux.HandleFunc("PATCH /api/v4/jobs/{id}/trace", s.withJob(s.patchTrace))
 	mux.HandleFunc("POST /api/v4/jobs/{id}/artifacts", s.withJob(s.uploadArtifacts))
 	mux.HandleFunc("GET /api/v4/jobs/{id}/artifacts", s.withJob(s.downloadArtifacts))
+	mux.HandleFunc("POST /api/v4/projects/{id}/merge_requests", s.createMergeRequest)
 	return mux
 }
 
@@ -42,6 +43,10 @@ func (r *statusRecorder) WriteHeader(status int) {
 	r.status = status
 	r.ResponseWriter.WriteHeader(status)
 }
+
+// Unwrap lets handlers mounted next to the API take over the connection (a WebSocket upgrade
+// through http.ResponseController).
+func (r *statusRecorder) Unwrap() http.ResponseWriter { return r.ResponseWriter }
 
 type runnerRequest struct {
 	Token string        `json:"token"`

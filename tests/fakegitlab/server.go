@@ -10,6 +10,7 @@
 //	PATCH /api/v4/jobs/:id/trace          appends to the job log, honouring Content-Range
 //	POST  /api/v4/jobs/:id/artifacts      artifacts-uploader (multipart "file"), stored in memory
 //	GET   /api/v4/jobs/:id/artifacts      artifacts-downloader
+//	POST  /api/v4/projects/:id/merge_requests  a running job of the project opens a merge request (JOB-TOKEN header)
 //
 // plus whatever Handle mounts next to the API (repositories, a package registry...). New listens
 // on loopback; WithListener takes an address job environments reach too.
@@ -74,6 +75,8 @@ type Server struct {
 	jobs     map[int64]*jobRecord
 	changed  chan struct{} // closed and replaced on every change, to wake waiters
 	requests []Request
+	// mergeRequests opened through the API (mergerequests.go).
+	mergeRequests []MergeRequest
 }
 
 // Option configures a Server.

@@ -24,9 +24,11 @@ import (
 // Package is one published version of a package. Files are relative to the package root;
 // package.json is generated from Name and Version unless Files has one.
 type Package struct {
-	Name    string
+	Name    string // "name" or "@scope/name"
 	Version string
 	Files   map[string]string
+	// Bin maps command names to files of the package, linked onto PATH by `npm install -g`.
+	Bin map[string]string
 }
 
 // Registry serves packages under a path prefix ("/npm/"). Create it with New.
@@ -49,8 +51,8 @@ type published struct {
 func New(prefix string, packages ...Package) (*Registry, error) {
 	r := &Registry{prefix: prefix, packages: map[string]published{}, downloads: map[string]int{}}
 	for _, p := range packages {
-		if p.Name == "" || strings.ContainsAny(p.Name, "/@") || p.Version == "" {
-			return nil, fmt.Errorf("fakenpm: unscoped name and version required, got %q@%q", p.Name, p.Version)
+		if !validName(p.Name) || p.Version == "" {
+			return nil, fmt.Errorf("fakenpm: a name (or @scope/name) and a version are required, got %q@%q", p.Name, p.Version)
 		}
 		tarball, err := pack(p)
 		if err != nil {
@@ -100,13 +102,28 @@ func (r *Registry) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 		"name":      p.Name,
 		"dist-tags": map[string]string{"latest": p.Version},
 		"versions": map[string]any{p.Version: map[string]any{
-			"name": p.Name, "version": p.Version, "main": "index.js",
+			"name": p.Name, "version": p.Version, "main": "index.js", "bin": p.Bin,
 			"dist": map[string]string{"tarball": base + p.Name + "/-/" + tarballName(p.Package), "shasum": p.shasum, "integrity": p.integrity},
 		}},
 	})
 }
 
-func tarballName(p Package) string { return p.Name + "-" + p.Version + ".tgz" }
+// tarballName is npm's: a scoped package's tarball is named without its scope.
+func tarballName(p Package) string {
+	_, name, scoped := strings.Cut(p.Name, "/")
+	if !scoped {
+		name = p.Name
+	}
+	return name + "-" + p.Version + ".tgz"
+}
+
+// validName accepts "name" and "@scope/name" (npm requests the latter as @scope%2fname).
+func validName(name string) bool {
+	if scope, rest, scoped := strings.Cut(name, "/"); scoped {
+		return len(scope) > 1 && scope[0] == '@' && !strings.ContainsAny(scope[1:]+rest, "/@") && rest != ""
+	}
+	return name != "" && !strings.ContainsAny(name, "/@")
+}
 
 // pack builds the package tarball as npm publishes it: a gzipped tar of package/<files>.
 func pack(p Package) ([]byte, error) {
@@ -115,7 +132,7 @@ func pack(p Package) ([]byte, error) {
 		files[path] = content
 	}
 	if _, ok := files["package.json"]; !ok {
-		manifest, _ := json.MarshalIndent(map[string]string{"name": p.Name, "version": p.Version, "main": "index.js"}, "", "  ")
+		manifest, _ := json.MarshalIndent(map[string]any{"name": p.Name, "version": p.Version, "main": "index.js", "bin": p.Bin}, "", "  ")
 		files["package.json"] = string(manifest) + "\n"
 	}
 	paths := make([]string, 0, len(files))

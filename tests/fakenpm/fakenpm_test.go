@@ -96,7 +96,37 @@ func TestServesWhatNpmInstallReads(t *testing.T) {
 			t.Errorf("GET %s: %d, want 404", path, status)
 		}
 	}
-	if _, err := fakenpm.New("/npm/", fakenpm.Package{Name: "@scope/x", Version: "1.0.0"}); err == nil {
-		t.Error("a scoped package was accepted")
+	for _, name := range []string{"@scope", "@/x", "scope/x", "@a/b/c", ""} {
+		if _, err := fakenpm.New("/npm/", fakenpm.Package{Name: name, Version: "1.0.0"}); err == nil {
+			t.Errorf("package name %q was accepted", name)
+		}
+	}
+}
+
+// A scoped package with a command, as npm asks for it (@scope%2fname) and installs it.
+func TestServesAScopedPackageWithABin(t *testing.T) {
+	registry, err := fakenpm.New("/npm/", fakenpm.Package{Name: "@gitlab/duo-cli", Version: "1.0.0",
+		Files: map[string]string{"bin/duo.js": "#!/usr/bin/env node\n"}, Bin: map[string]string{"duo": "bin/duo.js"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	server := httptest.NewServer(registry)
+	defer server.Close()
+	status, body := get(t, server.URL+"/npm/@gitlab%2fduo-cli")
+	var packument struct {
+		Versions map[string]struct {
+			Bin  map[string]string
+			Dist struct{ Tarball string }
+		}
+	}
+	if err := json.Unmarshal(body, &packument); status != http.StatusOK || err != nil {
+		t.Fatalf("packument: %d %v %s", status, err, body)
+	}
+	v := packument.Versions["1.0.0"]
+	if v.Bin["duo"] != "bin/duo.js" || v.Dist.Tarball != server.URL+"/npm/@gitlab/duo-cli/-/duo-cli-1.0.0.tgz" {
+		t.Fatalf("version 1.0.0: %+v", v)
+	}
+	if status, _ := get(t, v.Dist.Tarball); status != http.StatusOK || registry.Downloads("@gitlab/duo-cli") != 1 {
+		t.Errorf("tarball: %d, downloads %d", status, registry.Downloads("@gitlab/duo-cli"))
 	}
 }

@@ -92,6 +92,9 @@ type PoolConfig struct {
 	Images []string
 	// EgressProxy is the pool's egress_proxy (the proxy's admin URL); empty for none.
 	EgressProxy string
+	// EgressInstance and EgressAllow are the pool's egress grants (docs/egress.md).
+	EgressInstance bool
+	EgressAllow    []string
 }
 
 // Pools are deploy/local's pools: the CI image served by ciPool (deploy/local's is Pool), and
@@ -142,6 +145,16 @@ func (e *Env) WriteConfig(path string, c Config) error {
 		}
 		if p.EgressProxy != "" {
 			fmt.Fprintf(&b, "egress_proxy = %q\n", p.EgressProxy)
+		}
+		if p.EgressInstance {
+			b.WriteString("egress_instance = true\n")
+		}
+		if len(p.EgressAllow) > 0 {
+			allow, err := json.Marshal(p.EgressAllow)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(&b, "egress_allow = %s\n", allow)
 		}
 	}
 	return os.WriteFile(path, []byte(b.String()), 0o600)

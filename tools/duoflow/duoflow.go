@@ -13,6 +13,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/sandbox-executor/sandbox-executor/tests/fakedws"
 	"github.com/sandbox-executor/sandbox-executor/tests/fakegitlab"
 	"github.com/sandbox-executor/sandbox-executor/tests/fakenpm"
 	"github.com/sandbox-executor/sandbox-executor/tests/fakes3"
@@ -39,6 +40,8 @@ type Instance struct {
 	Repos  *gitserver.Server
 	Cache  *fakes3.Server
 	NPM    *fakenpm.Registry
+	// Workflows is the Duo Workflow Service's WebSocket on the instance (the stock flow's).
+	Workflows *fakedws.Service
 	// Host is the instance's address (port 80), reachable from job pods and from this machine.
 	Host string
 
@@ -60,6 +63,7 @@ func NewInstance() (*Instance, error) {
 	inst := &Instance{
 		GitLab:      fakegitlab.New(fakegitlab.WithLongPolling(2*time.Second), fakegitlab.WithListener(listener)),
 		Cache:       fakes3.New(cacheBucket, cacheAccessKey, secret("cache-secret")),
+		Workflows:   fakedws.New(),
 		gitPassword: secret("git-password"),
 		reposDir:    reposDir,
 	}
@@ -87,6 +91,7 @@ func NewInstance() (*Instance, error) {
 	inst.GitLab.Handle("/"+Project+".git/", inst.Repos)
 	inst.GitLab.Handle("/"+cacheBucket+"/", inst.Cache)
 	inst.GitLab.Handle("/npm/", inst.NPM)
+	inst.GitLab.Handle(fakedws.Path, inst.Workflows)
 	return inst, nil
 }
 

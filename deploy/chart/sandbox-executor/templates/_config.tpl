@@ -40,6 +40,16 @@ images = {{ toJson .images }}
 {{- if and $ctx.Values.egressProxy.enabled (has .template $proxied) }}
 # Where the run stage reads the blocked attempts of this pool's jobs.
 egress_proxy = {{ printf "http://%s:3129" (include "sandbox-executor.egressProxyHost" $ctx) | quote }}
+{{- if .egressInstance }}
+# Each job's own GitLab instance (CI_SERVER_URL of its job JSON) is granted on the proxy.
+egress_instance = true
+{{- end }}
+{{- if .egressInstanceWildcard }}
+egress_instance_wildcard = true
+{{- end }}
+{{- with .egressAllow }}
+egress_allow = {{ toJson . }}
+{{- end }}
 {{- end }}
 {{- end }}
 {{- end -}}

@@ -1,0 +1,104 @@
+package egress
+
+import (
+	"fmt"
+	"net/netip"
+	"sync"
+	"time"
+)
+
+// GrantsPath is the endpoint through which runners widen one job pod's allowlist for the
+// job's lifetime: PUT /v1/grants?client=<IP> with a Grant, DELETE /v1/grants?client=<IP>.
+const GrantsPath = "/v1/grants"
+
+// MaxGrantRules bounds one grant: a job needs its instance, a wildcard and a registry or two.
+const MaxGrantRules = 16
+
+// DefaultMaxGrants bounds the clients with a grant (one per running job pod).
+const DefaultMaxGrants = 4096
+
+// Grant is the body of PUT /v1/grants: allowlist entries (the syntax of allow) for one client
+// until a time, after which they lapse even if no one deletes them (a runner that died).
+type Grant struct {
+	Allow []string  `json:"allow"`
+	Until time.Time `json:"until"`
+}
+
+type clientGrant struct {
+	allowlist *Allowlist
+	until     time.Time
+}
+
+// Grants holds the per-client additions to the allowlist. The zero value is ready.
+type Grants struct {
+	// Max bounds the clients with a grant (0: DefaultMaxGrants).
+	Max int
+
+	mu     sync.Mutex
+	grants map[netip.Addr]clientGrant
+}
+
+// Put replaces client's grant. It refuses a grant whose entries do not parse, that has too
+// many, that has already lapsed at now, or that would exceed Max live grants.
+func (g *Grants) Put(client netip.Addr, grant Grant, now time.Time) error {
+	if len(grant.Allow) == 0 || len(grant.Allow) > MaxGrantRules {
+		return fmt.Errorf("a grant has 1 to %d allowlist entries, not %d", MaxGrantRules, len(grant.Allow))
+	}
+	if !grant.Until.After(now) {
+		return fmt.Errorf("the grant's until (%s) is not in the future", grant.Until.UTC().Format(time.RFC3339))
+	}
+	allowlist, err := ParseAllowlist(grant.Allow)
+	if err != nil {
+		return err
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.grants == nil {
+		g.grants = map[netip.Addr]clientGrant{}
+	}
+	client = client.Unmap()
+	if _, replacing := g.grants[client]; !replacing && len(g.grants) >= g.max() {
+		g.dropLapsed(now)
+		if len(g.grants) >= g.max() {
+			return fmt.Errorf("%d clients already have a grant (the limit)", len(g.grants))
+		}
+	}
+	g.grants[client] = clientGrant{allowlist: allowlist, until: grant.Until}
+	return nil
+}
+
+// Delete removes client's grant, if any.
+func (g *Grants) Delete(client netip.Addr) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	delete(g.grants, client.Unmap())
+}
+
+// Match returns the rule of client's live grant that allows d.
+func (g *Grants) Match(client netip.Addr, d Dest, now time.Time) (Rule, bool) {
+	if g == nil {
+		return Rule{}, false
+	}
+	g.mu.Lock()
+	grant, ok := g.grants[client.Unmap()]
+	g.mu.Unlock()
+	if !ok || !now.Before(grant.until) {
+		return Rule{}, false
+	}
+	return grant.allowlist.Match(d)
+}
+
+func (g *Grants) max() int {
+	if g.Max > 0 {
+		return g.Max
+	}
+	return DefaultMaxGrants
+}
+
+func (g *Grants) dropLapsed(now time.Time) {
+	for c, grant := range g.grants {
+		if !now.Before(grant.until) {
+			delete(g.grants, c)
+		}
+	}
+}

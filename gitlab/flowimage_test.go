@@ -1,0 +1,27 @@
+package gitlab
+
+import (
+	"strings"
+	"testing"
+)
+
+func TestFlowImageIsolation(t *testing.T) {
+	const repo = "registry.gitlab.com/gitlab-org/duo-workflow/default-docker-image/"
+	for _, c := range []struct{ image, want string }{
+		{repo + "workflow-generic-image:v0.0.6", "SRT in this image cannot build its own sandbox"},
+		{repo + "workflow-generic-image:v0.0.15@sha256:0123", "SRT in this image cannot build its own sandbox"},
+		{"registry.internal.example:5000/gitlab-org/duo-workflow/default-docker-image/workflow-generic-image", "SRT in this image"},
+		{repo + "workflow-generic-image-hardened:v0.0.7", "this image has no SRT"},
+		{repo + "workflow-generic-image-other:v1", ""},
+		{"registry.example.com/duo/ci:bookworm", ""},
+		{"", ""},
+	} {
+		got := FlowImageIsolation(c.image, "gvisor", "duo-stock", "NetworkPolicy and the egress proxy")
+		if c.want == "" && got != "" || !strings.Contains(got, c.want) {
+			t.Errorf("FlowImageIsolation(%q) = %q, want one containing %q", c.image, got, c.want)
+		}
+		if c.want != "" && !strings.HasPrefix(got, "Isolation: this flow runs under gVisor (RuntimeClass gvisor), not SRT, fenced by NetworkPolicy and the egress proxy of pool duo-stock; ") {
+			t.Errorf("FlowImageIsolation(%q) = %q", c.image, got)
+		}
+	}
+}

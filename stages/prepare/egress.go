@@ -1,0 +1,56 @@
+package prepare
+
+import (
+	"context"
+	"strings"
+
+	"github.com/sandbox-executor/sandbox-executor/failure"
+	"github.com/sandbox-executor/sandbox-executor/gitlab"
+	"github.com/sandbox-executor/sandbox-executor/kube"
+
+	"github.com/sandbox-executor/sandbox-executor/config"
+	"github.com/sandbox-executor/sandbox-executor/egress"
+	"github.com/sandbox-executor/sandbox-executor/stages"
+)
+
+// grantEgress asks the pool's egress proxy to let the job's pod reach, for the job's lifetime
+// (its claim's shutdownTime), the job's own GitLab instance (egress_instance, taken from the
+// job JSON like SRT's allowlist, so no instance is configured anywhere) and the pool's
+// egress_allow entries. The job log says what was granted. A grant that cannot be made
+// releases the sandbox and fails prepare: the flow could not reach its instance.
+func grantEgress(ctx context.Context, env *stages.Env, cluster stages.Cluster, job *gitlab.Job, sbx *kube.Sandbox, binding string) error {
+	pool := env.Config.Pool(sbx.Pool)
+	if pool == nil || !pool.GrantsEgress() {
+		return nil
+	}
+	var rules []string
+	if pool.EgressInstance {
+		instance, err := egress.InstanceRules(job.ServerURL, job.ServerHost, pool.EgressInstanceWildcard)
+		if err != nil {
+			_, _ = releaseSandbox(ctx, cluster, sbx, binding, kube.Outcome{Result: kube.OutcomeFailed, Reason: kube.ReasonPermanent})
+			return failure.PermanentError(nil, "pool %s grants each job its GitLab instance (egress_instance), but %v", pool.Name, err)
+		}
+		rules = instance
+	}
+	rules = append(rules, pool.EgressAllow...)
+	until := env.Clock.Now().Add(job.Timeout + env.Config.ClaimGrace.Duration)
+	grantCtx, cancel := context.WithTimeout(ctx, egress.AdminTimeout)
+	defer cancel()
+	if err := egress.PutGrant(grantCtx, egress.AdminClient, pool.EgressProxy, sbx.PodIP, egress.Grant{Allow: rules, Until: until}); err != nil {
+		released, relErr := releaseSandbox(ctx, cluster, sbx, binding, kube.Outcome{Result: kube.OutcomeFailed, Reason: kube.ReasonPrepare})
+		if relErr != nil {
+			released = "not released (" + failure.OneLine(relErr.Error()) + ")"
+		}
+		return failure.SystemError(nil, "the egress proxy of pool %s (%s) refused the job's egress grant: %s; %s", pool.Name, pool.EgressProxy, failure.OneLine(err.Error()), released)
+	}
+	env.Log().Infof("Egress of this job through the egress proxy of pool %s: %s (until the job ends); anything else is refused and named in this log", pool.Name, strings.Join(rules, ", "))
+	return nil
+}
+
+// egressOf names what fences a pool's pods, for the job log.
+func egressOf(pool *config.Pool) string {
+	if pool != nil && pool.EgressProxy != "" {
+		return "its NetworkPolicy and the egress proxy"
+	}
+	return "its NetworkPolicy"
+}

@@ -1,0 +1,123 @@
+package prepare
+
+import (
+	"bytes"
+	"context"
+	"net/http/httptest"
+	"net/netip"
+	"strings"
+	"testing"
+	"time"
+
+	testingclock "k8s.io/utils/clock/testing"
+
+	"github.com/sandbox-executor/sandbox-executor/config"
+	"github.com/sandbox-executor/sandbox-executor/egress"
+	"github.com/sandbox-executor/sandbox-executor/failure"
+	"github.com/sandbox-executor/sandbox-executor/gitlab"
+	"github.com/sandbox-executor/sandbox-executor/kube"
+	"github.com/sandbox-executor/sandbox-executor/stages"
+)
+
+// releases records the claims prepare releases; the rest of stages.Cluster is not called.
+type releases struct {
+	stages.Cluster
+	claims []string
+}
+
+func (r *releases) Release(_ context.Context, _, claim, _ string, _ kube.Outcome) error {
+	r.claims = append(r.claims, claim)
+	return nil
+}
+
+var now = time.Date(2026, 11, 24, 5, 0, 0, 0, time.UTC)
+
+// grantStand is a pool whose egress proxy's admin endpoint is a real one on loopback.
+func grantStand(t *testing.T, poolKeys string) (*stages.Env, *bytes.Buffer, *egress.Grants, *egress.Admin) {
+	t.Helper()
+	grants := &egress.Grants{}
+	admin := &egress.Admin{Recorder: &egress.Recorder{}, Grants: grants, Allow: egress.DefaultAdminAllow, Now: func() time.Time { return now }}
+	srv := httptest.NewServer(admin)
+	t.Cleanup(srv.Close)
+	cfg, err := config.Parse("c.toml", []byte("namespace = \"ns\"\nclaim_grace = \"15m\"\n[[pool]]\nname = \"duo-flow\"\negress_proxy = \""+srv.URL+"\"\n"+poolKeys))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var log bytes.Buffer
+	return &stages.Env{Config: cfg, Stderr: &log, Clock: testingclock.NewFakeClock(now)}, &log, grants, admin
+}
+
+var flowSandbox = &kube.Sandbox{Namespace: "ns", Claim: "job-7-abc", Pool: "duo-flow", Pod: "duo-flow-x", PodIP: "10.88.0.5"}
+
+func TestGrantEgressGivesThePodItsJobsInstanceUntilTheJobsDeadline(t *testing.T) {
+	env, log, grants, _ := grantStand(t, "egress_instance = true\negress_instance_wildcard = true\negress_allow = [\"registry.npmjs.org:443\"]\n")
+	job := &gitlab.Job{ID: 7, Timeout: time.Hour, ServerURL: "https://gitlab.example.com", ServerHost: "gitlab.example.com"}
+	cluster := &releases{}
+	if err := grantEgress(context.Background(), env, cluster, job, flowSandbox, "b"); err != nil {
+		t.Fatal(err)
+	}
+	pod := netip.MustParseAddr("10.88.0.5")
+	for _, c := range []struct {
+		dest    egress.Dest
+		at      time.Time
+		allowed bool
+	}{
+		{egress.Dest{Host: "gitlab.example.com", Port: 443}, now, true},
+		{egress.Dest{Host: "ws.gitlab.example.com", Port: 443}, now, true},
+		{egress.Dest{Host: "registry.npmjs.org", Port: 443}, now, true},
+		{egress.Dest{Host: "evil.example", Port: 443}, now, false},
+		{egress.Dest{Host: "gitlab.example.com", Port: 22}, now, false},
+		// The claim's shutdownTime: job timeout + claim_grace.
+		{egress.Dest{Host: "gitlab.example.com", Port: 443}, now.Add(time.Hour + 15*time.Minute - time.Second), true},
+		{egress.Dest{Host: "gitlab.example.com", Port: 443}, now.Add(time.Hour + 15*time.Minute), false},
+	} {
+		if _, ok := grants.Match(pod, c.dest, c.at); ok != c.allowed {
+			t.Errorf("%s at +%s: allowed %t, want %t", c.dest, c.at.Sub(now), ok, c.allowed)
+		}
+	}
+	if _, ok := grants.Match(netip.MustParseAddr("10.88.0.6"), egress.Dest{Host: "gitlab.example.com", Port: 443}, now); ok {
+		t.Error("another pod got the grant")
+	}
+	want := "Egress of this job through the egress proxy of pool duo-flow: gitlab.example.com:80, gitlab.example.com:443, *.gitlab.example.com:80, *.gitlab.example.com:443, registry.npmjs.org:443 (until the job ends)"
+	if !strings.Contains(log.String(), want) || len(cluster.claims) != 0 {
+		t.Errorf("job log %q (released %v), want %q", log.String(), cluster.claims, want)
+	}
+}
+
+func TestGrantEgressFailuresReleaseTheSandbox(t *testing.T) {
+	for _, c := range []struct {
+		name, poolKeys, serverURL string
+		untrusted                 bool
+		kind                      failure.Kind
+		want                      string
+	}{
+		{"no instance in the job JSON", "egress_instance = true\n", "", false, failure.KindPermanent,
+			"pool duo-flow grants each job its GitLab instance (egress_instance), but the job JSON has no CI_SERVER_URL"},
+		{"a bad allow entry", "egress_allow = [\"a.*.example\"]\n", "https://gitlab.example.com", false, failure.KindSystem,
+			"refused the job's egress grant: 400 Bad Request: egress proxy admin: grant refused"},
+		{"a proxy that does not trust the runner", "egress_instance = true\n", "https://gitlab.example.com", true, failure.KindSystem,
+			"refused the job's egress grant: 403 Forbidden"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			env, _, _, admin := grantStand(t, c.poolKeys)
+			if c.untrusted {
+				admin.Allow = nil
+			}
+			cluster := &releases{}
+			err := grantEgress(context.Background(), env, cluster, &gitlab.Job{ID: 7, Timeout: time.Hour, ServerURL: c.serverURL}, flowSandbox, "b")
+			if err == nil || failure.KindOf(err) != c.kind || !strings.Contains(err.Error(), c.want) {
+				t.Fatalf("grantEgress = %v (kind %v), want a %v error containing %q", err, failure.KindOf(err), c.kind, c.want)
+			}
+			if len(cluster.claims) != 1 || cluster.claims[0] != "job-7-abc" {
+				t.Errorf("released %v, want the job's claim", cluster.claims)
+			}
+		})
+	}
+}
+
+func TestGrantEgressIsNothingForPoolsWithoutGrants(t *testing.T) {
+	env, log, _, _ := grantStand(t, "")
+	if err := grantEgress(context.Background(), env, &releases{}, &gitlab.Job{ID: 7}, flowSandbox, "b"); err != nil || log.Len() != 0 {
+		t.Errorf("grantEgress = %v, log %q", err, log.String())
+	}
+}
