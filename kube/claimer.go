@@ -1,6 +1,7 @@
 package kube
 
 import (
+	"context"
 	"fmt"
 	"time"
 
@@ -65,5 +66,8 @@ func (c *Claimer) shutdownTime(req ClaimRequest) metav1.Time {
 // Exec is the transport that runs commands in job pods (pods/exec).
 func (c *Claimer) Exec() RemoteExecutor { return c.clients.Exec }
 
-// Attach writes to the stdin of a job container (pods/attach).
-func (c *Claimer) Attach() Attacher { return c.clients.Attach }
+// FirstLogLine is the first line a job container wrote to its stdout (the pod's log, through
+// the API server), waiting up to within for it (a log is followed, not polled).
+func (c *Claimer) FirstLogLine(ctx context.Context, sbx *Sandbox, within time.Duration) (string, error) {
+	return firstLogLine(ctx, c.clients.Kube, sbx.Namespace, sbx.Pod, sbx.Container, within)
+}

@@ -27,6 +27,7 @@ import (
 	"github.com/sandbox-executor/sandbox-executor/config"
 	"github.com/sandbox-executor/sandbox-executor/operator/doctor"
 	"github.com/sandbox-executor/sandbox-executor/operator/gc"
+	"github.com/sandbox-executor/sandbox-executor/operator/tlsinit"
 	"github.com/sandbox-executor/sandbox-executor/stages"
 	"github.com/sandbox-executor/sandbox-executor/stages/cleanup"
 	"github.com/sandbox-executor/sandbox-executor/stages/configure"
@@ -121,6 +122,7 @@ func RunWith(ctx context.Context, args []string, stdout, stderr io.Writer, geten
 			},
 			gc.Command(stage),
 			doctor.Command(stage),
+			tlsinit.Command(),
 			{
 				Name:   "cleanup",
 				Usage:  "cleanup_exec: release the job's sandbox",
