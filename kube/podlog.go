@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -17,6 +18,22 @@ const firstLogLineLimit = 4 << 10
 
 // ErrNoLogLine is a container that wrote no complete first line in time.
 var ErrNoLogLine = errors.New("no first log line yet")
+
+// headLogLine is the first line of the pod's log if the container has written it already
+// (ErrNoLogLine otherwise): one GET, no follow. The pod's only container is meant (a job pod's
+// init containers do not count).
+func headLogLine(ctx context.Context, kube kubernetes.Interface, namespace, pod string) (string, error) {
+	limit := int64(firstLogLineLimit)
+	data, err := kube.CoreV1().Pods(namespace).GetLogs(pod, &corev1.PodLogOptions{LimitBytes: &limit}).DoRaw(ctx)
+	if err != nil {
+		return "", explainAPIError(err, apiCall{Verb: "get", Resource: "pods/log", Namespace: namespace, Name: pod})
+	}
+	line, _, complete := strings.Cut(string(data), "\n")
+	if !complete {
+		return "", ErrNoLogLine
+	}
+	return line + "\n", nil
+}
 
 // firstLogLine follows the container's log from its start until its first line is complete, for
 // at most within. The log comes from the kubelet through the API server (TLS, authenticated):

@@ -48,6 +48,7 @@ func Run(ctx context.Context, env *stages.Env) error {
 		ReadyTimeout:   env.Config.ReadyTimeout.Duration,
 		RuntimeClasses: env.Config.RuntimeClasses,
 		Binding:        env.Binding(job),
+		AgentLog:       env.Config.StageTransport == config.TransportNetwork,
 	}
 	var sbx *kube.Sandbox
 	var endSection func()
