@@ -9,8 +9,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sandbox-executor/sandbox-executor/gitlab"
 	"github.com/sandbox-executor/sandbox-executor/agent/wire"
+	"github.com/sandbox-executor/sandbox-executor/gitlab"
 	"github.com/sandbox-executor/sandbox-executor/kube"
 
 	corev1 "k8s.io/api/core/v1"
