@@ -59,7 +59,7 @@ func (a *Agent) Run(args []string, stdin io.Reader, stdout, stderr io.Writer) in
 	var err error
 	switch cmd {
 	case "probe":
-		err = probe(stdout)
+		err = a.probe(stdout)
 	case "fence":
 		err = fenceCommand(stdout)
 	case "start":
@@ -98,7 +98,7 @@ func findShell() (string, error) {
 	return "", errors.New("the image has neither bash nor sh")
 }
 
-func probe(stdout io.Writer) error {
+func (a *Agent) probe(stdout io.Writer) error {
 	shell, err := findShell()
 	if err != nil {
 		return err
@@ -107,7 +107,7 @@ func probe(stdout io.Writer) error {
 	if err := syscall.Uname(&uts); err != nil {
 		return err
 	}
-	p := wire.Probe{Shell: shell, KernelRelease: utsString(uts.Release[:]), KernelVersion: utsString(uts.Version[:]), UID: os.Getuid()}
+	p := wire.Probe{Shell: shell, KernelRelease: utsString(uts.Release[:]), KernelVersion: utsString(uts.Version[:]), UID: os.Getuid(), Identity: a.networkIdentity()}
 	return json.NewEncoder(stdout).Encode(p)
 }
 

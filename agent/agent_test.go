@@ -4,8 +4,10 @@ import (
 	"bufio"
 	"bytes"
 	"crypto/sha256"
+	"crypto/tls"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"io"
 	"net"
 	"os"
@@ -13,11 +15,13 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"go.uber.org/goleak"
 
 	"github.com/sandbox-executor/sandbox-executor/agent"
 	"github.com/sandbox-executor/sandbox-executor/agent/wire"
+	"github.com/sandbox-executor/sandbox-executor/agentca"
 )
 
 // asAgent marks the test binary re-executed as the agent: start spawns its stage supervisor by
@@ -126,39 +130,177 @@ func TestStartRefusesWhatItMustNotRun(t *testing.T) {
 	}
 }
 
-// The network path serves the same commands to whoever presents the token, and nothing else.
-func TestServeNetworkChecksTheToken(t *testing.T) {
+// The network path serves the same commands, over TLS 1.3, to an executor with a client
+// certificate of the pod's agent CA, for the job that reached it first; nothing to anyone else.
+func TestServeNetworkRequiresTheAgentCAAndOneJob(t *testing.T) {
 	a := newAgent(t)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer ln.Close()
-	token := strings.Repeat("t", wire.MinTokenLen)
-	go func() { _ = a.ServeNetwork(ln, token) }()
-	request := func(token string, args ...string) (int, string, string) {
-		conn, err := net.Dial("tcp", ln.Addr().String())
+	ca, caPEM := testCA(t)
+	identity, err := a.ServeNetwork(ln, caPEM)
+	if err != nil || !wire.ValidIdentity(identity) {
+		t.Fatalf("ServeNetwork = %q, %v", identity, err)
+	}
+	request := func(config *tls.Config, args ...string) (int, string, string, error) {
+		conn, err := tls.Dial("tcp", ln.Addr().String(), config)
 		if err != nil {
-			t.Fatal(err)
+			return 0, "", "", err
 		}
 		defer conn.Close()
-		if _, err := io.WriteString(conn, wire.RequestHeader(token, args, 0)); err != nil {
-			t.Fatal(err)
+		if _, err := io.WriteString(conn, wire.RequestHeader(args, 0)); err != nil {
+			return 0, "", "", err
 		}
 		var stdout, stderr bytes.Buffer
 		code, err := wire.ReadFrames(bufio.NewReader(conn), &stdout, &stderr)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return code, stdout.String(), stderr.String()
+		return code, stdout.String(), stderr.String(), err
 	}
-	if code, stdout, _ := request(token, "probe"); code != 0 || !strings.Contains(stdout, `"shell"`) {
-		t.Errorf("probe with the token: exit %d, %q", code, stdout)
+	jobA := clientConfig(t, ca, "job-a", identity)
+	if code, stdout, _, err := request(jobA, "probe"); err != nil || code != 0 || !strings.Contains(stdout, identity) {
+		t.Errorf("probe by the pod's job: exit %d, %q, %v; want its probe, naming the agent's identity", code, stdout, err)
 	}
-	if code, _, stderr := request("wrong", "probe"); code != wire.ExitRefused || !strings.Contains(stderr, "unauthorized") {
-		t.Errorf("wrong token: exit %d, %q", code, stderr)
+	if code, _, stderr, err := request(clientConfig(t, ca, "job-b", identity), "probe"); err != nil || code != wire.ExitRefused || !strings.Contains(stderr, "belongs to another job") {
+		t.Errorf("probe by another job: exit %d, %q, %v; want refused", code, stderr, err)
 	}
-	if code, _, stderr := request(token, "install", "/tmp/x"); code != wire.ExitRefused || !strings.Contains(stderr, "bad arguments") {
-		t.Errorf("a command not served over the network: exit %d, %q", code, stderr)
+	if code, _, stderr, err := request(jobA, "install", "/tmp/x"); err != nil || code != wire.ExitRefused || !strings.Contains(stderr, "bad arguments") {
+		t.Errorf("a command not served over the network: exit %d, %q, %v", code, stderr, err)
 	}
+	other, _ := testCA(t)
+	if _, _, _, err := request(clientConfig(t, other, "job-a", identity), "probe"); err == nil {
+		t.Error("a client certificate of another CA was served")
+	}
+	noCert := clientConfig(t, ca, "job-a", identity)
+	noCert.Certificates = nil
+	if _, _, _, err := request(noCert, "probe"); err == nil {
+		t.Error("a client without a certificate was served")
+	}
+	tls12 := clientConfig(t, ca, "job-a", identity)
+	tls12.MaxVersion = tls.VersionTLS12
+	if _, _, _, err := request(tls12, "probe"); err == nil {
+		t.Error("TLS 1.2 was served")
+	}
+	var pinErr *agentca.IdentityError
+	if _, _, _, err := request(clientConfig(t, ca, "job-a", wire.IdentityOf([]byte("another key"))), "probe"); !errors.As(err, &pinErr) {
+		t.Errorf("an agent whose key is not the pinned one: %v; want an IdentityError", err)
+	}
+	// Plain text, as the network path spoke before TLS: the agent answers nothing and runs nothing.
+	conn, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	if _, err := io.WriteString(conn, wire.RequestHeader([]string{"probe"}, 0)); err != nil {
+		t.Fatal(err)
+	}
+	_ = conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if answer, _ := io.ReadAll(conn); bytes.Contains(answer, []byte("shell")) {
+		t.Errorf("a plain-text request was answered: %q", answer)
+	}
+}
+
+// A recording of an executor's session, replayed byte for byte to the agent, drives nothing:
+// TLS 1.3 binds every session to fresh randoms of both sides.
+func TestServeNetworkRefusesAReplayedSession(t *testing.T) {
+	a := newAgent(t)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	ca, caPEM := testCA(t)
+	identity, err := a.ServeNetwork(ln, caPEM)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The recorded session starts a stage that appends a line to marker: a replay that were
+	// served would start it again (its stage directory is removed after the recording).
+	marker := filepath.Join(t.TempDir(), "ran")
+	script := []byte("echo ran >> " + marker + "\n")
+	sum := sha256.Sum256(script)
+	stageDir := filepath.Join(a.StagesDir(), "replayed")
+	args := wire.StartArgs(stageDir, len(script), hex.EncodeToString(sum[:]), 0, false)[1:]
+	raw, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sent bytes.Buffer
+	conn := tls.Client(recordingConn{raw, &sent}, clientConfig(t, ca, "job-a", identity))
+	if _, err := io.WriteString(conn, wire.RequestHeader(args, len(script))); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := conn.Write(script); err != nil {
+		t.Fatal(err)
+	}
+	if code, err := wire.ReadFrames(bufio.NewReader(conn), io.Discard, io.Discard); err != nil || code != 0 {
+		t.Fatalf("the recorded session: exit %d, %v", code, err)
+	}
+	conn.Close()
+	if ran, _ := os.ReadFile(marker); string(ran) != "ran\n" {
+		t.Fatalf("the recorded session's stage wrote %q", ran)
+	}
+	if err := os.RemoveAll(stageDir); err != nil {
+		t.Fatal(err)
+	}
+	if sent.Len() == 0 || bytes.Contains(sent.Bytes(), []byte("SBX2")) {
+		t.Fatalf("the recording (%d bytes) is empty or holds the request in clear", sent.Len())
+	}
+	replay, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer replay.Close()
+	if _, err := replay.Write(sent.Bytes()); err != nil {
+		t.Fatal(err)
+	}
+	_ = replay.SetReadDeadline(time.Now().Add(10 * time.Second))
+	// The agent ends the connection when the replayed handshake fails to verify.
+	if _, err := io.ReadAll(replay); err != nil {
+		t.Fatalf("the agent did not end the replayed session: %v", err)
+	}
+	if ran, _ := os.ReadFile(marker); string(ran) != "ran\n" {
+		t.Errorf("the replayed session ran the stage again: marker %q", ran)
+	}
+	if _, err := os.Stat(stageDir); err == nil {
+		t.Error("the replayed session recreated the stage directory")
+	}
+	// The agent still serves its job afterwards.
+	after, err := tls.Dial("tcp", ln.Addr().String(), clientConfig(t, ca, "job-a", identity))
+	if err != nil {
+		t.Fatalf("after the replay, the job's own executor: %v", err)
+	}
+	after.Close()
+}
+
+type recordingConn struct {
+	net.Conn
+	sent *bytes.Buffer
+}
+
+func (c recordingConn) Write(p []byte) (int, error) {
+	c.sent.Write(p)
+	return c.Conn.Write(p)
+}
+
+func testCA(t *testing.T) (*agentca.CA, []byte) {
+	t.Helper()
+	certPEM, keyPEM, err := agentca.Generate("test agent CA", time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ca, err := agentca.Parse(certPEM, keyPEM)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ca, certPEM
+}
+
+func clientConfig(t *testing.T, ca *agentca.CA, job, identity string) *tls.Config {
+	t.Helper()
+	config, err := ca.ClientConfig(job, identity)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return config
 }

@@ -2,6 +2,7 @@ package agent
 
 import (
 	"bufio"
+	"encoding/base64"
 	"errors"
 	"flag"
 	"fmt"
@@ -26,7 +27,8 @@ import (
 func (a *Agent) daemonSocket() string { return filepath.Join(filepath.Dir(a.stagesDir), "agent.sock") }
 
 // initCommand starts the job's daemon and reports on the pod. With --listen, the daemon also
-// serves the network path, authenticated by the token read from stdin.
+// serves the network path, to executors of the agent CA read from stdin (base64 of its PEM, one
+// line: the install exec sends it ahead of nothing else).
 func (a *Agent) initCommand(args []string, stdin io.Reader, stdout io.Writer) error {
 	fs := flag.NewFlagSet("init", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
@@ -35,14 +37,27 @@ func (a *Agent) initCommand(args []string, stdin io.Reader, stdout io.Writer) er
 		return err
 	}
 	if *listen != "" {
-		if err := a.saveToken(stdin); err != nil {
+		if err := a.saveClientCA(stdin); err != nil {
 			return err
 		}
 	}
 	if err := a.startDaemon(*listen); err != nil {
 		return err
 	}
-	return probe(stdout)
+	return a.probe(stdout)
+}
+
+// saveClientCA keeps the agent CA sent on stdin for the daemon.
+func (a *Agent) saveClientCA(stdin io.Reader) error {
+	line, err := bufio.NewReader(io.LimitReader(stdin, 64<<10)).ReadString('\n')
+	if err != nil && !errors.Is(err, io.EOF) {
+		return err
+	}
+	pem, err := base64.StdEncoding.DecodeString(strings.TrimSpace(line))
+	if err != nil || len(pem) == 0 {
+		return errors.New("the network path needs the agent CA on stdin (base64 of its PEM)")
+	}
+	return writeFileAtomic(a.clientCAPath(), pem, 0o600)
 }
 
 // startDaemon starts the daemon unless one answers already, and returns once it listens.
@@ -60,21 +75,9 @@ func (a *Agent) startDaemon(listen string) error {
 func (a *Agent) daemonCommand(args []string) error {
 	fs := flag.NewFlagSet("daemon", flag.ContinueOnError)
 	fs.StringVar(&a.stagesDir, "stages", a.stagesDir, "stage directories")
-	listen := fs.String("listen", "", "also serve agent commands on this TCP address")
-	tokenStdin := fs.Bool("token-stdin", false, "take the network path's token from lines on stdin")
+	listen := fs.String("listen", "", "also serve agent commands on this TCP address, with the agent CA saved in the stages' parent directory")
 	if err := fs.Parse(args); err != nil {
 		return err
-	}
-	tokens := &tokenBox{}
-	switch {
-	case *tokenStdin:
-		go tokens.readFrom(os.Stdin)
-	case *listen != "":
-		token, err := a.takeToken()
-		if err != nil {
-			return err
-		}
-		tokens.set(token)
 	}
 	syscall.CloseOnExec(3)
 	ready := os.NewFile(3, "ready")
@@ -92,11 +95,9 @@ func (a *Agent) daemonCommand(args []string) error {
 	// The pid lets tests that run the agent on the host stop the daemon they started.
 	_ = writeFileAtomic(filepath.Join(base, "daemon.pid"), []byte(strconv.Itoa(os.Getpid())), 0o600)
 	if *listen != "" {
-		tcp, err := net.Listen("tcp", *listen)
-		if err != nil {
-			return fail(err)
+		if err := a.listenNetwork(*listen); err != nil {
+			return fail(fmt.Errorf("serving the network path: %w", err))
 		}
-		go func() { _ = a.serveNetwork(tcp, tokens) }()
 	}
 	d := &daemon{agent: a}
 	if shell, err := findShell(); err == nil {

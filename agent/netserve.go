@@ -2,8 +2,7 @@ package agent
 
 import (
 	"bufio"
-	"crypto/subtle"
-	"errors"
+	"crypto/tls"
 	"io"
 	"net"
 	"os"
@@ -12,41 +11,55 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/sandbox-executor/sandbox-executor/agent/wire"
 )
 
-// The daemon serves agent commands over the pod network too (wire.NetworkPort), to connections
-// that present the job's token: it is handed over at prepare on stdin, never in argv or env.
+// The daemon serves agent commands over the pod network too (wire.NetworkPort), over mutually
+// authenticated TLS (serverTLS): only an executor holding a client certificate from the
+// installation's agent CA gets in, and only for the job the pod serves.
 
 // networkCommands are the only agent commands served over the network.
 var networkCommands = []string{"start", "kill", "probe", "fence"}
 
-func (a *Agent) tokenPath() string { return filepath.Join(filepath.Dir(a.stagesDir), "token") }
+func (a *Agent) clientCAPath() string {
+	return filepath.Join(filepath.Dir(a.stagesDir), "client-ca.pem")
+}
+func (a *Agent) identityPath() string { return filepath.Join(filepath.Dir(a.stagesDir), "identity") }
 
-// ServeNetwork serves agent commands on ln to connections that present token, as the daemon does
-// on the pod network once it has the job's token.
-func (a *Agent) ServeNetwork(ln net.Listener, token string) error {
-	tokens := &tokenBox{}
-	tokens.set(token)
-	return a.serveNetwork(ln, tokens)
+// ServeNetwork serves agent commands on ln, as the daemon does on the pod network, to executors
+// whose client certificates clientCAPEM signed. It records the agent's identity for "probe" (and
+// so for the install exec, which reports it), returns it, and serves until ln is closed.
+func (a *Agent) ServeNetwork(ln net.Listener, clientCAPEM []byte) (string, error) {
+	config, identity, err := serverTLS(clientCAPEM)
+	if err != nil {
+		return "", err
+	}
+	if err := writeFileAtomic(a.identityPath(), []byte(identity), 0o644); err != nil {
+		return "", err
+	}
+	go func() { _ = a.serveNetwork(tls.NewListener(ln, config)) }()
+	return identity, nil
 }
 
-func (a *Agent) serveNetwork(ln net.Listener, tokens *tokenBox) error {
+func (a *Agent) serveNetwork(ln net.Listener) error {
+	pod := &owner{}
 	for {
 		conn, err := ln.Accept()
 		if err != nil {
 			return err
 		}
-		go a.serveConn(conn, tokens.get())
+		go a.serveConn(conn.(*tls.Conn), pod)
 	}
 }
 
-func (a *Agent) serveConn(conn net.Conn, token string) {
+func (a *Agent) serveConn(conn *tls.Conn, pod *owner) {
 	defer conn.Close()
-	_ = conn.SetReadDeadline(time.Now().Add(10 * time.Second))
+	_ = conn.SetDeadline(time.Now().Add(10 * time.Second))
+	if err := conn.Handshake(); err != nil {
+		return // no certificate of the agent CA, or not TLS 1.3: nothing is read, nothing runs
+	}
 	r := bufio.NewReaderSize(conn, 64<<10)
 	line, err := r.ReadString('\n')
 	if err != nil {
@@ -57,21 +70,55 @@ func (a *Agent) serveConn(conn net.Conn, token string) {
 		_ = fw.frame(wire.FrameStderr, []byte(msg+"\n"))
 		_ = fw.frame(wire.FrameExit, []byte(strconv.Itoa(wire.ExitRefused)))
 	}
+	job, err := jobOf(conn.ConnectionState())
+	if err != nil {
+		refuse(err.Error())
+		return
+	}
 	req, err := wire.ParseRequestHeader(line)
 	switch {
-	case token == "" || subtle.ConstantTimeCompare([]byte(req.Token), []byte(token)) != 1:
-		refuse("unauthorized")
-		return
 	case err != nil:
 		refuse(err.Error())
 		return
 	case !slices.Contains(networkCommands, req.Args[0]):
 		refuse("bad arguments")
 		return
+	case !pod.admit(job):
+		refuse("this sandbox belongs to another job")
+		return
 	}
-	_ = conn.SetReadDeadline(time.Time{})
+	_ = conn.SetDeadline(time.Time{})
 	code := a.Run(req.Args, io.LimitReader(r, int64(req.StdinLen)), fw.stream(wire.FrameStdout), fw.stream(wire.FrameStderr))
 	_ = fw.frame(wire.FrameExit, []byte(strconv.Itoa(code)))
+}
+
+// listenNetwork starts the network path on addr with the agent CA saved at the client-CA path.
+func (a *Agent) listenNetwork(addr string) error {
+	clientCA, err := os.ReadFile(a.clientCAPath())
+	if err != nil {
+		return err
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return err
+	}
+	if _, err := a.ServeNetwork(ln, clientCA); err != nil {
+		ln.Close()
+		return err
+	}
+	return nil
+}
+
+// networkIdentity is the daemon's identity when it serves the network path, else "".
+func (a *Agent) networkIdentity() string {
+	data, err := os.ReadFile(a.identityPath())
+	if err != nil {
+		return ""
+	}
+	if id := strings.TrimSpace(string(data)); wire.ValidIdentity(id) {
+		return id
+	}
+	return ""
 }
 
 // frameWriter serialises the frames of one connection's streams.
@@ -99,50 +146,3 @@ func (s streamWriter) Write(p []byte) (int, error) {
 }
 
 func (f *frameWriter) stream(kind byte) io.Writer { return streamWriter{f, kind} }
-
-// saveToken keeps the token handed over on stdin for the daemon, which reads and removes it.
-func (a *Agent) saveToken(stdin io.Reader) error {
-	data, err := io.ReadAll(io.LimitReader(stdin, 4096))
-	if err != nil {
-		return err
-	}
-	token := strings.TrimSpace(string(data))
-	if len(token) < wire.MinTokenLen {
-		return errors.New("the network path needs a token of at least 32 characters on stdin")
-	}
-	return os.WriteFile(a.tokenPath(), []byte(token), 0o600)
-}
-
-func (a *Agent) takeToken() (string, error) {
-	data, err := os.ReadFile(a.tokenPath())
-	if err != nil {
-		return "", err
-	}
-	_ = os.Remove(a.tokenPath())
-	return strings.TrimSpace(string(data)), nil
-}
-
-// tokenBox holds the network path's token. A pod whose agent was baked into its template gets
-// the token from the executor at prepare, over attach (stdin), after the pod started: until
-// then every network request is refused. A retried prepare hands over a new token, which
-// replaces the old: whoever may attach to the pod may exec in it anyway.
-type tokenBox struct{ v atomic.Pointer[string] }
-
-func (b *tokenBox) get() string {
-	if t := b.v.Load(); t != nil {
-		return *t
-	}
-	return ""
-}
-
-func (b *tokenBox) set(token string) { b.v.Store(&token) }
-
-// readFrom takes each line of r that looks like a token; anything else is ignored.
-func (b *tokenBox) readFrom(r io.Reader) {
-	sc := bufio.NewScanner(r)
-	for sc.Scan() {
-		if t := strings.TrimSpace(sc.Text()); len(t) >= wire.MinTokenLen && !strings.ContainsAny(t, " \t") {
-			b.set(t)
-		}
-	}
-}

@@ -19,7 +19,16 @@ import (
 // Templates can bake the agent into their pods: an init container runs "install" to copy the
 // agent into a volume, and the job container's command is "serve". The stage daemon then runs
 // from the moment the warm pod starts, with a spare shell ready, and a claimed pod needs no
-// copy and no exec at prepare: only the job's token, written to the container's stdin.
+// copy and no exec at prepare: the executor pins the agent's key from the pod's log and talks
+// TLS to it.
+
+// networkOff says why the pod serves no network path ("" when it does).
+func networkOff(getenv func(string) string) string {
+	if getenv(wire.ClientCAEnv) == "" {
+		return "the pod has no agent CA (" + wire.ClientCAEnv + " in its SandboxTemplate); stages go over exec"
+	}
+	return ""
+}
 
 // installCommand copies this binary to DEST, for an init container.
 func installCommand(args []string) error {
@@ -51,8 +60,9 @@ func installCommand(args []string) error {
 }
 
 // serveCommand runs as the job container's command: it lays out BaseDir, starts the stage
-// daemon with the container's stdin (where the executor writes the job's token), and reaps:
-// as the container's PID 1 it inherits every orphaned process of the job's stages.
+// daemon (serving the network path when the pod was given the agent CA), logs the daemon's
+// identity, and reaps: as the container's PID 1 it inherits every orphaned process of the job's
+// stages.
 func (a *Agent) serveCommand(args []string, stdout io.Writer) error {
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
@@ -81,27 +91,26 @@ func (a *Agent) serveCommand(args []string, stdout io.Writer) error {
 			return err
 		}
 	}
-	// Listening only when the template names a fence: a readiness probe on a template that
-	// forgot the addresses is refused, and the pod never Ready, rather than passing unchecked.
-	if fence := FenceFromEnv(os.Getenv); fence.Configured() {
-		ln, err := net.Listen("tcp", *fenceListen)
-		if err != nil {
-			return fmt.Errorf("the fence check's readiness port: %w", err)
-		}
-		go func() { _ = ServeFence(ln, fence) }()
-	}
 	terms := make(chan os.Signal, 1)
 	// PID 1 gets no default action for SIGTERM: end promptly when the pod is deleted.
 	signal.Notify(terms, syscall.SIGTERM, syscall.SIGINT)
 	go func() { <-terms; os.Exit(0) }()
 
+	daemonArgs := []string{"daemon", "--stages", a.stagesDir}
+	network := networkOff(os.Getenv)
+	if network == "" {
+		if err := writeFileAtomic(a.clientCAPath(), []byte(os.Getenv(wire.ClientCAEnv)), 0o600); err != nil {
+			return err
+		}
+		daemonArgs = append(daemonArgs, "--listen", *listen)
+	}
 	readyR, readyW, err := os.Pipe()
 	if err != nil {
 		return err
 	}
 	defer readyR.Close()
-	cmd := exec.Command(self, "daemon", "--stages", a.stagesDir, "--listen", *listen, "--token-stdin")
-	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
+	cmd := exec.Command(self, daemonArgs...)
+	cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
 	cmd.ExtraFiles = []*os.File{readyW}
 	if err := cmd.Start(); err != nil {
 		readyW.Close()
@@ -110,6 +119,22 @@ func (a *Agent) serveCommand(args []string, stdout io.Writer) error {
 	readyW.Close()
 	if msg, _ := io.ReadAll(readyR); string(msg) != "ok" {
 		return fmt.Errorf("starting the stage daemon: %s", strings.TrimSpace(string(msg)))
+	}
+	// The first line of the pod's log, before anything can make the pod Ready: the executor
+	// reads it over the API server to pin the agent's key (wire.ParseFirstLogLine).
+	if network == "" {
+		fmt.Fprint(stdout, wire.IdentityLine(a.networkIdentity()))
+	} else {
+		fmt.Fprint(stdout, wire.NetworkOffLine(network))
+	}
+	// Listening only when the template names a fence: a readiness probe on a template that
+	// forgot the addresses is refused, and the pod never Ready, rather than passing unchecked.
+	if fence := FenceFromEnv(os.Getenv); fence.Configured() {
+		ln, err := net.Listen("tcp", *fenceListen)
+		if err != nil {
+			return fmt.Errorf("the fence check's readiness port: %w", err)
+		}
+		go func() { _ = ServeFence(ln, fence) }()
 	}
 	fmt.Fprintln(stdout, "sandbox-executor-agent: stage daemon ready")
 	for {

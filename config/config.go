@@ -95,12 +95,20 @@ type Config struct {
 	ClaimGrace     Duration `toml:"claim_grace"`
 	CleanupTimeout Duration `toml:"cleanup_timeout"`
 
-	// StageTransport is how stages reach the pod: "network" (the default: straight to the pod's
-	// stage agent over the pod network, authenticated by a per-job token; prepare falls back to
-	// exec for the whole job when the runner cannot reach the pod) or "exec" (through the API
-	// server only: set it for runners outside the cluster network, to skip the reachability
-	// probe at prepare).
+	// StageTransport is how stages reach the pod: "network" (straight to the pod's stage agent
+	// over the pod network, TLS 1.3 authenticated both ways: the runner by a client certificate
+	// of the agent CA below, the agent by its key, pinned from its pod's log; prepare falls back
+	// to exec for the whole job when the runner cannot reach the pod) or "exec" (through the API
+	// server only: for runners outside the cluster network). The default is network when the
+	// agent CA is configured, else exec.
 	StageTransport string `toml:"stage_transport"`
+
+	// AgentCACert and AgentCAKey are the agent CA (PEM files; `sandbox-executor tls init`
+	// makes them): the network transport's client certificates are signed with the key, which
+	// stays with the runners, and the pods trust the certificate (SANDBOX_EXECUTOR_AGENT_CLIENT_CA
+	// in their SandboxTemplate, from a ConfigMap). See docs/security.md.
+	AgentCACert string `toml:"agent_ca_cert"`
+	AgentCAKey  string `toml:"agent_ca_key"`
 
 	// Reconnects bounds how often one stage re-attaches after its stream drops.
 	Reconnects int `toml:"reconnects"`
@@ -261,7 +269,10 @@ func (c *Config) applyDefaults() {
 		c.CleanupTimeout.Duration = 30 * time.Second
 	}
 	if c.StageTransport == "" {
-		c.StageTransport = TransportNetwork
+		c.StageTransport = TransportExec
+		if c.AgentCACert != "" {
+			c.StageTransport = TransportNetwork
+		}
 	}
 	if c.Reconnects == 0 {
 		c.Reconnects = 10
@@ -356,6 +367,20 @@ func (c *Config) validate() error {
 	}
 	if c.StageTransport != TransportExec && c.StageTransport != TransportNetwork {
 		return fail("stage_transport", "%q is not one of exec, network", c.StageTransport)
+	}
+	if (c.AgentCACert == "") != (c.AgentCAKey == "") {
+		return fail("agent_ca_key", "agent_ca_cert and agent_ca_key go together (sandbox-executor tls init makes both)")
+	}
+	if c.StageTransport == TransportNetwork && c.AgentCACert == "" {
+		return fail("stage_transport", "\"network\" needs the agent CA: set agent_ca_cert and agent_ca_key (sandbox-executor tls init makes them; docs/security.md), or use \"exec\"")
+	}
+	for _, f := range []struct{ key, value string }{{"agent_ca_cert", c.AgentCACert}, {"agent_ca_key", c.AgentCAKey}} {
+		if f.value == "" {
+			continue
+		}
+		if _, err := os.Stat(f.value); err != nil {
+			return fail(f.key, "%v", err)
+		}
 	}
 	if c.Reconnects < 0 {
 		return fail("reconnects", "must not be negative")

@@ -221,3 +221,36 @@ func TestHelperBinary(t *testing.T) {
 		}
 	}
 }
+
+// The network transport is TLS with the agent CA: without one, the default is exec, and asking
+// for network is a one-line error naming what to set.
+func TestNetworkTransportNeedsTheAgentCA(t *testing.T) {
+	base := "namespace = \"ns\"\n[[pool]]\nname = \"p\"\n"
+	cfg, err := config.Parse("c.toml", []byte(base))
+	if err != nil || cfg.StageTransport != config.TransportExec {
+		t.Fatalf("without an agent CA: %v, %v; want exec", cfg, err)
+	}
+	_, err = config.Parse("c.toml", []byte("stage_transport = \"network\"\n"+base))
+	if err == nil || !strings.Contains(err.Error(), "agent_ca_cert") || strings.Contains(err.Error(), "\n") {
+		t.Errorf("network without an agent CA: %v; want one line naming agent_ca_cert", err)
+	}
+	_, err = config.Parse("c.toml", []byte("agent_ca_cert = \"/etc/ca.crt\"\n"+base))
+	if err == nil || !strings.Contains(err.Error(), "go together") {
+		t.Errorf("a certificate without its key: %v", err)
+	}
+	dir := t.TempDir()
+	cert, key := filepath.Join(dir, "tls.crt"), filepath.Join(dir, "tls.key")
+	for _, f := range []string{cert, key} {
+		if err := os.WriteFile(f, []byte("pem"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cfg, err = config.Parse("c.toml", []byte(fmt.Sprintf("agent_ca_cert = %q\nagent_ca_key = %q\n", cert, key)+base))
+	if err != nil || cfg.StageTransport != config.TransportNetwork {
+		t.Errorf("with an agent CA: %v, %v; want network by default", cfg, err)
+	}
+	_, err = config.Parse("c.toml", []byte(fmt.Sprintf("agent_ca_cert = %q\nagent_ca_key = %q\n", cert, filepath.Join(dir, "missing"))+base))
+	if err == nil || !strings.Contains(err.Error(), "agent_ca_key") {
+		t.Errorf("a missing key file: %v", err)
+	}
+}

@@ -10,7 +10,7 @@ import (
 )
 
 // The config the chart gives gc is valid (the runner's is the same plus the runner image's
-// binaries: tests/charttest), uses the pod's ServiceAccount (in-cluster config), and pins
+// binaries and the agent CA: tests/charttest), uses the pod's ServiceAccount (in-cluster config), and pins
 // runner_name: gc reaps claims by it, whichever runner pod made them.
 func TestChartExecutorConfig(t *testing.T) {
 	objs := charttest.Render(t, "sandbox-executor", "ci-sandbox", "")
@@ -29,7 +29,7 @@ func TestChartExecutorConfig(t *testing.T) {
 	if cfg.Namespace != "ci-sandbox" {
 		t.Errorf("namespace %q: the chart installs the pools in the release's namespace, ci-sandbox", cfg.Namespace)
 	}
-	if cfg.StageTransport != config.TransportNetwork {
-		t.Errorf("stage_transport %q: want the default, network", cfg.StageTransport)
+	if cfg.StageTransport != config.TransportExec {
+		t.Errorf("stage_transport %q: gc runs no stages and has no agent CA: want exec", cfg.StageTransport)
 	}
 }

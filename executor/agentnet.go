@@ -4,13 +4,11 @@ import (
 	"bufio"
 	"bytes"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
 	"net"
-	"strconv"
 	"time"
 
 	"github.com/sandbox-executor/sandbox-executor/kube"
@@ -19,31 +17,25 @@ import (
 )
 
 // AgentNetwork runs agent commands over the pod network, straight to the job's stage daemon,
-// instead of through the API server and the kubelet. Anything else, and any agent command when
-// the pod cannot be reached, goes to Fallback (exec). The stage protocol is the same either way:
-// the same arguments, streams and status lines, so resuming and no-false-success hold as well.
+// instead of through the API server and the kubelet: TLS 1.3, the agent's key pinned and the
+// executor's client certificate presented (TLS). Anything else, and any agent command when the
+// pod cannot be reached, goes to Fallback (exec). The stage protocol is the same either way: the
+// same arguments, streams and status lines, so resuming and no-false-success hold as well.
 type AgentNetwork struct {
 	Addr     string
-	Token    string
+	TLS      *tls.Config
 	Fallback kube.RemoteExecutor
 	dialer   net.Dialer
 }
 
 // NewAgentNetwork reaches the daemon of the pod at podIP.
-func NewAgentNetwork(podIP, token string, fallback kube.RemoteExecutor) *AgentNetwork {
+func NewAgentNetwork(podIP string, port int, config *tls.Config, fallback kube.RemoteExecutor) *AgentNetwork {
 	return &AgentNetwork{
-		Addr:     net.JoinHostPort(podIP, strconv.Itoa(wire.NetworkPort)),
-		Token:    token,
+		Addr:     agentAddr(podIP, port),
+		TLS:      config,
 		Fallback: fallback,
 		dialer:   net.Dialer{Timeout: 2 * time.Second, KeepAlive: 15 * time.Second},
 	}
-}
-
-// NewAgentToken makes the per-job secret that authenticates the network path.
-func NewAgentToken() string {
-	var b [32]byte
-	_, _ = rand.Read(b[:])
-	return hex.EncodeToString(b[:])
 }
 
 // Exec implements kube.RemoteExecutor.
@@ -75,17 +67,25 @@ var ErrAgentUnreachable = errors.New("stage agent unreachable over the pod netwo
 
 // exec sends one agent command with stdin; req.Stdin is not read.
 func (a *AgentNetwork) exec(ctx context.Context, req kube.ExecRequest, stdin []byte) error {
-	conn, err := a.dialer.DialContext(ctx, "tcp", a.Addr)
+	raw, err := a.dialer.DialContext(ctx, "tcp", a.Addr)
 	if err != nil {
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
 		return fmt.Errorf("%w: %v", ErrAgentUnreachable, err)
 	}
+	conn := tls.Client(raw, a.TLS)
 	defer conn.Close()
 	stop := context.AfterFunc(ctx, func() { conn.Close() })
 	defer stop()
-	if _, err := io.WriteString(conn, wire.RequestHeader(a.Token, req.Command[1:], len(stdin))); err != nil {
+	if err := conn.HandshakeContext(ctx); err != nil {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		// Not the pod's agent (another key), or not an agent at all: nothing was sent.
+		return fmt.Errorf("%w: TLS with %s: %v", ErrAgentUnreachable, a.Addr, err)
+	}
+	if _, err := io.WriteString(conn, wire.RequestHeader(req.Command[1:], len(stdin))); err != nil {
 		return err
 	}
 	if _, err := conn.Write(stdin); err != nil {
@@ -101,6 +101,12 @@ func (a *AgentNetwork) exec(ctx context.Context, req kube.ExecRequest, stdin []b
 	}
 	idle := &idleReader{conn: conn, timeout: networkIdleTimeout}
 	code, err := wire.ReadFrames(bufio.NewReaderSize(idle, 256<<10), stdout, io.MultiWriter(stderr, &refusal))
+	var remote *net.OpError
+	if errors.As(err, &remote) && remote.Op == "remote error" {
+		// A TLS alert before any answer: the agent refused this client certificate (another
+		// CA, or expired) and read nothing of the request.
+		return fmt.Errorf("%w: the agent at %s refused this runner's client certificate (%v): does the pod's %s hold this runner's agent_ca_cert?", ErrAgentUnreachable, a.Addr, remote.Err, wire.ClientCAEnv)
+	}
 	if err != nil {
 		return err
 	}
@@ -113,7 +119,7 @@ func (a *AgentNetwork) exec(ctx context.Context, req kube.ExecRequest, stdin []b
 	return nil
 }
 
-// RefusedError is the agent refusing a network request (a wrong or not yet known token).
+// RefusedError is the agent refusing a network request (another job's, or bad arguments).
 type RefusedError struct{ Addr, Reason string }
 
 func (e *RefusedError) Error() string {

@@ -1,8 +1,8 @@
 package executor_test
 
 import (
+	"bufio"
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -18,25 +18,48 @@ import (
 	"github.com/sandbox-executor/sandbox-executor/kube"
 
 	"github.com/sandbox-executor/sandbox-executor/agent/wire"
+	"github.com/sandbox-executor/sandbox-executor/agentca"
 	"github.com/sandbox-executor/sandbox-executor/executor"
 	"github.com/sandbox-executor/sandbox-executor/tests/executortest"
 	"github.com/sandbox-executor/sandbox-executor/tests/testutil"
 )
 
-const testToken = "0123456789abcdef0123456789abcdef-test-token"
+// testJob is the job (its binding) the tests' client certificates are for.
+const testJob = "job-binding-of-the-test"
+
+// testCA is an agent CA made for the tests.
+func testCA(t *testing.T) *agentca.CA {
+	t.Helper()
+	certPEM, keyPEM, err := agentca.Generate("test agent CA", time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ca, err := agentca.Parse(certPEM, keyPEM)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ca
+}
 
 // networkTransport serves the network path on the host with the agent of local (its stages
-// directory), as the stage daemon does in a pod.
+// directory), as the stage daemon does in a pod, and returns the executor's side of it.
 func networkTransport(t *testing.T, local *executortest.Local) *executor.AgentNetwork {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { ln.Close() })
-	go local.Agent.ServeNetwork(ln, testToken)
-	a := executor.NewAgentNetwork("127.0.0.1", testToken, local)
-	a.Addr = ln.Addr().String()
-	return a
+	ca := testCA(t)
+	identity, err := local.Agent.ServeNetwork(ln, ca.CertificatePEM())
+	if err != nil {
+		t.Fatal(err)
+	}
+	config, err := ca.ClientConfig(testJob, identity)
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := ln.Addr().(*net.TCPAddr).Port
+	return executor.NewAgentNetwork("127.0.0.1", port, config, local)
 }
 
 func TestNetworkTransportRunsTheSameStageProtocol(t *testing.T) {
@@ -57,16 +80,23 @@ func TestNetworkTransportRunsTheSameStageProtocol(t *testing.T) {
 	}
 }
 
-func TestNetworkTransportRejectsWrongToken(t *testing.T) {
+// A client certificate of another CA runs nothing over the network: the agent refuses it at
+// the handshake, and the stage goes over exec (through the API server) instead.
+func TestNetworkTransportRefusesAnotherCA(t *testing.T) {
 	local := executortest.NewLocalWithDaemon(t)
 	a := networkTransport(t, local)
-	a.Token = "wrong-token-wrong-token-wrong-token"
+	foreign, err := testCA(t).ClientConfig(testJob, "sha256:"+strings.Repeat("0", 64))
+	if err != nil {
+		t.Fatal(err)
+	}
+	a.TLS = a.TLS.Clone()
+	a.TLS.Certificates = foreign.Certificates
 	var out, log testutil.LockedBuffer
 	r := newStageRunner(a, &log, "")
-	r.Reconnects = 0
-	_, err := r.Run(context.Background(), "build_script", []byte("echo must-not-run\n"), &out, &out)
-	if err == nil || !strings.Contains(err.Error(), "unauthorized") || strings.Contains(out.String(), "must-not-run") {
-		t.Fatalf("err = %v, output %q: want the request refused and nothing run", err, out.String())
+	r.StagesDir = local.Agent.StagesDir()
+	code, err := r.Run(context.Background(), "build_script", []byte("echo ran\n"), &out, &out)
+	if err != nil || code != 0 || len(local.Commands()) == 0 {
+		t.Fatalf("Run = %d, %v (exec calls %v); want the stage over exec", code, err, local.Commands())
 	}
 }
 
@@ -78,7 +108,7 @@ func TestNetworkTransportFallsBackToExecWhenUnreachable(t *testing.T) {
 	}
 	addr := ln.Addr().String()
 	ln.Close() // nothing listens there any more
-	a := executor.NewAgentNetwork("127.0.0.1", testToken, local)
+	a := executor.NewAgentNetwork("127.0.0.1", 0, nil, local)
 	a.Addr = addr
 	var out, log testutil.LockedBuffer
 	code, err := newStageRunner(a, &log, "").Run(context.Background(), "build_script", []byte("echo over-exec\n"), &out, &out)
@@ -87,105 +117,99 @@ func TestNetworkTransportFallsBackToExecWhenUnreachable(t *testing.T) {
 	}
 }
 
-// A template that bakes the agent in runs "serve" as the job container's command: the stage
-// daemon refuses the network until the executor writes the job's token to its stdin, then
-// runs stages in a shell started before the stage was asked for.
-func TestBakedAgentTakesTheTokenOnStdin(t *testing.T) {
-	port, stdin, stages := startBakedAgent(t)
-
-	sbx := &kube.Sandbox{Namespace: "ns", Pod: "job-pod", Container: "job", PodIP: "127.0.0.1"}
-	daemon := executor.NewAgentNetwork("127.0.0.1", testToken, nil)
-	daemon.Addr = fmt.Sprintf("127.0.0.1:%d", port)
-	waitRefusing(t, daemon)
-	if _, err := io.WriteString(stdin, "short-line-ignored\n"+testToken+"\n"); err != nil {
+// A template that bakes the agent in runs "serve" as the job container's command: it logs its
+// identity first, and its stage daemon serves the network path over TLS to the pod's job,
+// running stages in a shell started before the stage was asked for.
+func TestBakedAgentServesTLSToThePinnedIdentity(t *testing.T) {
+	ca := testCA(t)
+	agent := startBakedAgent(t, ca)
+	sbx := &kube.Sandbox{Namespace: "ns", Pod: "job-pod", Container: "job", PodIP: "127.0.0.1", AgentBaked: true}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	conn, err := executor.ConnectAgent(ctx, agent, sbx, agent.port, ca, testJob)
+	if err != nil || conn.Probe == nil || conn.Probe.Shell == "" || !conn.Transport.Network() || conn.Fallback != "" {
+		t.Fatalf("ConnectAgent = %+v, %v; want the agent probed over the network", conn, err)
+	}
+	if len(agent.exec.Commands()) != 0 {
+		t.Errorf("connecting used exec: %v", agent.exec.Commands())
+	}
+	daemon, err := conn.Transport.Executor(sbx, agent.exec, ca, testJob)
+	if err != nil {
 		t.Fatal(err)
 	}
-	transport, probe, err := executor.ChooseTransport(context.Background(), sbx, port, testToken)
-	if err != nil || probe.Shell == "" || transport.AgentToken != testToken {
-		t.Fatalf("probe after the token: %+v, %v, transport %v", probe, err, transport)
-	}
-
+	daemon.(*executor.AgentNetwork).Addr = fmt.Sprintf("127.0.0.1:%d", agent.port)
 	var stdout, log testutil.LockedBuffer
 	r := newStageRunner(daemon, &log, "")
-	r.StagesDir = stages
-	code, err := r.Run(context.Background(), "build_script", []byte("set -e\necho \"ran by $0\"\nfalse\necho not-reached\n"), &stdout, &stdout)
+	r.StagesDir = agent.stages
+	code, err := r.Run(ctx, "build_script", []byte("set -e\necho \"ran by $0\"\nfalse\necho not-reached\n"), &stdout, &stdout)
 	if err != nil || code != 1 {
 		t.Fatalf("Run = %d, %v; want 1 (errexit applies in the sourced script)", code, err)
 	}
 	if got := stdout.String(); strings.Contains(got, "/script") || !strings.HasPrefix(got, "ran by ") || strings.Contains(got, "not-reached") {
 		t.Errorf("output %q: want the stage run by the spare shell (its $0 is the shell, not the script)", got)
 	}
-}
+	if len(agent.exec.Commands()) != 0 {
+		t.Errorf("the stage used exec: %v", agent.exec.Commands())
+	}
 
-// waitRefusing waits until the agent listens and refuses requests: it has no token yet.
-func waitRefusing(t *testing.T, daemon *executor.AgentNetwork) {
-	t.Helper()
-	var refused *executor.RefusedError
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		err := daemon.Exec(context.Background(), kube.ExecRequest{Command: []string{wire.BinaryPath, "probe"}, Stdout: io.Discard, Stderr: io.Discard})
-		if errors.As(err, &refused) {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("before the token: %v, want the request refused", err)
-		}
+	// Another job meets this pod (a claim of the same name, say): refused, not run.
+	_, err = executor.ConnectAgent(ctx, agent, sbx, agent.port, ca, "another-job")
+	if failure.KindOf(err) != failure.KindSystem || !strings.Contains(err.Error(), "belongs to another job") {
+		t.Errorf("another job's ConnectAgent: %v; want a system failure saying the pod is another job's", err)
 	}
 }
 
-// slowAttach writes to the baked agent's stdin as pods/attach would, then holds the stream open
-// until it is cancelled, as a stream torn down through the kubelet does; or fails at once.
-type slowAttach struct {
-	stdin io.Writer
-	fail  error
-}
-
-func (a *slowAttach) Attach(ctx context.Context, req kube.ExecRequest) error {
-	if a.fail != nil {
-		return a.fail
-	}
-	if _, err := io.Copy(a.stdin, req.Stdin); err != nil {
-		return err
-	}
-	<-ctx.Done()
-	return ctx.Err()
-}
-
-// The token handover ends when the agent answers over the network, not when the attach stream
-// is torn down; an attach that fails ends prepare with an error that names it.
-func TestConnectAgentHandsTheTokenOverAttach(t *testing.T) {
-	port, stdin, _ := startBakedAgent(t)
-
-	daemon := executor.NewAgentNetwork("127.0.0.1", testToken, nil)
-	daemon.Addr = fmt.Sprintf("127.0.0.1:%d", port)
-	waitRefusing(t, daemon)
-	sbx := &kube.Sandbox{Namespace: "ns", Pod: "job-pod", Container: "job", PodIP: "127.0.0.1", AgentBaked: true}
-
+// When the runner has no agent CA, or the pod serves no network path, or cannot be reached,
+// the agent is probed over exec and the stages will go over exec, with the reason.
+func TestConnectAgentFallsBackToExec(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	transport, probe, err := executor.ConnectAgent(ctx, executortest.NewLocal(t), &slowAttach{stdin: stdin}, sbx, port, testToken)
-	if err != nil || probe.Shell == "" || transport.AgentToken != testToken {
-		t.Fatalf("ConnectAgent = %+v, %v (transport %v); want the agent probed over the network", probe, err, transport)
-	}
-
-	failing := &slowAttach{fail: errors.New("unable to upgrade connection: container not found")}
-	_, _, err = executor.ConnectAgent(ctx, executortest.NewLocal(t), failing, &kube.Sandbox{Namespace: "ns", Pod: "other-pod", Container: "job", PodIP: "127.0.0.1", AgentBaked: true}, port, "another-token-another-token-another-token")
-	if failure.KindOf(err) != failure.KindSystem || !strings.Contains(err.Error(), "pods/attach") || !strings.Contains(err.Error(), "container not found") {
-		t.Fatalf("err = %v, want a system failure naming the attach and its cause", err)
-	}
-
-	// A pod the runner cannot reach: the agent is probed over exec, whatever the attach does,
-	// and the stages will go over exec (no token kept).
+	ca := testCA(t)
+	agent := startBakedAgent(t, ca)
 	unreachable := &kube.Sandbox{Namespace: "ns", Pod: "job-pod", Container: "job", PodIP: "127.0.0.9", AgentBaked: true}
-	overExec := executortest.NewLocal(t)
-	transport, probe, err = executor.ConnectAgent(ctx, overExec, &slowAttach{stdin: io.Discard}, unreachable, port, testToken)
-	if err != nil || probe == nil || transport.Network() || len(overExec.Commands()) == 0 {
-		t.Fatalf("ConnectAgent = %+v, %v (transport %v, exec calls %v); want the probe over exec", probe, err, transport, overExec.Commands())
+	conn, err := executor.ConnectAgent(ctx, agent, unreachable, agent.port, ca, testJob)
+	if err != nil || conn.Probe == nil || conn.Transport.Network() || !strings.Contains(conn.Fallback, "cannot reach") || len(agent.exec.Commands()) == 0 {
+		t.Fatalf("unreachable pod: ConnectAgent = %+v, %v (exec calls %v); want the probe over exec and the reason", conn, err, agent.exec.Commands())
+	}
+	noCA := startBakedAgent(t, nil)
+	conn, err = executor.ConnectAgent(ctx, noCA, &kube.Sandbox{Pod: "job-pod", PodIP: "127.0.0.1", AgentBaked: true}, noCA.port, ca, testJob)
+	if err != nil || conn.Transport.Network() || !strings.Contains(conn.Fallback, wire.ClientCAEnv) {
+		t.Fatalf("a pod without the agent CA: ConnectAgent = %+v, %v; want exec and the reason naming %s", conn, err, wire.ClientCAEnv)
+	}
+	conn, err = executor.ConnectAgent(ctx, agent, &kube.Sandbox{Pod: "job-pod", PodIP: "127.0.0.1", AgentBaked: true}, agent.port, nil, testJob)
+	if err != nil || conn.Transport.Network() || conn.Fallback != "" {
+		t.Fatalf("a runner without an agent CA: ConnectAgent = %+v, %v; want exec, silently", conn, err)
 	}
 }
 
-// startBakedAgent runs the agent's "serve" (the baked-in agent's command) on the host, as a
-// job container would, and returns its port, its stdin and its stages directory.
-func startBakedAgent(t *testing.T) (int, io.Writer, string) {
+// bakedAgent is the agent's "serve" (the baked-in agent's command) running on the host, as a
+// job container would, and the cluster around it: its log and an exec into its "pod".
+type bakedAgent struct {
+	port   int
+	stages string
+	first  chan string
+	exec   *executortest.Local
+}
+
+func (b *bakedAgent) Exec() kube.RemoteExecutor { return b.exec }
+
+// FirstLogLine is the first line of the agent's stdout, as the kubelet keeps it for the pod's
+// log.
+func (b *bakedAgent) FirstLogLine(ctx context.Context, _ *kube.Sandbox, within time.Duration) (string, error) {
+	select {
+	case line := <-b.first:
+		b.first <- line // for the next reader
+		return line, nil
+	case <-time.After(within):
+		return "", kube.ErrNoLogLine
+	case <-ctx.Done():
+		return "", ctx.Err()
+	}
+}
+
+// startBakedAgent starts "serve" with ca's certificate in its environment (none: nil), its
+// network path on a free loopback port.
+func startBakedAgent(t *testing.T, ca *agentca.CA) *bakedAgent {
 	t.Helper()
 	stages := filepath.Join(t.TempDir(), "stages")
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -196,16 +220,27 @@ func startBakedAgent(t *testing.T) (int, io.Writer, string) {
 	ln.Close()
 	serve := exec.Command(os.Args[0], "serve", "--listen", fmt.Sprintf("127.0.0.1:%d", port), "--stages", stages)
 	serve.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	stdin, err := serve.StdinPipe()
+	serve.Env = os.Environ()
+	if ca != nil {
+		serve.Env = append(serve.Env, wire.ClientCAEnv+"="+string(ca.CertificatePEM()))
+	}
+	stdout, err := serve.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
 	}
 	if err := serve.Start(); err != nil {
 		t.Fatal(err)
 	}
+	b := &bakedAgent{port: port, stages: stages, first: make(chan string, 1), exec: executortest.NewLocal(t)}
+	go func() {
+		r := bufio.NewReader(stdout)
+		line, _ := r.ReadString('\n')
+		b.first <- line
+		_, _ = io.Copy(io.Discard, r)
+	}()
 	t.Cleanup(func() {
 		_ = syscall.Kill(-serve.Process.Pid, syscall.SIGKILL) // serve and its daemon
 		_ = serve.Wait()
 	})
-	return port, stdin, stages
+	return b
 }

@@ -3,12 +3,14 @@ package executor
 import (
 	"bytes"
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"io"
 	"strconv"
 	"strings"
 
+	"github.com/sandbox-executor/sandbox-executor/agentca"
 	"github.com/sandbox-executor/sandbox-executor/failure"
 	"github.com/sandbox-executor/sandbox-executor/kube"
 
@@ -20,25 +22,29 @@ import (
 // binary behind), makes it executable and renames it into place. POSIX sh and coreutils only.
 const receiveFile = `receive() { cat > "$1.new" && n=$(wc -c < "$1.new") && if [ "$n" -ne "$2" ]; then echo "received $n of $2 bytes" >&2; return 1; fi && chmod 700 "$1.new" && mv -f "$1.new" "$1"; } && `
 
-// installScript reads a line (the network path's token, or nothing) and then the agent from
-// stdin into the pod's private directory, and runs its init: start the job's stage daemon, then
-// report on the pod. The shell's read takes the line byte by byte, leaving the binary on stdin,
-// and the token never appears in an argument list.
+// installScript reads a line (the agent CA for the network path, base64, or nothing) and then
+// the agent from stdin into the pod's private directory, and runs its init: start the job's
+// stage daemon, then report on the pod (with the daemon's network identity, which comes back
+// over this exec, through the API server). The shell's read takes the line byte by byte, leaving
+// the binary on stdin.
 const installScript = receiveFile + `umask 077 && IFS= read -r t && mkdir -p "$1/stages" && receive "$1/agent" "$2" && d=$1 && shift 2 && printf %s "$t" | "$d/agent" init "$@"`
 
 // InstallAgent copies the stage agent into the pod over exec stdin, in the one exec that prepare
-// pays anyway, and returns what the agent found (shell, kernel). With a token, the agent's daemon
-// also serves the network path (AgentNetwork), authenticated by it.
-func InstallAgent(ctx context.Context, ex kube.RemoteExecutor, sbx *kube.Sandbox, binary []byte, token string) (*wire.Probe, error) {
+// pays anyway, and returns what the agent found (shell, kernel). With ca, the agent's daemon also
+// serves the network path (AgentNetwork) to this CA's client certificates, and the probe names
+// its identity.
+func InstallAgent(ctx context.Context, ex kube.RemoteExecutor, sbx *kube.Sandbox, binary []byte, ca *agentca.CA) (*wire.Probe, error) {
 	var stdout, stderr bytes.Buffer
 	command := []string{"/bin/sh", "-c", installScript, "sh", wire.BaseDir, strconv.Itoa(len(binary))}
-	if token != "" {
+	var caLine string
+	if ca != nil {
 		command = append(command, "--listen", ":"+strconv.Itoa(wire.NetworkPort))
+		caLine = base64.StdEncoding.EncodeToString(ca.CertificatePEM())
 	}
 	err := ex.Exec(ctx, kube.ExecRequest{
 		Namespace: sbx.Namespace, Pod: sbx.Pod, Container: sbx.Container,
 		Command: command,
-		Stdin:   io.MultiReader(strings.NewReader(token+"\n"), bytes.NewReader(binary)),
+		Stdin:   io.MultiReader(strings.NewReader(caLine+"\n"), bytes.NewReader(binary)),
 		Stdout:  &stdout,
 		Stderr:  &stderr,
 	})

@@ -62,7 +62,9 @@ const stateFile = "sandbox-executor-state.json"
 // stateVersion is the version of stateRecord written now. Version 0 is the same schema from
 // before the record was versioned: a job whose runner host is upgraded mid-job keeps its state.
 // Version 2 adds launch and waited; before it, warm alone said how the job got its sandbox.
-const stateVersion = 2
+// Version 3 replaces the network path's token with the agent's identity: a job prepared before
+// the upgrade finishes over exec.
+const stateVersion = 3
 
 // stateRecord is the state file's schema. It is kept apart from kube.Sandbox so that a change to
 // the one is a decision about the other, and versioned so that a reader knows what it reads.
@@ -82,10 +84,12 @@ type stateRecord struct {
 	Waited       time.Duration `json:"waited,omitempty"`
 	ColdTemplate string        `json:"coldTemplate,omitempty"`
 	PodIP        string        `json:"podIP,omitempty"`
-	AgentToken   string        `json:"agentToken,omitempty"`
-	AgentBaked   bool          `json:"agentBaked,omitempty"`
-	Restarts     int32         `json:"restarts,omitempty"`
-	Overhead     Overhead      `json:"overhead"`
+	// AgentIdentity pins the agent's key on the network path (public); version 2 records had
+	// an agentToken here, which a version 3 record never holds.
+	AgentIdentity string   `json:"agentIdentity,omitempty"`
+	AgentBaked    bool     `json:"agentBaked,omitempty"`
+	Restarts      int32    `json:"restarts,omitempty"`
+	Overhead      Overhead `json:"overhead"`
 	// Failed is optional and ignored by older readers, so it needs no new version.
 	Failed kube.Outcome `json:"failed,omitzero"`
 }
@@ -95,7 +99,7 @@ func recordOf(job *JobState) stateRecord {
 	return stateRecord{
 		Version: stateVersion, Namespace: s.Namespace, Claim: s.Claim, Pool: s.Pool, SandboxName: s.SandboxName,
 		Pod: s.Pod, PodUID: s.PodUID, Container: s.Container, RuntimeClass: s.RuntimeClass,
-		Launch: s.Launch, Waited: s.Waited, ColdTemplate: s.ColdTemplate, PodIP: s.PodIP, AgentToken: job.Transport.AgentToken, AgentBaked: s.AgentBaked,
+		Launch: s.Launch, Waited: s.Waited, ColdTemplate: s.ColdTemplate, PodIP: s.PodIP, AgentIdentity: job.Transport.AgentIdentity, AgentBaked: s.AgentBaked,
 		Restarts: s.Restarts, Overhead: job.Overhead, Failed: job.Failed,
 	}
 }
@@ -115,7 +119,7 @@ func (r *stateRecord) job() *JobState {
 			PodUID: r.PodUID, Container: r.Container, RuntimeClass: r.RuntimeClass, Launch: launch, Waited: r.Waited,
 			ColdTemplate: r.ColdTemplate, PodIP: r.PodIP, AgentBaked: r.AgentBaked, Restarts: r.Restarts,
 		},
-		Transport: Transport{AgentToken: r.AgentToken},
+		Transport: Transport{AgentIdentity: r.AgentIdentity},
 		Overhead:  r.Overhead,
 		Failed:    r.Failed,
 	}

@@ -6,169 +6,155 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math"
 	"net"
 	"strconv"
 	"strings"
 	"time"
 
-	"k8s.io/apimachinery/pkg/util/wait"
-
 	"github.com/sandbox-executor/sandbox-executor/agent/wire"
+	"github.com/sandbox-executor/sandbox-executor/agentca"
 	"github.com/sandbox-executor/sandbox-executor/failure"
 	"github.com/sandbox-executor/sandbox-executor/kube"
 )
 
 // Transport is how the stages of a job reach its pod's agent: over the pod network, straight to
-// the agent and authenticated by the job's token, or over exec through the API server.
+// the agent over mutually authenticated TLS, or over exec through the API server.
 type Transport struct {
-	// AgentToken authenticates the network path; empty: exec. It lives in the runner's per-job
-	// TMPDIR (0600) and in the pod, nowhere else, and is never printed.
-	AgentToken string
+	// AgentIdentity pins the key of the pod's agent on the network path (wire.IdentityOf, a
+	// public value); empty: exec.
+	AgentIdentity string
 }
 
 // Network reports whether the stages go over the pod network.
-func (t Transport) Network() bool { return t.AgentToken != "" }
+func (t Transport) Network() bool { return t.AgentIdentity != "" }
 
-// String names the transport for the job log; it never shows the token.
+// String names the transport for the job log.
 func (t Transport) String() string {
 	if t.Network() {
-		return "pod network"
+		return "pod network (TLS)"
 	}
 	return "exec"
 }
 
-// GoString keeps the token out of %#v too.
-func (t Transport) GoString() string { return "executor.Transport{" + t.String() + "}" }
-
-// Executor is what the stages run agent commands with: the network path with exec behind it,
-// or exec alone.
-func (t Transport) Executor(sbx *kube.Sandbox, exec kube.RemoteExecutor) kube.RemoteExecutor {
-	if t.Network() && sbx.PodIP != "" {
-		return NewAgentNetwork(sbx.PodIP, t.AgentToken, exec)
+// Executor is what the stages run agent commands with: the network path, as job with a client
+// certificate of ca, with exec behind it; or exec alone (also when this runner has no agent CA
+// any more: exec needs none).
+func (t Transport) Executor(sbx *kube.Sandbox, exec kube.RemoteExecutor, ca *agentca.CA, job string) (kube.RemoteExecutor, error) {
+	if !t.Network() || sbx.PodIP == "" || ca == nil {
+		return exec, nil
 	}
-	return exec
+	config, err := ca.ClientConfig(job, t.AgentIdentity)
+	if err != nil {
+		return nil, failure.SystemError(err, "the stage's client certificate: %v", err)
+	}
+	return NewAgentNetwork(sbx.PodIP, wire.NetworkPort, config, exec), nil
 }
+
+// AgentCluster is what connecting to a pod's agent asks of the cluster.
+type AgentCluster interface {
+	Exec() kube.RemoteExecutor
+	FirstLogLine(ctx context.Context, sbx *kube.Sandbox, within time.Duration) (string, error)
+}
+
+// Connection is a pod's agent, ready for the stages.
+type Connection struct {
+	Transport Transport
+	Probe     *wire.Probe
+	// Fallback says why stages go over exec although the runner has an agent CA ("" when they
+	// do not, or when they go over the network).
+	Fallback string
+}
+
+// identityWait bounds the wait for a baked-in agent's first log line. The agent writes it before
+// its pod can turn Ready (when the template has the fence's readiness probe), so it is there at
+// once, but for pods without a probe that have just started.
+const identityWait = 5 * time.Second
 
 // probeAnswer bounds one probe over the pod network: the agent answers in milliseconds.
 const probeAnswer = 3 * time.Second
 
-// tokenTakeover bounds how long the baked-in agent may take to read a token from its stdin.
-const tokenTakeover = 5 * time.Second
-
 // ConnectAgent readies a pod whose template bakes the agent in (sbx.AgentBaked): its stage
-// daemon runs already, so nothing is copied and no process is started. With a token, the token
-// is written to the job container's stdin (attach, not exec: no process start in the pod) and
-// the agent is probed over the pod network at port. Without one, or when the pod cannot be
-// reached, the probe goes over exec and so will the stages.
-func ConnectAgent(ctx context.Context, exec kube.RemoteExecutor, attach kube.Attacher, sbx *kube.Sandbox, port int, token string) (Transport, *wire.Probe, error) {
-	if token != "" {
-		transport, probe, err := handOverToken(ctx, attach, sbx, port, token)
-		if err != nil || transport.Network() {
-			return transport, probe, err
+// daemon runs already, so nothing is copied and no process is started. With ca, the agent's
+// identity is read from the first line of the pod's log (over the API server, not the pod
+// network) and the agent is probed over TLS at the pod's address and port: the job's first connection
+// binds the pod to it. Without ca, or when the pod serves no network path or cannot be reached,
+// the probe goes over exec and so will the stages.
+func ConnectAgent(ctx context.Context, cluster AgentCluster, sbx *kube.Sandbox, port int, ca *agentca.CA, job string) (Connection, error) {
+	var fallback string
+	if ca != nil && sbx.PodIP != "" {
+		line, err := cluster.FirstLogLine(ctx, sbx, identityWait)
+		switch {
+		case errors.Is(err, kube.ErrNoLogLine):
+			fallback = fmt.Sprintf("the agent of pod %s logged no identity within %s (is the agent image older than the executor?)", sbx.Pod, identityWait)
+		case err != nil:
+			return Connection{}, err
+		default:
+			identity, off, ok := wire.ParseFirstLogLine(line)
+			switch {
+			case !ok:
+				fallback = fmt.Sprintf("the first log line of pod %s is not the agent's identity (is the agent image older than the executor?)", sbx.Pod)
+			case identity == "":
+				fallback = "pod " + sbx.Pod + ": " + off
+			default:
+				conn, err := ConnectNetwork(ctx, sbx, port, ca, job, identity)
+				if err != nil || conn.Fallback == "" {
+					return conn, err
+				}
+				fallback = conn.Fallback
+			}
 		}
 	}
+	probe, err := probeOverExec(ctx, cluster.Exec(), sbx)
+	return Connection{Probe: probe, Fallback: fallback}, err
+}
+
+// ConnectNetwork probes the agent of the pod at its address and port over TLS, pinning identity, with a
+// client certificate of ca for job. The network transport and the probe when the agent
+// answered; the exec transport, no probe and the reason when the pod cannot be reached over the
+// network (policy, CNI) or something else answers there; an error when the agent answered but
+// not as it should (another job's pod).
+func ConnectNetwork(ctx context.Context, sbx *kube.Sandbox, port int, ca *agentca.CA, job, identity string) (Connection, error) {
+	if sbx.PodIP == "" {
+		return Connection{Fallback: "pod " + sbx.Pod + " has no IP address"}, nil
+	}
+	config, err := ca.ClientConfig(job, identity)
+	if err != nil {
+		return Connection{}, failure.SystemError(err, "the stage's client certificate: %v", err)
+	}
+	daemon := NewAgentNetwork(sbx.PodIP, port, config, nil)
+	attempt, cancel := context.WithTimeout(ctx, probeAnswer)
+	defer cancel()
+	var stdout bytes.Buffer
+	err = daemon.exec(attempt, kube.ExecRequest{Command: []string{wire.BinaryPath, "probe"}, Stdout: &stdout, Stderr: io.Discard}, nil)
+	if err != nil && ctx.Err() == nil && attempt.Err() != nil {
+		// Something at the pod's address took the connection but never answered: not our
+		// agent, or a wedged one. Exec still reaches the pod.
+		err = fmt.Errorf("%w: %s did not answer within %s", ErrAgentUnreachable, daemon.Addr, probeAnswer)
+	}
+	switch {
+	case err == nil:
+		probe, err := parseProbe(sbx, stdout.Bytes())
+		if err != nil {
+			return Connection{}, err
+		}
+		return Connection{Transport: Transport{AgentIdentity: identity}, Probe: probe}, nil
+	case errors.Is(err, ErrAgentUnreachable):
+		return Connection{Fallback: "the runner cannot reach the agent of pod " + sbx.Pod + ": " + failure.OneLine(err.Error())}, nil
+	case ctx.Err() != nil:
+		return Connection{}, ctx.Err()
+	default:
+		return Connection{}, failure.SystemError(err, "the stage agent in pod %s: %s", sbx.Pod, failure.OneLine(err.Error()))
+	}
+}
+
+func probeOverExec(ctx context.Context, exec kube.RemoteExecutor, sbx *kube.Sandbox) (*wire.Probe, error) {
 	var stdout, stderr bytes.Buffer
 	err := exec.Exec(ctx, kube.ExecRequest{Namespace: sbx.Namespace, Pod: sbx.Pod, Container: sbx.Container, Command: []string{wire.BinaryPath, "probe"}, Stdout: &stdout, Stderr: &stderr})
 	if err != nil {
-		return Transport{}, nil, failure.SystemError(err, "probing the stage agent in pod %s/%s: %s", sbx.Namespace, sbx.Pod, failure.OneLine(strings.TrimSpace(stderr.String()+" "+err.Error())))
+		return nil, failure.SystemError(err, "probing the stage agent in pod %s/%s: %s", sbx.Namespace, sbx.Pod, failure.OneLine(strings.TrimSpace(stderr.String()+" "+err.Error())))
 	}
-	probe, err := parseProbe(sbx, stdout.Bytes())
-	return Transport{}, probe, err
+	return parseProbe(sbx, stdout.Bytes())
 }
 
-// handOverToken writes the token to the job container's stdin (pods/attach) and probes the agent
-// over the pod network meanwhile: the probe answers as soon as the agent has read the token, and
-// the attach stream's own teardown through the kubelet (tens of milliseconds under gVisor) is not
-// waited for. An attach that fails before the agent has the token fails the handover.
-func handOverToken(ctx context.Context, attach kube.Attacher, sbx *kube.Sandbox, port int, token string) (Transport, *wire.Probe, error) {
-	attachCtx, cancelAttach := context.WithCancel(ctx)
-	var attachErr error
-	attached := make(chan struct{})
-	go func() {
-		defer close(attached)
-		attachErr = attach.Attach(attachCtx, kube.ExecRequest{Namespace: sbx.Namespace, Pod: sbx.Pod, Container: sbx.Container, Stdin: strings.NewReader(token + "\n")})
-	}()
-	defer func() {
-		cancelAttach()
-		<-attached // the stream is closed before prepare goes on
-	}()
-	var transport Transport
-	var probe *wire.Probe
-	var probeErr error
-	probed := make(chan struct{})
-	probeCtx, cancelProbe := context.WithCancel(ctx)
-	defer cancelProbe()
-	go func() {
-		defer close(probed)
-		transport, probe, probeErr = ChooseTransport(probeCtx, sbx, port, token)
-	}()
-	select {
-	case <-probed:
-		if probeErr == nil {
-			// The agent has the token (the attach has done its job), or the pod cannot be
-			// reached (stages go over exec, which needs no token).
-			return transport, probe, nil
-		}
-		<-attached // a failed attach is the likelier cause of a refused probe
-	case <-attached:
-		if attachErr != nil {
-			cancelProbe()
-		}
-		<-probed
-	}
-	if attachErr != nil {
-		return Transport{}, nil, failure.SystemError(attachErr, "handing the job's agent token to pod %s/%s (pods/attach): %s", sbx.Namespace, sbx.Pod, failure.OneLine(attachErr.Error()))
-	}
-	return transport, probe, probeErr
-}
-
-// ChooseTransport decides how the stages reach the pod's agent: it asks the agent at the pod's
-// address and port for its probe with token, waiting while the agent has not taken the token
-// yet. The network transport and the probe when the agent answered; the exec transport and no
-// probe when the pod cannot be reached over the network (policy, CNI, no IP); an error when the
-// agent answered but not as it should.
-func ChooseTransport(ctx context.Context, sbx *kube.Sandbox, port int, token string) (Transport, *wire.Probe, error) {
-	if sbx.PodIP == "" {
-		return Transport{}, nil, nil
-	}
-	daemon := &AgentNetwork{
-		Addr:   net.JoinHostPort(sbx.PodIP, strconv.Itoa(port)),
-		Token:  token,
-		dialer: net.Dialer{Timeout: time.Second, KeepAlive: 15 * time.Second},
-	}
-	deadline := time.Now().Add(tokenTakeover)
-	// Short waits: a refusal costs a loopback-fast connection, and the token is usually read
-	// within a few tens of milliseconds of the attach.
-	retry := wait.Backoff{Duration: 2 * time.Millisecond, Factor: 2, Steps: math.MaxInt32, Cap: 20 * time.Millisecond}
-	for {
-		var stdout bytes.Buffer
-		attempt, cancel := context.WithTimeout(ctx, probeAnswer)
-		err := daemon.exec(attempt, kube.ExecRequest{Command: []string{wire.BinaryPath, "probe"}, Stdout: &stdout, Stderr: io.Discard}, nil)
-		if err != nil && ctx.Err() == nil && attempt.Err() != nil {
-			// Something at the pod's address took the connection but never answered: not
-			// our agent, or a wedged one. Exec still reaches the pod.
-			err = fmt.Errorf("%w: %s did not answer within %s", ErrAgentUnreachable, daemon.Addr, probeAnswer)
-		}
-		cancel()
-		var refused *RefusedError
-		switch {
-		case err == nil:
-			probe, err := parseProbe(sbx, stdout.Bytes())
-			if err != nil {
-				return Transport{}, nil, err
-			}
-			return Transport{AgentToken: token}, probe, nil
-		case errors.Is(err, ErrAgentUnreachable):
-			return Transport{}, nil, nil
-		case !errors.As(err, &refused) || time.Now().After(deadline):
-			return Transport{}, nil, failure.SystemError(err, "the stage agent in pod %s: %s", sbx.Pod, failure.OneLine(err.Error()))
-		}
-		// Refused: the daemon has not read the token yet.
-		select {
-		case <-time.After(retry.Step()):
-		case <-ctx.Done():
-			return Transport{}, nil, ctx.Err()
-		}
-	}
-}
+// agentAddr is the agent's address on the pod network.
+func agentAddr(podIP string, port int) string { return net.JoinHostPort(podIP, strconv.Itoa(port)) }

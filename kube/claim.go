@@ -50,11 +50,11 @@ func (c *Claimer) Claim(ctx context.Context, req ClaimRequest) (*Sandbox, error)
 	}
 	waited := c.clock.Since(created)
 	c.step(&since, "SandboxClaim Ready on Sandbox %s", ready.Status.SandboxStatus.Name)
-	sbx, err := c.Resolve(ctx, ready, req.RuntimeClasses)
+	sbx, err := c.resolve(ctx, ready, req.RuntimeClasses, req.AgentLog)
 	if err != nil {
 		return nil, err
 	}
-	c.step(&since, "pod %s found and verified (runtime %s)", sbx.Pod, sbx.RuntimeClass)
+	c.step(&since, "pod %s found and verified (runtime %s, first log line read: %t)", sbx.Pod, sbx.RuntimeClass, sbx.AgentLogLine != "")
 	if sbx.Launch == LaunchWaited {
 		// The wait as this prepare saw it, from the create to Ready: finer than the objects'
 		// seconds (a retried prepare that adopts its claim sees only its own part).
@@ -125,7 +125,22 @@ func (c *Claimer) waitClaimReady(ctx context.Context, claim *extv1beta1.SandboxC
 // Resolve finds the pod behind a Ready claim and fails closed unless it runs an allowed
 // RuntimeClass and belongs to this claim.
 func (c *Claimer) Resolve(ctx context.Context, claim *extv1beta1.SandboxClaim, runtimeClasses []string) (*Sandbox, error) {
+	return c.resolve(ctx, claim, runtimeClasses, false)
+}
+
+// resolve is Resolve, reading the job container's first log line too when agentLog is set.
+func (c *Claimer) resolve(ctx context.Context, claim *extv1beta1.SandboxClaim, runtimeClasses []string, agentLog bool) (*Sandbox, error) {
 	ns, name := claim.Namespace, claim.Status.SandboxStatus.Name
+	// Only a line already there: a pod Ready with the fence's readiness probe has logged it.
+	// Nothing is sent to the pod; the line counts only once the pod is verified below.
+	var logLine string
+	logged := make(chan struct{})
+	go func() {
+		defer close(logged)
+		if agentLog {
+			logLine, _ = headLogLine(ctx, c.clients.Kube, ns, name)
+		}
+	}()
 	// The pod is almost always named like its Sandbox: read both at once, and read the pod the
 	// Sandbox names only if it names another (one round trip saved on every prepare).
 	var guess podRead
@@ -136,12 +151,16 @@ func (c *Claimer) Resolve(ctx context.Context, claim *extv1beta1.SandboxClaim, r
 	}()
 	sbx, err := c.clients.Sandboxes.AgentsV1beta1().Sandboxes(ns).Get(ctx, name, metav1.GetOptions{})
 	<-guessed
+	<-logged
 	if err != nil {
 		return nil, explainAPIError(err, apiCall{"get", Sandboxes.String(), ns, name})
 	}
 	out, err := c.verifiedSandbox(ctx, sbx, &guess, podOwner{claimUID: claim.UID, template: "the SandboxTemplate of pool " + claim.Spec.WarmPoolRef.Name}, runtimeClasses)
 	if err != nil {
 		return nil, err
+	}
+	if out.Pod == name {
+		out.AgentLogLine = logLine
 	}
 	out.Claim = claim.Name
 	out.Pool = claim.Spec.WarmPoolRef.Name

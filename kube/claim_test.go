@@ -60,6 +60,19 @@ func TestClaimCreatesLabelledClaimWithLifecycle(t *testing.T) {
 	}
 }
 
+// A pod whose job container runs the agent baked into its template is told apart by its
+// command alone: such templates give the container no stdin (nothing is written to it).
+func TestClaimSeesABakedAgent(t *testing.T) {
+	for _, baked := range []bool{false, true} {
+		fc := executortest.NewCluster(t)
+		fc.AgentBaked = baked
+		sbx, err := kube.NewClaimer(fc.Clients, testingclock.NewFakePassiveClock(time.Now())).Claim(context.Background(), testRequest())
+		if err != nil || sbx.AgentBaked != baked {
+			t.Errorf("template bakes the agent in: %t; claimed %+v, %v", baked, sbx, err)
+		}
+	}
+}
+
 func TestClaimAdoptsItsOwnClaimOnRetry(t *testing.T) {
 	fc := executortest.NewCluster(t)
 	c := fc.Claimer()

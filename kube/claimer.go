@@ -1,6 +1,7 @@
 package kube
 
 import (
+	"context"
 	"fmt"
 	"time"
 
@@ -21,6 +22,10 @@ type ClaimRequest struct {
 	// Binding is the job's JobBinding: the claim (or cold-started Sandbox) carries it, and only a
 	// job with the same one adopts it.
 	Binding string
+	// AgentLog reads the job container's first log line alongside the pod (Sandbox.AgentLogLine):
+	// the network transport pins the agent's key from it, and reading it here saves prepare a
+	// round trip after the claim.
+	AgentLog bool
 }
 
 // Job is what the cluster is told of a job: who it is (labels), its image (cold starts) and its
@@ -65,5 +70,14 @@ func (c *Claimer) shutdownTime(req ClaimRequest) metav1.Time {
 // Exec is the transport that runs commands in job pods (pods/exec).
 func (c *Claimer) Exec() RemoteExecutor { return c.clients.Exec }
 
-// Attach writes to the stdin of a job container (pods/attach).
-func (c *Claimer) Attach() Attacher { return c.clients.Attach }
+// FirstLogLine is the first line a job container wrote to its stdout (the pod's log, through
+// the API server), waiting up to within for it (a log is followed, not polled).
+func (c *Claimer) FirstLogLine(ctx context.Context, sbx *Sandbox, within time.Duration) (string, error) {
+	if sbx.AgentLogLine != "" {
+		return sbx.AgentLogLine, nil // read with the pod
+	}
+	since := c.clock.Now()
+	line, err := firstLogLine(ctx, c.clients.Kube, sbx.Namespace, sbx.Pod, sbx.Container, within)
+	c.step(&since, "first log line of pod %s read", sbx.Pod)
+	return line, err
+}

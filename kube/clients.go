@@ -20,7 +20,6 @@ type Clients struct {
 	Sandboxes  sandboxclient.Interface
 	Extensions extclient.Interface
 	Exec       RemoteExecutor
-	Attach     Attacher
 }
 
 // RESTConfig builds the client config: kubeconfig and context from the config file, else the
@@ -74,5 +73,5 @@ func NewClients(cfg *config.Config) (*Clients, error) {
 		return nil, failure.PermanentError(err, "agent-sandbox extensions client")
 	}
 	pe := &podExec{config: rc, kube: kube}
-	return &Clients{Kube: kube, Sandboxes: sbx, Extensions: ext, Exec: pe, Attach: pe}, nil
+	return &Clients{Kube: kube, Sandboxes: sbx, Extensions: ext, Exec: pe}, nil
 }

@@ -27,11 +27,6 @@ type ExecRequest struct {
 	Stdout, Stderr            io.Writer
 }
 
-// Attacher writes to the stdin of a container's main process (pods/attach).
-type Attacher interface {
-	Attach(ctx context.Context, req ExecRequest) error
-}
-
 // RemoteExecutor runs a command in a pod. Exec returns nil when the command exits 0, an
 // *ExitError when it exits non-zero, and any other error when the stream itself failed.
 type RemoteExecutor interface {
@@ -58,13 +53,6 @@ func (p *podExec) Exec(ctx context.Context, req ExecRequest) error {
 		Stdout:    req.Stdout != nil,
 		Stderr:    req.Stderr != nil,
 	}, req)
-}
-
-// Attach writes req.Stdin to the stdin of the container's main process (pods/attach). Unlike
-// an exec, it starts no process in the pod: under gVisor, about a third of the time.
-func (p *podExec) Attach(ctx context.Context, req ExecRequest) error {
-	req.Stdout, req.Stderr = nil, nil
-	return p.stream(ctx, "attach", &corev1.PodAttachOptions{Container: req.Container, Stdin: true}, req)
 }
 
 func (p *podExec) stream(ctx context.Context, subresource string, options runtime.Object, req ExecRequest) error {

@@ -41,9 +41,7 @@ var RequiredPermissions = []Permission{
 	// older API servers, create where AuthorizePodWebsocketUpgradeCreatePermission is on).
 	{"", "pods/exec", "create", "prepare, run: the in-pod agent over exec"},
 	{"", "pods/exec", "get", "prepare, run: the in-pod agent over exec (WebSocket)"},
-	// Attach follows the same POST/WebSocket rules as exec.
-	{"", "pods/attach", "create", "prepare: hand the job's token to a baked-in agent (ConnectAgent)"},
-	{"", "pods/attach", "get", "prepare: hand the job's token to a baked-in agent (WebSocket)"},
+	{"", "pods/log", "get", "prepare: pin a baked-in agent's key from the first line of its pod's log (ConnectAgent)"},
 }
 
 // ColdStartPermissions is what unknown_image = "cold" needs beyond RequiredPermissions: creating

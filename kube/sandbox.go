@@ -29,8 +29,11 @@ type Sandbox struct {
 	ColdTemplate string
 	PodIP        string
 	// AgentBaked: the pod's template bakes the agent in (wire.PodAgentPath runs as the job
-	// container's command, with stdin open), so its stage daemon runs from the pod's start.
+	// container's command), so its stage daemon runs from the pod's start.
 	AgentBaked bool
+	// AgentLogLine is the job container's first log line, read with the pod at prepare when the
+	// claim asked for it (ClaimRequest.AgentLog); not kept in the job's state.
+	AgentLogLine string
 	// Restarts is the job container's restart count when the job took the pod. A restart
 	// (a memory or fork bomb ending the container, say) loses the job's processes, files and
 	// the agent that runs its stages: a higher count ends the job at once.

@@ -59,8 +59,9 @@ func (c *Claimer) verifiedSandbox(ctx context.Context, sbx *sandboxv1beta1.Sandb
 	return out, nil
 }
 
+// agentBaked: the job container runs the agent the template baked in (its "serve").
 func agentBaked(c *corev1.Container) bool {
-	return len(c.Command) > 0 && c.Command[0] == wire.PodAgentPath && c.Stdin
+	return len(c.Command) > 0 && c.Command[0] == wire.PodAgentPath
 }
 
 // podOwner is what a job pod must belong to, and the template that decides its isolation.

@@ -11,7 +11,9 @@ import (
 
 	"k8s.io/utils/clock"
 
+	"github.com/sandbox-executor/sandbox-executor/agentca"
 	"github.com/sandbox-executor/sandbox-executor/config"
+	"github.com/sandbox-executor/sandbox-executor/failure"
 	"github.com/sandbox-executor/sandbox-executor/gitlab"
 	"github.com/sandbox-executor/sandbox-executor/kube"
 )
@@ -49,7 +51,7 @@ type Cluster interface {
 	Release(ctx context.Context, namespace, claim, binding string, outcome kube.Outcome) error
 	ReleaseColdStart(ctx context.Context, namespace, name, binding string, outcome kube.Outcome) error
 	Exec() kube.RemoteExecutor
-	Attach() kube.Attacher
+	FirstLogLine(ctx context.Context, sbx *kube.Sandbox, within time.Duration) (string, error)
 }
 
 // Elapsed is the time since this invocation began (since the stage's own start when Started is
@@ -105,6 +107,22 @@ func (e *Env) ClaimName(job *gitlab.Job) string {
 // other job with the same claim name adopts, runs in or releases it.
 func (e *Env) Binding(job *gitlab.Job) string {
 	return kube.JobBinding(job.Token, e.Config.Namespace, e.ClaimName(job))
+}
+
+// AgentCA is the agent CA the network transport's client certificates come from; nil when the
+// stages go over exec.
+func (e *Env) AgentCA() (*agentca.CA, error) {
+	if e.Config.StageTransport != config.TransportNetwork {
+		return nil, nil
+	}
+	ca, err := agentca.Load(e.Config.AgentCACert, e.Config.AgentCAKey)
+	if err != nil {
+		return nil, failure.PermanentError(nil, "agent CA (agent_ca_cert, agent_ca_key in %s): %v", e.Config.Path(), err)
+	}
+	if now := e.Clock.Now(); now.After(ca.NotAfter()) {
+		return nil, failure.PermanentError(nil, "agent CA %s expired on %s: make a new one and roll it out (docs/security.md#rotating-the-agent-ca)", e.Config.AgentCACert, ca.NotAfter().Format(time.DateOnly))
+	}
+	return ca, nil
 }
 
 // AgentNextTo is the default agent binary path: beside the executor binary.

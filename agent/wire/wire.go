@@ -6,7 +6,9 @@
 //
 //	BaseDir/agent                the agent binary
 //	BaseDir/bin/                 tools put first on every stage's PATH
-//	BaseDir/agent.sock           the job's stage daemon (started by "init" at prepare)
+//	BaseDir/agent.sock           the job's stage daemon (started by "serve" or "init")
+//	BaseDir/client-ca.pem        the agent CA's certificate(s) the network path trusts
+//	BaseDir/identity             the daemon's network identity (IdentityOf), public
 //	BaseDir/stages/<id>/script   the stage script, delivered over exec stdin
 //	BaseDir/stages/<id>/out      stdout and stderr of the stage, merged as a job log is
 //	BaseDir/stages/<id>/pgid     the stage's process group, written once it runs
@@ -16,8 +18,10 @@
 package wire
 
 import (
+	"crypto/sha256"
 	"encoding/base64"
 	"encoding/binary"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -110,6 +114,8 @@ type Probe struct {
 	KernelRelease string `json:"kernel_release"`
 	KernelVersion string `json:"kernel_version"`
 	UID           int    `json:"uid"`
+	// Identity is the agent's network identity (IdentityOf) when it serves the network path.
+	Identity string `json:"identity,omitempty"`
 }
 
 // HeartbeatEvery is how often a silent stage's stream carries a heartbeat: it keeps proxies from
@@ -122,18 +128,74 @@ const PodAgentPath = "/opt/sandbox-executor/agent"
 
 // The stage daemon can also serve agent commands over the pod network, so that a runner in the
 // cluster runs a stage with one TCP connection instead of an exec through the API server and the
-// kubelet. A connection carries one command: a header line "SBX1 <token> <base64 JSON args>
-// <stdin length>", then the stdin bytes; the answer is frames (stdout, stderr, exit). Plain TCP
-// rather than HTTP keeps net/http, and megabytes, out of the agent copied into every pod.
+// kubelet. The connection is TLS 1.3, mutually authenticated: the agent presents a key it made
+// when the pod started (its identity, which the executor pins: it reads it from the pod's log,
+// over the API server, or from the install exec), and the executor presents a client certificate
+// for one job, signed by the installation's agent CA, whose certificate the pod trusts through
+// its SandboxTemplate (ClientCAEnv) and whose key never enters a pod. A connection carries one
+// command: a header line "SBX2 <base64 JSON args> <stdin length>", then the stdin bytes; the
+// answer is frames (stdout, stderr, exit). Plain framing over TLS rather than HTTP keeps
+// net/http, and megabytes, out of the agent copied into every pod.
 
-// NetworkPort is where the daemon listens in the pod when prepare asks for the network path.
+// NetworkPort is where the daemon listens in the pod when it serves the network path.
 const NetworkPort = 7543
 
-// ExitRefused is the exit code of a network request the agent refused (bad token or arguments).
-const ExitRefused = 126
+// ClientCAEnv names the job container's environment variable that holds the agent CA's
+// certificate(s), PEM: the executors whose client certificates the agent accepts. Templates set
+// it from a ConfigMap; without it the agent serves no network path and stages go over exec.
+const ClientCAEnv = "SANDBOX_EXECUTOR_AGENT_CLIENT_CA"
 
-// MinTokenLen keeps guessable tokens out: the executor makes 64 hex characters.
-const MinTokenLen = 32
+// JobURIPrefix starts the URI SAN of an executor's client certificate; the rest is the job's
+// binding (a keyed hash of its token, as on its claim). The agent serves the first job that
+// reaches it and refuses every other: a pod belongs to one job.
+const JobURIPrefix = "urn:sandbox-executor:job:"
+
+// The agent's first line on the container's stdout, which the kubelet keeps as the pod's log:
+// either its identity (the SHA-256 of its public key) or why it serves no network path.
+const (
+	identityLinePrefix = "sandbox-executor-agent: identity "
+	networkOffPrefix   = "sandbox-executor-agent: network path off: "
+)
+
+// IdentityLine is the agent's first log line when it serves the network path.
+func IdentityLine(identity string) string { return identityLinePrefix + identity + "\n" }
+
+// NetworkOffLine is the agent's first log line when it serves no network path.
+func NetworkOffLine(reason string) string { return networkOffPrefix + reason + "\n" }
+
+// ParseFirstLogLine reads the agent's first log line: its identity, or off with the reason it
+// serves no network path. ok is false for any other line: not our agent, or not yet started.
+func ParseFirstLogLine(line string) (identity string, offReason string, ok bool) {
+	line = strings.TrimRight(line, "\r\n")
+	if v, found := strings.CutPrefix(line, identityLinePrefix); found && ValidIdentity(v) {
+		return v, "", true
+	}
+	if v, found := strings.CutPrefix(line, networkOffPrefix); found {
+		return "", v, true
+	}
+	return "", "", false
+}
+
+// IdentityOf is how an agent's key is named: "sha256:" and the hex SHA-256 of its
+// SubjectPublicKeyInfo (DER).
+func IdentityOf(spki []byte) string {
+	sum := sha256.Sum256(spki)
+	return "sha256:" + hex.EncodeToString(sum[:])
+}
+
+// ValidIdentity reports whether s is an identity as IdentityOf makes them.
+func ValidIdentity(s string) bool {
+	v, found := strings.CutPrefix(s, "sha256:")
+	if !found || len(v) != 2*sha256.Size {
+		return false
+	}
+	_, err := hex.DecodeString(v)
+	return err == nil
+}
+
+// ExitRefused is the exit code of a network request the agent refused (another job's, or bad
+// arguments).
+const ExitRefused = 126
 
 // Frame types on the wire: a byte, a big-endian uint32 length, the payload.
 const (
@@ -143,14 +205,13 @@ const (
 )
 
 // RequestHeader is the first line of a network request.
-func RequestHeader(token string, args []string, stdinLen int) string {
+func RequestHeader(args []string, stdinLen int) string {
 	encoded, _ := json.Marshal(args)
-	return fmt.Sprintf("SBX1 %s %s %d\n", token, base64.StdEncoding.EncodeToString(encoded), stdinLen)
+	return fmt.Sprintf("SBX2 %s %d\n", base64.StdEncoding.EncodeToString(encoded), stdinLen)
 }
 
 // Request is a parsed request header.
 type Request struct {
-	Token    string
 	Args     []string
 	StdinLen int
 }
@@ -159,17 +220,17 @@ type Request struct {
 // answers a malformed one with.
 func ParseRequestHeader(line string) (Request, error) {
 	fields := strings.Fields(line)
-	if len(fields) != 4 || fields[0] != "SBX1" {
-		return Request{}, errors.New("unauthorized")
+	if len(fields) != 3 || fields[0] != "SBX2" {
+		return Request{}, errors.New("not a sandbox-executor request (SBX2)")
 	}
-	req := Request{Token: fields[1]}
-	encoded, err := base64.StdEncoding.DecodeString(fields[2])
+	var req Request
+	encoded, err := base64.StdEncoding.DecodeString(fields[1])
 	if err != nil || json.Unmarshal(encoded, &req.Args) != nil || len(req.Args) == 0 {
-		return Request{Token: req.Token}, errors.New("bad arguments")
+		return Request{}, errors.New("bad arguments")
 	}
-	req.StdinLen, err = strconv.Atoi(fields[3])
+	req.StdinLen, err = strconv.Atoi(fields[2])
 	if err != nil || req.StdinLen < 0 {
-		return Request{Token: req.Token, Args: req.Args}, errors.New("bad stdin length")
+		return Request{}, errors.New("bad stdin length")
 	}
 	return req, nil
 }

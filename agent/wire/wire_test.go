@@ -27,13 +27,34 @@ func TestControlLinesRoundTrip(t *testing.T) {
 
 func TestRequestHeaderRoundTrip(t *testing.T) {
 	args := []string{"start", "--dir", "/tmp/x y", "--size", "3"}
-	got, err := wire.ParseRequestHeader(wire.RequestHeader("tok", args, 3))
-	if err != nil || got.Token != "tok" || !reflect.DeepEqual(got.Args, args) || got.StdinLen != 3 {
+	got, err := wire.ParseRequestHeader(wire.RequestHeader(args, 3))
+	if err != nil || !reflect.DeepEqual(got.Args, args) || got.StdinLen != 3 {
 		t.Fatalf("ParseRequestHeader = %+v, %v", got, err)
 	}
-	for _, bad := range []string{"", "SBX2 tok e30= 0\n", "SBX1 tok !!! 0\n", "SBX1 tok WyJwcm9iZSJd -1\n"} {
+	// SBX1 carried a token in clear: an agent of this version refuses it.
+	for _, bad := range []string{"", "SBX1 tok WyJwcm9iZSJd 0\n", "SBX2 e30= 0\n", "SBX2 !!! 0\n", "SBX2 WyJwcm9iZSJd -1\n"} {
 		if _, err := wire.ParseRequestHeader(bad); err == nil {
 			t.Errorf("ParseRequestHeader(%q) accepted", bad)
+		}
+	}
+}
+
+func TestFirstLogLine(t *testing.T) {
+	identity := wire.IdentityOf([]byte("a public key"))
+	if !wire.ValidIdentity(identity) {
+		t.Fatalf("IdentityOf made %q, which ValidIdentity refuses", identity)
+	}
+	got, off, ok := wire.ParseFirstLogLine(wire.IdentityLine(identity))
+	if !ok || got != identity || off != "" {
+		t.Errorf("identity line parsed as %q, %q, %t", got, off, ok)
+	}
+	got, off, ok = wire.ParseFirstLogLine(wire.NetworkOffLine("no client CA"))
+	if !ok || got != "" || off != "no client CA" {
+		t.Errorf("network-off line parsed as %q, %q, %t", got, off, ok)
+	}
+	for _, other := range []string{"", "hello", "sandbox-executor-agent: identity sha256:abc", "sandbox-executor-agent: identity " + identity[:20]} {
+		if _, _, ok := wire.ParseFirstLogLine(other); ok {
+			t.Errorf("ParseFirstLogLine(%q) accepted", other)
 		}
 	}
 }

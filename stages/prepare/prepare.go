@@ -14,6 +14,7 @@ import (
 	"github.com/sandbox-executor/sandbox-executor/kube"
 
 	"github.com/sandbox-executor/sandbox-executor/agent/wire"
+	"github.com/sandbox-executor/sandbox-executor/agentca"
 	"github.com/sandbox-executor/sandbox-executor/config"
 	"github.com/sandbox-executor/sandbox-executor/executor"
 	"github.com/sandbox-executor/sandbox-executor/stages"
@@ -47,6 +48,7 @@ func Run(ctx context.Context, env *stages.Env) error {
 		ReadyTimeout:   env.Config.ReadyTimeout.Duration,
 		RuntimeClasses: env.Config.RuntimeClasses,
 		Binding:        env.Binding(job),
+		AgentLog:       env.Config.StageTransport == config.TransportNetwork,
 	}
 	var sbx *kube.Sandbox
 	var endSection func()
@@ -64,31 +66,25 @@ func Run(ctx context.Context, env *stages.Env) error {
 	}
 	claimed := env.Clock.Since(start)
 	log.Debugf("Sandbox acquired %s after prepare started", gitlab.Millis(claimed))
-	var token string
-	if env.Config.StageTransport == config.TransportNetwork {
-		token = executor.NewAgentToken()
+	ca, err := env.AgentCA()
+	if err != nil {
+		endSection()
+		return err
 	}
-	var probe *wire.Probe
-	var transport executor.Transport
+	var conn executor.Connection
 	agentStart := env.Clock.Now()
 	if sbx.AgentBaked {
-		transport, probe, err = executor.ConnectAgent(ctx, cluster.Exec(), cluster.Attach(), sbx, wire.NetworkPort, token)
+		conn, err = executor.ConnectAgent(ctx, cluster, sbx, wire.NetworkPort, ca, req.Binding)
 	} else {
-		// Only pods without a baked agent need the binary: read it here, not on every prepare.
-		var agentBinary []byte
-		if agentBinary, err = readAgent(env.Config); err == nil {
-			probe, err = executor.InstallAgent(ctx, cluster.Exec(), sbx, agentBinary, token)
-		}
-		if err == nil && token != "" {
-			transport, _, err = executor.ChooseTransport(ctx, sbx, wire.NetworkPort, token)
-		}
+		conn, err = installAgent(ctx, env, cluster, sbx, ca, req.Binding)
 	}
 	if err != nil {
 		endSection()
 		return err
 	}
-	log.Debugf("Stage agent ready (baked in: %t, token over attach: %t) in %s", sbx.AgentBaked, sbx.AgentBaked && token != "", gitlab.Millis(env.Clock.Since(agentStart)))
-	if err := checkFence(ctx, env, cluster, sbx, transport, req); err != nil {
+	transport, probe := conn.Transport, conn.Probe
+	log.Debugf("Stage agent ready (baked in: %t) in %s", sbx.AgentBaked, gitlab.Millis(env.Clock.Since(agentStart)))
+	if err := checkFence(ctx, env, cluster, sbx, transport, ca, req); err != nil {
 		endSection()
 		return err
 	}
@@ -107,8 +103,8 @@ func Run(ctx context.Context, env *stages.Env) error {
 	}
 	endSection()
 	origin, acquired := sbx.Origin()
-	if token != "" && !transport.Network() {
-		log.Warnf("The runner cannot reach pod %s at %s:%d: stages go over exec (slower)", sbx.Pod, sbx.PodIP, wire.NetworkPort)
+	if conn.Fallback != "" {
+		log.Warnf("Stages go over exec (slower): %s", conn.Fallback)
 	}
 	log.Infof("Sandbox ready: %s, pod %s/%s, runtime %s, kernel %s, shell %s, stages over %s, %s in %s, ready in %s",
 		origin, sbx.Namespace, sbx.Pod, sbx.RuntimeClass, probe.KernelRelease, probe.Shell, transport,
@@ -117,6 +113,28 @@ func Run(ctx context.Context, env *stages.Env) error {
 		log.Infof("%s", line)
 	}
 	return nil
+}
+
+// installAgent copies the agent into a pod whose template does not bake it in, over exec, and
+// with ca connects to it over the pod network: the install exec reports its identity.
+func installAgent(ctx context.Context, env *stages.Env, cluster stages.Cluster, sbx *kube.Sandbox, ca *agentca.CA, binding string) (executor.Connection, error) {
+	// Only pods without a baked agent need the binary: read it here, not on every prepare.
+	agentBinary, err := readAgent(env.Config)
+	if err != nil {
+		return executor.Connection{}, err
+	}
+	probe, err := executor.InstallAgent(ctx, cluster.Exec(), sbx, agentBinary, ca)
+	if err != nil || ca == nil {
+		return executor.Connection{Probe: probe}, err
+	}
+	if probe.Identity == "" {
+		return executor.Connection{Probe: probe, Fallback: "the agent installed in pod " + sbx.Pod + " serves no network path"}, nil
+	}
+	conn, err := executor.ConnectNetwork(ctx, sbx, wire.NetworkPort, ca, binding, probe.Identity)
+	if conn.Probe == nil {
+		conn.Probe = probe
+	}
+	return conn, err
 }
 
 // claimFromPool claims the job's sandbox from its warm pool, with drained_pool = "wait" first
@@ -154,10 +172,14 @@ func claimFromPool(ctx context.Context, env *stages.Env, cluster stages.Cluster,
 // being handed out, but the policy can lapse between its last probe and this job. A fence that
 // does not hold is a system failure, and the pod is released first, so that the runner's retry
 // claims another sandbox instead of adopting this one.
-func checkFence(ctx context.Context, env *stages.Env, cluster stages.Cluster, sbx *kube.Sandbox, transport executor.Transport, req kube.ClaimRequest) error {
+func checkFence(ctx context.Context, env *stages.Env, cluster stages.Cluster, sbx *kube.Sandbox, transport executor.Transport, ca *agentca.CA, req kube.ClaimRequest) error {
 	log := env.Log()
 	since := env.Clock.Now()
-	report, err := executor.CheckFence(ctx, transport.Executor(sbx, cluster.Exec()), sbx)
+	agent, err := transport.Executor(sbx, cluster.Exec(), ca, req.Binding)
+	if err != nil {
+		return err
+	}
+	report, err := executor.CheckFence(ctx, agent, sbx)
 	if err != nil {
 		return err
 	}

@@ -42,8 +42,16 @@ func Run(ctx context.Context, env *stages.Env, scriptPath, stageName string) err
 		return err
 	}
 	sbx := state.Sandbox
+	ca, err := env.AgentCA()
+	if err != nil {
+		return err
+	}
+	agent, err := state.Transport.Executor(sbx, cluster.Exec(), ca, env.Binding(job))
+	if err != nil {
+		return err
+	}
 	runner := &executor.StageRunner{
-		Exec:       state.Transport.Executor(sbx, cluster.Exec()),
+		Exec:       agent,
 		Sandbox:    sbx,
 		PodGone:    func(ctx context.Context) (string, error) { return cluster.PodGone(ctx, sbx) },
 		Log:        env.Log(),

@@ -1,6 +1,7 @@
 package charttest_test
 
 import (
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -117,8 +118,8 @@ func TestEverythingFollowsTheReleaseNamespace(t *testing.T) {
 			if cfg.Namespace != vs.namespace || cfg.Kubeconfig != "" {
 				t.Errorf("executor config: namespace %q, kubeconfig %q; want %q and the in-cluster ServiceAccount", cfg.Namespace, cfg.Kubeconfig, vs.namespace)
 			}
-			if cfg.StageTransport != config.TransportNetwork {
-				t.Errorf("executor config: stage_transport %q, want the default, network", cfg.StageTransport)
+			if cfg.StageTransport != config.TransportExec {
+				t.Errorf("gc's executor config: stage_transport %q, want exec (gc runs no stages, and has no agent CA)", cfg.StageTransport)
 			}
 			for _, p := range cfg.Pools {
 				var pool extv1beta1.SandboxWarmPool
@@ -412,7 +413,11 @@ func executorConfig(t *testing.T, objs *charttest.Objects, release string) *conf
 			extra = append(extra, l)
 		}
 	}
-	if want := []string{`agent_binary = "/usr/local/bin/sandbox-executor-agent"`, `helper_binary = "/usr/bin/gitlab-runner-helper"`}; !slices.Equal(extra, want) {
+	want := []string{`agent_binary = "/usr/local/bin/sandbox-executor-agent"`, `helper_binary = "/usr/bin/gitlab-runner-helper"`}
+	if strings.Contains(cm.Data["config.toml"], "agent_ca_key") {
+		want = append(want, `agent_ca_cert = "/etc/sandbox-executor/agent-ca/tls.crt"`, `agent_ca_key = "/etc/sandbox-executor/agent-ca/tls.key"`, `stage_transport = "network"`)
+	}
+	if !slices.Equal(extra, want) {
 		t.Errorf("config.toml differs from gc.toml by %q, want only %q", extra, want)
 	}
 	return cfg
@@ -519,5 +524,49 @@ func TestDuoFlowValues(t *testing.T) {
 	}
 	if !slices.Contains(mounts, "/builds") || !slices.Contains(mounts, "/cache") {
 		t.Errorf("the hardened image's mounts %v lack /builds or /cache", mounts)
+	}
+}
+
+// With agentTLS, job pods trust the agent CA's certificate from its ConfigMap, the runner pods
+// alone mount its key from the Secret, and the runner's stages go over the network; without
+// it, over exec, and job pods get no CA.
+func TestAgentTLS(t *testing.T) {
+	for _, enabled := range []bool{true, false} {
+		const release = "sandbox-executor"
+		objs := charttest.Render(t, release, "ci-sandbox", fmt.Sprintf("agentTLS: {enabled: %t, name: my-agent-ca}\n", enabled))
+		var cm corev1.ConfigMap
+		objs.Decode(t, "ConfigMap", fullname(release)+"-config", &cm)
+		runnerConfig := cm.Data["config.toml"]
+		if got := strings.Contains(runnerConfig, `stage_transport = "network"`) && strings.Contains(runnerConfig, `agent_ca_key = "/etc/sandbox-executor/agent-ca/tls.key"`); got != enabled {
+			t.Errorf("agentTLS %t: the runner's config says network with the agent CA: %t\n%s", enabled, got, runnerConfig)
+		}
+		var tmpl struct {
+			Spec struct {
+				PodTemplate struct {
+					Spec corev1.PodSpec `json:"spec"`
+				} `json:"podTemplate"`
+			} `json:"spec"`
+		}
+		objs.Decode(t, "SandboxTemplate", "duo-gvisor", &tmpl)
+		var trusted bool
+		for _, e := range tmpl.Spec.PodTemplate.Spec.Containers[0].Env {
+			if e.Name == "SANDBOX_EXECUTOR_AGENT_CLIENT_CA" {
+				trusted = e.ValueFrom != nil && e.ValueFrom.ConfigMapKeyRef != nil && e.ValueFrom.ConfigMapKeyRef.Name == "my-agent-ca" && e.Value == ""
+			}
+		}
+		if trusted != enabled {
+			t.Errorf("agentTLS %t: job pods trust the CA from ConfigMap my-agent-ca: %t", enabled, trusted)
+		}
+		for _, pod := range ourPods(t, objs) {
+			mounted := false
+			for _, v := range pod.Volumes {
+				if v.Secret != nil && v.Secret.SecretName == "my-agent-ca" {
+					mounted = true
+				}
+			}
+			if want := enabled && strings.HasSuffix(pod.name, "-runner"); mounted != want {
+				t.Errorf("agentTLS %t: pod %s mounts the agent CA's key: %t, want %t", enabled, pod.name, mounted, want)
+			}
+		}
 	}
 }

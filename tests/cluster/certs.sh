@@ -24,6 +24,19 @@ make_ca() {
     -out "$CLUSTER_PKI/ca.crt" 2>/dev/null
 }
 
+# make_agent_ca: the agent CA of the executors that run jobs on this cluster (docs/security.md):
+# ECDSA P-256, as `sandbox-executor tls init` makes it. The executor's config names both files;
+# the job pods trust the certificate (ConfigMap sandbox-executor-agent-ca, up.sh).
+make_agent_ca() {
+  local p=$CLUSTER_PKI
+  [[ -f $p/agent-ca.key && -f $p/agent-ca.crt ]] && return 0
+  openssl genpkey -algorithm EC -pkeyopt ec_paramgen_curve:P-256 -out "$p/agent-ca.key" 2>/dev/null
+  chmod 600 "$p/agent-ca.key"
+  openssl req -x509 -new -key "$p/agent-ca.key" -subj "/CN=sandbox-executor-local-agent-ca" -days "$CERT_DAYS" \
+    -addext "basicConstraints=critical,CA:TRUE,pathlen:0" -addext "keyUsage=critical,keyCertSign" \
+    -out "$p/agent-ca.crt" 2>/dev/null
+}
+
 # make_cert NAME CN ORG SANS USAGE(server|client): signed by our CA, skipped if present.
 make_cert() {
   local name=$1 cn=$2 org=$3 sans=$4 usage=$5 p=$CLUSTER_PKI
@@ -85,6 +98,7 @@ pki() {
     stamp_write "$CLUSTER_PKI/identity" "$identity"
   fi
   make_ca
+  make_agent_ca
   # The first address of the service CIDR is the `kubernetes` Service's ClusterIP.
   local svc_ip
   svc_ip=$(echo "${SERVICE_CIDR%/*}" | awk -F. '{print $1"."$2"."$3"."$4+1}')

@@ -110,7 +110,7 @@ kind: Pod
 metadata:
   name: $1
   namespace: $CHECK_NAMESPACE
-  labels: {app.kubernetes.io/name: cluster-check}
+  labels: {app.kubernetes.io/name: cluster-check, sandbox-executor.io/check-pid: "$$"}
 spec:
   ${3:+runtimeClassName: $3}
   automountServiceAccountToken: false
@@ -131,8 +131,16 @@ RUNC_POD=runc-posix-$$
 # Created first and awaited last, so the sandboxes boot while the other checks run.
 create_check_pods() {
   kubectl_admin create namespace "$CHECK_NAMESPACE" --dry-run=client -o yaml | kubectl_admin apply -f - >/dev/null
-  # Leftovers of an interrupted earlier run.
-  kubectl_admin -n "$CHECK_NAMESPACE" delete pod -l app.kubernetes.io/name=cluster-check --wait=false >/dev/null 2>&1 || true
+  # Leftovers of an interrupted earlier run: pods whose check.sh is gone. Another check.sh may
+  # be running (suites check the cluster before they start): its pods are left alone.
+  local pod pid
+  while read -r pod pid; do
+    [[ -n $pod ]] || continue
+    if [[ -z $pid ]] || ! kill -0 "$pid" 2>/dev/null; then
+      kubectl_admin -n "$CHECK_NAMESPACE" delete pod "$pod" --wait=false >/dev/null 2>&1 || true
+    fi
+  done < <(kubectl_admin -n "$CHECK_NAMESPACE" get pods -l app.kubernetes.io/name=cluster-check \
+    -o jsonpath='{range .items[*]}{.metadata.name} {.metadata.labels.sandbox-executor\.io/check-pid}{"\n"}{end}' 2>/dev/null)
   # Pods are rejected until the namespace's default ServiceAccount exists.
   wait_until "ServiceAccount $CHECK_NAMESPACE/default" 30 kubectl_admin -n "$CHECK_NAMESPACE" get serviceaccount default 2>/dev/null
   {

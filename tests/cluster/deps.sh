@@ -13,7 +13,7 @@
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
-HOST_PACKAGES=(runc containernetworking-plugins debootstrap iptables ipset gcc libc6-dev curl
+HOST_PACKAGES=(runc containernetworking-plugins debootstrap iptables ipset gcc libc6-dev curl tcpdump
   openssl ca-certificates iproute2 util-linux procps tar git python3)
 
 missing_packages() {

@@ -25,6 +25,15 @@ apply_deploy() {
     -f "$DEPLOY_DIR/values.yaml" --set "images.agent=$agent_ref" | kubectl_admin apply -f -
 }
 
+# apply_agent_ca: the job pods' trust in the executors (ConfigMap sandbox-executor-agent-ca,
+# key ca.crt, which the templates put into SANDBOX_EXECUTOR_AGENT_CLIENT_CA), before the pools
+# start pods that read it.
+apply_agent_ca() {
+  kubectl_admin create namespace "$EXECUTOR_NAMESPACE" --dry-run=client -o yaml | kubectl_admin apply -f - >/dev/null
+  kubectl_admin -n "$EXECUTOR_NAMESPACE" create configmap sandbox-executor-agent-ca \
+    --from-file=ca.crt="$CLUSTER_PKI/agent-ca.crt" --dry-run=client -o yaml | kubectl_admin apply -f - >/dev/null
+}
+
 apply_runtimeclass() { kubectl_admin apply -f "$D/manifests/runtimeclass.yaml" >/dev/null; }
 
 finish() {
@@ -62,6 +71,7 @@ main() {
   step "cluster DNS" "$D/dns.sh" up
   step "egress proxy" "$D/egress-proxy.sh" up
   step "agent-sandbox" "$D/agent-sandbox.sh" up
+  step "agent CA" apply_agent_ca
   step "apply the chart (deploy/local/values.yaml)" apply_deploy
   step "warm pool $WARM_POOL ready" wait_until "warm pool $EXECUTOR_NAMESPACE/$WARM_POOL ready" 300 warm_pool_state
   step "executor kubeconfig" "$D/certs.sh" executor-kubeconfig

@@ -28,7 +28,9 @@ import (
 	sandboxv1beta1 "sigs.k8s.io/agent-sandbox/api/v1beta1"
 	extv1beta1 "sigs.k8s.io/agent-sandbox/extensions/api/v1beta1"
 
+	"github.com/sandbox-executor/sandbox-executor/agentca"
 	"github.com/sandbox-executor/sandbox-executor/config"
+	"github.com/sandbox-executor/sandbox-executor/executor"
 	"github.com/sandbox-executor/sandbox-executor/tests/fakegitlab"
 	"github.com/sandbox-executor/sandbox-executor/tests/localcluster"
 	"github.com/sandbox-executor/sandbox-executor/tests/runner"
@@ -176,9 +178,10 @@ type JobSpec struct {
 // Job is one job, run stage by stage through our binary.
 type Job struct {
 	*Runner
-	ID  int64
-	Dir string // the runner's per-job temporary directory (TMPDIR)
-	env []string
+	ID    int64
+	Dir   string // the runner's per-job temporary directory (TMPDIR)
+	token string
+	env   []string
 	// Pod is the job's pod, known after a successful Prepare.
 	Pod, PodUID string
 	// Results are the job's stages so far, in order.
@@ -196,7 +199,7 @@ func (r *Runner) NewJob(t testing.TB, spec JobSpec) *Job {
 	if spec.Token == "" {
 		spec.Token = "glcbt-clustertest-token"
 	}
-	j := &Job{Runner: r, ID: spec.ID, Dir: t.TempDir()}
+	j := &Job{Runner: r, ID: spec.ID, Dir: t.TempDir(), token: spec.Token}
 	if j.ID == 0 {
 		j.ID = fakegitlab.NextJobID()
 	}
@@ -355,6 +358,26 @@ func (j *Job) MustRun(t testing.TB, body string) Result {
 
 // ClaimName is the job's SandboxClaim.
 func (j *Job) ClaimName() string { return kube.ClaimName(j.Runner.Name, j.ID) }
+
+// AgentExecutor is what the job's stages run agent commands with, as its prepare saved them:
+// the agent over the pod network (TLS, with a client certificate of the cluster's agent CA for
+// this job) with exec behind it, or exec alone. The state says which.
+func (j *Job) AgentExecutor(t testing.TB, exec kube.RemoteExecutor) (kube.RemoteExecutor, *executor.JobState) {
+	t.Helper()
+	state, err := executor.SavedJob(j.Dir, j.ClaimName())
+	if err != nil || state == nil {
+		t.Fatalf("the job's saved state: %v, %v", state, err)
+	}
+	ca, err := agentca.Load(j.Env.AgentCA())
+	if err != nil {
+		t.Fatal(err)
+	}
+	agent, err := state.Transport.Executor(state.Sandbox, exec, ca, kube.JobBinding(j.token, localcluster.Namespace, j.ClaimName()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return agent, state
+}
 
 // findPod follows the job's claim (or, for a cold start of unknown_image = "cold", its Sandbox of
 // the claim's name) to its sandbox and pod, with admin rights and without the executor's checks,

@@ -5,10 +5,8 @@ package e2e
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"fmt"
 	"os"
-	"path/filepath"
 	"regexp"
 	"sort"
 	"strconv"
@@ -54,19 +52,11 @@ func BenchmarkStageOverhead(b *testing.B) {
 	c := newCluster(b, `stage_transport = "network"`)
 	j, pod, _ := preparedJob(b, c, ciImage)
 	clients := c.Clients(b)
-	state, err := os.ReadFile(filepath.Join(j.Dir, "sandbox-executor-state.json"))
-	if err != nil {
-		b.Fatal(err)
+	network, state := j.AgentExecutor(b, clients.Exec)
+	if !state.Transport.Network() {
+		b.Fatalf("prepare chose %s, not the pod network", state.Transport)
 	}
-	var saved struct {
-		kube.Sandbox
-		AgentToken string `json:"agentToken"`
-	}
-	if err := json.Unmarshal(state, &saved); err != nil || saved.AgentToken == "" {
-		b.Fatalf("prepare left no network token: %v", err)
-	}
-	sbx := saved.Sandbox
-	network := executor.NewAgentNetwork(sbx.PodIP, saved.AgentToken, clients.Exec)
+	sbx := *state.Sandbox
 	stageOver := func(ex kube.RemoteExecutor) *executor.StageRunner {
 		return &executor.StageRunner{Exec: ex, Sandbox: &sbx, Log: gitlab.NewJobLog(nil, false, clock.RealClock{}),
 			PodGone: func(context.Context) (string, error) { return "", nil }, Reconnects: 3, Backoff: kube.RetryBackoff(), KillGrace: time.Second}

@@ -5,6 +5,7 @@ package e2e
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"io"
 	"net"
 	"os"
@@ -15,6 +16,7 @@ import (
 	"time"
 
 	"github.com/sandbox-executor/sandbox-executor/agent/wire"
+	"github.com/sandbox-executor/sandbox-executor/agentca"
 	"github.com/sandbox-executor/sandbox-executor/tests/clustertest"
 	"github.com/sandbox-executor/sandbox-executor/tests/localcluster"
 )
@@ -89,10 +91,13 @@ func TestPOSIXOnlyImage(t *testing.T) {
 }
 
 // TestNetworkTransport runs stages over the pod network (stage_transport = "network"): same
-// output, exit codes and cancel as over exec, and the agent refuses requests without the token.
+// output and exit codes as over exec; and the agent serves nobody but the job's executor: not a
+// plain-text request, not a client certificate of another CA, not another job's certificate of
+// the right CA.
 func TestNetworkTransport(t *testing.T) {
 	c := newCluster(t, `stage_transport = "network"`)
 	j, _, prep := preparedJob(t, c, ciImage)
+	mustContain(t, "prepare log", prep, "stages over pod network (TLS)")
 	script, want := numbered(2000, 2001, 5) // no pauses
 	var stdout, stderr bytes.Buffer
 	run := j.Command("run", j.Script(t, script), "build_script")
@@ -106,16 +111,63 @@ func TestNetworkTransport(t *testing.T) {
 	if code, _ := os.ReadFile(j.ExitCodeFile()); strings.TrimSpace(string(code)) != "5" {
 		t.Errorf("BUILD_EXIT_CODE_FILE = %q, want 5", code)
 	}
-	ip := j.PodObject(t).Status.PodIP
-	conn, err := net.DialTimeout("tcp", net.JoinHostPort(ip, strconv.Itoa(wire.NetworkPort)), 5*time.Second)
+	_, state := j.AgentExecutor(t, nil)
+	addr := net.JoinHostPort(j.PodObject(t).Status.PodIP, strconv.Itoa(wire.NetworkPort))
+	// The request the agent must not serve: kill the job's stage directory.
+	request := []byte(wire.RequestHeader([]string{"kill", "--dir", wire.StagesDir + "/x"}, 0))
+
+	plain, err := net.DialTimeout("tcp", addr, 5*time.Second)
 	if err != nil {
 		t.Fatalf("the agent is not reachable over the pod network: %v (prepare log: %s)", err, prep)
 	}
-	defer conn.Close()
-	io.WriteString(conn, wire.RequestHeader("not-the-token-not-the-token-not-the", []string{"kill", "--dir", wire.StagesDir + "/x"}, 0))
-	var refusal bytes.Buffer
-	code, err := wire.ReadFrames(conn, io.Discard, &refusal)
-	if err != nil || code != wire.ExitRefused || !strings.Contains(refusal.String(), "unauthorized") {
-		t.Errorf("a request with a wrong token: exit %d, %q, %v; want it refused", code, refusal.String(), err)
+	defer plain.Close()
+	_, _ = plain.Write(request)
+	_ = plain.SetReadDeadline(time.Now().Add(15 * time.Second))
+	if _, err := wire.ReadFrames(plain, io.Discard, io.Discard); err == nil {
+		t.Error("a plain-text request was answered")
 	}
+
+	otherCert, otherKey, err := agentca.Generate("another installation", time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	otherCA, err := agentca.Parse(otherCert, otherKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	clusterCA, err := agentca.Load(c.AgentCA())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name, refusal string
+		ca            *agentca.CA
+	}{
+		{"a client certificate of another CA", "", otherCA},
+		{"another job's certificate of the agent CA", "belongs to another job", clusterCA},
+	} {
+		config, err := tc.ca.ClientConfig("another-job", state.Transport.AgentIdentity)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var refusal bytes.Buffer
+		code, err := tlsRequest(addr, config, request, &refusal)
+		if tc.refusal == "" && err == nil || tc.refusal != "" && (err != nil || code != wire.ExitRefused || !strings.Contains(refusal.String(), tc.refusal)) {
+			t.Errorf("%s: exit %d, %q, %v; want it refused", tc.name, code, refusal.String(), err)
+		}
+	}
+}
+
+// tlsRequest sends one request to the agent at addr over TLS and reads its answer.
+func tlsRequest(addr string, config *tls.Config, request []byte, stderr io.Writer) (int, error) {
+	conn, err := tls.DialWithDialer(&net.Dialer{Timeout: 5 * time.Second}, "tcp", addr, config)
+	if err != nil {
+		return 0, err
+	}
+	defer conn.Close()
+	_ = conn.SetDeadline(time.Now().Add(15 * time.Second))
+	if _, err := conn.Write(request); err != nil {
+		return 0, err
+	}
+	return wire.ReadFrames(conn, io.Discard, stderr)
 }

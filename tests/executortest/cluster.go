@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sandbox-executor/sandbox-executor/agent/wire"
 	"github.com/sandbox-executor/sandbox-executor/gitlab"
 	"github.com/sandbox-executor/sandbox-executor/kube"
 
@@ -65,6 +66,8 @@ type Cluster struct {
 	// kube.LaunchWaited a pool sandbox that turned Ready a second after, kube.LaunchCold a
 	// sandbox created for the claim.
 	Launch kube.Launch
+	// AgentBaked gives claimed pods the job container of a template that bakes the agent in.
+	AgentBaked bool
 }
 
 // HardenedTemplate is a SandboxTemplate as the chart (deploy/chart) renders it: gVisor, no token, one job
@@ -225,6 +228,9 @@ func (fc *Cluster) addClaimedSandbox(t testing.TB, claim *extv1beta1.SandboxClai
 	}
 	if fc.RuntimeClass != "" {
 		pod.Spec.RuntimeClassName = &fc.RuntimeClass
+	}
+	if fc.AgentBaked {
+		pod.Spec.Containers[0].Command = []string{wire.PodAgentPath, "serve"}
 	}
 	if _, err := fc.Sandboxes.AgentsV1beta1().Sandboxes(Namespace).Create(ctx, sandbox, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 		t.Errorf("fake controller: %v", err)

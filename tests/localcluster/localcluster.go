@@ -47,7 +47,8 @@ func Find() (*Env, error) {
 	if e.BinDir == "" {
 		return nil, errors.New("SANDBOX_EXECUTOR_BIN is not set: use the Makefile targets (make e2e, make demo)")
 	}
-	for _, f := range []string{e.ExecutorKubeconfig(), e.AdminKubeconfig(), e.Binary(), e.AgentBinary()} {
+	caCert, caKey := e.AgentCA()
+	for _, f := range []string{e.ExecutorKubeconfig(), e.AdminKubeconfig(), e.Binary(), e.AgentBinary(), caCert, caKey} {
 		if _, err := os.Stat(f); err != nil {
 			return nil, fmt.Errorf("%s missing: run `make build cluster-up` first", f)
 		}
@@ -79,6 +80,11 @@ func (e *Env) ExecutorKubeconfig() string {
 
 // AdminKubeconfig has full rights, for tests that look at what the executor left behind.
 func (e *Env) AdminKubeconfig() string { return filepath.Join(e.Dir, "kubeconfig", "admin.kubeconfig") }
+
+// AgentCA is the cluster's agent CA (tests/cluster/certs.sh): certificate and key files.
+func (e *Env) AgentCA() (cert, key string) {
+	return filepath.Join(e.Dir, "pki", "agent-ca.crt"), filepath.Join(e.Dir, "pki", "agent-ca.key")
+}
 
 // Binary is the sandbox-executor binary.
 func (e *Env) Binary() string { return filepath.Join(e.BinDir, "sandbox-executor") }
@@ -131,9 +137,10 @@ func (e *Env) WriteConfig(path string, c Config) error {
 	if len(c.Pools) == 0 {
 		c.Pools = Pools(Pool)
 	}
+	caCert, caKey := e.AgentCA()
 	var b strings.Builder
-	fmt.Fprintf(&b, "kubeconfig = %q\nnamespace = %q\nrunner_name = %q\ndefault_pool = %q\nagent_binary = %q\nready_timeout = %q\n%s\n",
-		c.Kubeconfig, Namespace, c.RunnerName, c.Pools[0].Name, e.AgentBinary(), c.ReadyTimeout, c.Extra)
+	fmt.Fprintf(&b, "kubeconfig = %q\nnamespace = %q\nrunner_name = %q\ndefault_pool = %q\nagent_binary = %q\nready_timeout = %q\nagent_ca_cert = %q\nagent_ca_key = %q\n%s\n",
+		c.Kubeconfig, Namespace, c.RunnerName, c.Pools[0].Name, e.AgentBinary(), c.ReadyTimeout, caCert, caKey, c.Extra)
 	for _, p := range c.Pools {
 		fmt.Fprintf(&b, "\n[[pool]]\nname = %q\n", p.Name)
 		if len(p.Images) > 0 {

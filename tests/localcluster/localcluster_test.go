@@ -1,6 +1,7 @@
 package localcluster
 
 import (
+	"os"
 	"path/filepath"
 	"reflect"
 	"testing"
@@ -10,7 +11,16 @@ import (
 
 // The executor accepts what WriteConfig writes, and reads back the keys and pools it was given.
 func TestWriteConfig(t *testing.T) {
-	e := &Env{Dir: "/cluster", BinDir: "/bin-dir"}
+	e := &Env{Dir: t.TempDir(), BinDir: "/bin-dir"}
+	caCert, caKey := e.AgentCA()
+	for _, f := range []string{caCert, caKey} { // the config checks they exist
+		if err := os.MkdirAll(filepath.Dir(f), 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(f, []byte("pem"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
 	for _, tc := range []struct {
 		name                      string
 		in                        Config
@@ -40,7 +50,7 @@ func TestWriteConfig(t *testing.T) {
 			}
 			if !reflect.DeepEqual(pools, tc.pools) || cfg.DefaultPool != tc.defaultPool || cfg.Pools[0].EgressProxy != tc.egressProxy ||
 				cfg.RunnerName != tc.in.RunnerName || cfg.ReadyTimeout.Duration.String() != tc.ready || cfg.Kubeconfig != tc.kubeconfig ||
-				cfg.StageTransport != tc.stages || cfg.AgentBinary != e.AgentBinary() {
+				cfg.StageTransport != tc.stages || cfg.AgentBinary != e.AgentBinary() || cfg.AgentCACert != caCert || cfg.AgentCAKey != caKey {
 				t.Errorf("read back %+v", cfg)
 			}
 		})

@@ -67,9 +67,8 @@ func TestExecutorCanDoOnlyItsJob(t *testing.T) {
 	}
 
 	denied := []access{
-		// Pods: no new pods, no changing or deleting jobs' pods, no other way into them
-		// (pods/attach in this namespace is no more than pods/exec: not listed either way).
-		{"create", "", "pods", "", ns}, {"delete", "", "pods", "", ns}, {"update", "", "pods", "", ns}, {"patch", "", "pods", "", ns},
+		// Pods: no new pods, no changing or deleting jobs' pods, no other way into them.
+		{"create", "", "pods", "attach", ns}, {"create", "", "pods", "", ns}, {"delete", "", "pods", "", ns}, {"update", "", "pods", "", ns}, {"patch", "", "pods", "", ns},
 		{"create", "", "pods", "portforward", ns}, {"update", "", "pods", "ephemeralcontainers", ns},
 		{"patch", "", "pods", "ephemeralcontainers", ns},
 		// Exec anywhere else.

@@ -28,6 +28,7 @@ import (
 	"github.com/sandbox-executor/sandbox-executor/operator/doctor"
 	"github.com/sandbox-executor/sandbox-executor/operator/exporter"
 	"github.com/sandbox-executor/sandbox-executor/operator/gc"
+	"github.com/sandbox-executor/sandbox-executor/operator/tlsinit"
 	"github.com/sandbox-executor/sandbox-executor/runnerstart"
 	"github.com/sandbox-executor/sandbox-executor/stages"
 	"github.com/sandbox-executor/sandbox-executor/stages/cleanup"
@@ -134,6 +135,7 @@ func RunWith(ctx context.Context, args []string, stdout, stderr io.Writer, geten
 			doctor.Command(stage),
 			exporter.Command(stage),
 			ran(runnerstart.Command(stdout, stderr)),
+			tlsinit.Command(),
 			{
 				Name:   "cleanup",
 				Usage:  "cleanup_exec: release the job's sandbox",
