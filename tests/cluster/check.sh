@@ -59,7 +59,10 @@ check_kube_proxy() {
   http_get "http://$KUBE_PROXY_HEALTHZ_ADDR/healthz" >/dev/null || { echo "healthz not answering"; return 1; }
   iptables -t nat -S KUBE-SERVICES | grep -qF '"default/kubernetes:https cluster IP"' ||
     { echo "no rule for the kubernetes Service"; return 1; }
-  echo "iptables mode, $KUBERNETES_SERVICE_IP:443 routed (pid $(daemon_pid kube-proxy))"
+  # From the node too: the apiserver calls webhooks at their ClusterIP.
+  http_get -k "https://$KUBERNETES_SERVICE_IP/version" >/dev/null ||
+    { echo "the node cannot reach the kubernetes Service at $KUBERNETES_SERVICE_IP:443"; return 1; }
+  echo "iptables mode, $KUBERNETES_SERVICE_IP:443 answers the node (pid $(daemon_pid kube-proxy))"
 }
 # deployment_available NAMESPACE NAME: prints "N/M available, image REF".
 deployment_available() {
