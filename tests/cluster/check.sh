@@ -134,8 +134,10 @@ RUNC_POD=runc-posix-$$
 # Created first and awaited last, so the sandboxes boot while the other checks run.
 create_check_pods() {
   kubectl_admin create namespace "$CHECK_NAMESPACE" --dry-run=client -o yaml | kubectl_admin apply -f - >/dev/null
-  # Leftovers of an interrupted earlier run.
-  kubectl_admin -n "$CHECK_NAMESPACE" delete pod -l app.kubernetes.io/name=cluster-check --wait=false >/dev/null 2>&1 || true
+  # Leftovers of an interrupted earlier run, once their activeDeadlineSeconds has ended them;
+  # the pods of a check.sh running at the same time (a shared machine) are left alone.
+  kubectl_admin -n "$CHECK_NAMESPACE" delete pod -l app.kubernetes.io/name=cluster-check \
+    --field-selector=status.phase!=Running,status.phase!=Pending --wait=false >/dev/null 2>&1 || true
   # Pods are rejected until the namespace's default ServiceAccount exists.
   wait_until "ServiceAccount $CHECK_NAMESPACE/default" 30 kubectl_admin -n "$CHECK_NAMESPACE" get serviceaccount default 2>/dev/null
   {

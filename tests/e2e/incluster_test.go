@@ -227,7 +227,7 @@ func TestInClusterInstall(t *testing.T) {
 		t.Fatalf("Duo job %d: %s (%s)\n%s\nrunner pod log:\n%s", duo.ID, res.State, res.FailureReason, res.Trace, runnerLogs())
 	}
 	mustContain(t, "Duo job trace", res.Trace,
-		"Sandbox ready: pool duo-default", "pod "+ns+"/", "runtime "+ns+"-"+inClusterRelease+"-gvisor", "stages over pod network",
+		"Sandbox ready: pool duo-default", "pod "+ns+"/", "runtime "+ns+"-"+inClusterRelease+"-sandbox-executor-gvisor", "stages over pod network",
 		"tests passed: welcome, farewell", "Uploading artifacts", "egress to the instance: allowed", "egress outside: blocked")
 	branch := duoflow.Branch(duo.ID)
 	assertArtifact(t, res, "pushed "+assertPushed(t, inst, branch, base)+" on "+branch)
@@ -243,18 +243,18 @@ func TestInClusterInstall(t *testing.T) {
 	t.Logf("Duo job %d: %s in %s; %s", duo.ID, res.State, res.Duration().Round(time.Millisecond), sandboxReady.FindString(res.Trace))
 
 	// A failing job: the script's exit code reaches GitLab as a script failure.
-	failing := inst.GitLab.NewJob(fakegitlab.JobSpec{Image: ciImage, Script: []string{"echo about to fail", "exit 3"}})
+	failing := inst.GitLab.NewJob(fakegitlab.JobSpec{Image: ciImage, GitStrategy: "none", Script: []string{"echo about to fail", "exit 3"}})
 	inst.GitLab.Enqueue(failing)
 	res = wait(failing.ID)
 	if res.State != fakegitlab.StateFailed || res.FailureReason != "script_failure" {
 		t.Errorf("failing job %d: %s (%s), want failed (script_failure)\n%s", failing.ID, res.State, res.FailureReason, res.Trace)
 	}
-	mustContain(t, "failing job trace", res.Trace, "about to fail", "exit code 3")
+	mustContain(t, "failing job trace", res.Trace, "about to fail", "ERROR: Job failed: exit status 3")
 	waitClaimsGone(t, c, ns, kube.LabelJobID+"="+strconv.FormatInt(failing.ID, 10))
 
 	// A canceled job: GitLab cancels it while its stage runs; the runner stops it and cleanup
 	// releases the sandbox.
-	canceled := inst.GitLab.NewJob(fakegitlab.JobSpec{Image: ciImage, Script: []string{"echo waiting-for-cancel", "sleep 600", "echo NOT-CANCELED"}})
+	canceled := inst.GitLab.NewJob(fakegitlab.JobSpec{Image: ciImage, GitStrategy: "none", Script: []string{"echo waiting-for-cancel", "sleep 600", "echo NOT-CANCELED"}})
 	inst.GitLab.Enqueue(canceled)
 	{
 		ctx, cancel := context.WithTimeout(ctx, inClusterTimeout)
