@@ -147,7 +147,7 @@ runner:
 runner-test: runner $(GOTESTSUM)
 	$(call gotest,pkgname) -tags runner -race -count=1 ./tests/runner/...
 
-e2e: build $(GOTESTSUM)
+e2e: build images $(GOTESTSUM)
 	SANDBOX_EXECUTOR_BIN=$(BIN) $(call gotest,standard-verbose) -tags e2e -count=1 -timeout 30m ./tests/e2e/...
 
 # Jobs that try to break out of their sandbox (kernel, API, network, resources, privileges,
