@@ -298,7 +298,9 @@ func exposeInstance(t *testing.T, c *clustertest.Cluster, ns, ip string) string 
 	if _, err := c.Admin.Kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = c.Admin.Kube.CoreV1().Namespaces().Delete(context.Background(), ns, metav1.DeleteOptions{}) })
+	t.Cleanup(func() {
+		_ = c.Admin.Kube.CoreV1().Namespaces().Delete(context.Background(), ns, metav1.DeleteOptions{})
+	})
 	svc := &corev1.Service{
 		ObjectMeta: metav1.ObjectMeta{Name: "gitlab"},
 		Spec:       corev1.ServiceSpec{Ports: []corev1.ServicePort{{Name: "http", Port: 80, Protocol: corev1.ProtocolTCP}}},
@@ -343,7 +345,7 @@ func expiredClaim(t *testing.T, c *clustertest.Cluster, ns string) string {
 // metadata.name=NAME) until there are none.
 func waitClaimsGone(t *testing.T, c *clustertest.Cluster, ns, selector string) {
 	t.Helper()
-	opts := func(o *metav1.ListOptions) {
+	narrow := func(o *metav1.ListOptions) {
 		if name, ok := strings.CutPrefix(selector, "metadata.name="); ok {
 			o.FieldSelector = "metadata.name=" + name
 		} else {
@@ -352,25 +354,39 @@ func waitClaimsGone(t *testing.T, c *clustertest.Cluster, ns, selector string) {
 	}
 	claims := c.Admin.Extensions.ExtensionsV1beta1().SandboxClaims(ns)
 	lw := &cache.ListWatch{
-		ListFunc: func(o metav1.ListOptions) (runtime.Object, error) {
-			opts(&o)
-			return claims.List(context.Background(), o)
+		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+			narrow(&o)
+			return claims.List(ctx, o)
 		},
-		WatchFunc: func(o metav1.ListOptions) (watch.Interface, error) {
-			opts(&o)
-			return claims.Watch(context.Background(), o)
+		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+			narrow(&o)
+			return claims.Watch(ctx, o)
 		},
 	}
+	if left := waitNoneLeft(lw, &extv1beta1.SandboxClaim{}); left != nil {
+		t.Fatalf("claims of %s with %s still there after %s: %v", ns, selector, inClusterTimeout, left)
+	}
+}
+
+// waitNoneLeft watches what lw lists until nothing is left, and returns the names still there
+// if that does not happen within inClusterTimeout.
+func waitNoneLeft(lw cache.ListerWatcher, obj runtime.Object) []string {
 	ctx, cancel := context.WithTimeout(context.Background(), inClusterTimeout)
 	defer cancel()
 	var store cache.Store
-	_, err := watchtools.UntilWithSync(ctx, lw, &extv1beta1.SandboxClaim{}, func(s cache.Store) (bool, error) {
+	empty := func() bool { return store != nil && len(store.List()) == 0 }
+	_, err := watchtools.UntilWithSync(ctx, lw, obj, func(s cache.Store) (bool, error) {
 		store = s
-		return len(s.List()) == 0, nil
-	}, func(watch.Event) (bool, error) { return store != nil && len(store.List()) == 0, nil })
-	if err != nil {
-		t.Fatalf("claims of %s with %s still there: %v", ns, selector, err)
+		return empty(), nil
+	}, func(watch.Event) (bool, error) { return empty(), nil })
+	if err == nil {
+		return nil
 	}
+	names := []string{err.Error()}
+	if store != nil {
+		names = store.ListKeys()
+	}
+	return names
 }
 
 // assertNothingLeft: after helm uninstall, no object with the release's labels is left in any
@@ -403,20 +419,14 @@ func assertNothingLeft(t *testing.T, c *clustertest.Cluster, kubectl, kubeconfig
 	// Pods go with their sandboxes (garbage collection): watch until none is left.
 	pods := c.Admin.Kube.CoreV1().Pods(ns)
 	lw := &cache.ListWatch{
-		ListFunc:  func(o metav1.ListOptions) (runtime.Object, error) { return pods.List(ctx, o) },
-		WatchFunc: func(o metav1.ListOptions) (watch.Interface, error) { return pods.Watch(ctx, o) },
+		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+			return pods.List(ctx, o)
+		},
+		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+			return pods.Watch(ctx, o)
+		},
 	}
-	wctx, cancel := context.WithTimeout(ctx, inClusterTimeout)
-	defer cancel()
-	var store cache.Store
-	if _, err := watchtools.UntilWithSync(wctx, lw, &corev1.Pod{}, func(s cache.Store) (bool, error) {
-		store = s
-		return len(s.List()) == 0, nil
-	}, func(watch.Event) (bool, error) { return store != nil && len(store.List()) == 0, nil }); err != nil {
-		var names []string
-		for _, p := range store.List() {
-			names = append(names, p.(*corev1.Pod).Name)
-		}
-		t.Errorf("pods left in %s after helm uninstall: %v (%v)", ns, names, err)
+	if left := waitNoneLeft(lw, &corev1.Pod{}); left != nil {
+		t.Errorf("pods left in %s after helm uninstall: %v", ns, left)
 	}
 }
