@@ -159,7 +159,7 @@ security: build $(GOTESTSUM)
 e2e-long: build
 	SANDBOX_EXECUTOR_BIN=$(BIN) $(GO) test -tags 'e2e e2elong' -count=1 -timeout 60m -v -run 'Silent' ./tests/e2e/...
 
-demo: build cluster-up runner
+demo: build cluster-up images
 	SANDBOX_EXECUTOR_BIN=$(BIN) $(GO) run ./tools/demo
 
 # Benchmarks against baselines measured in the same run; writes docs/benchmarks.md.

@@ -4,18 +4,14 @@ package e2e
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	discoveryv1 "k8s.io/api/discovery/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -28,141 +24,27 @@ import (
 	"github.com/sandbox-executor/sandbox-executor/kube"
 	"github.com/sandbox-executor/sandbox-executor/tests/clustertest"
 	"github.com/sandbox-executor/sandbox-executor/tests/fakegitlab"
+	"github.com/sandbox-executor/sandbox-executor/tests/incluster"
 	"github.com/sandbox-executor/sandbox-executor/tests/testutil"
 	"github.com/sandbox-executor/sandbox-executor/tools/duoflow"
 )
 
-// The in-cluster install, as a user makes it: the chart (deploy/chart/sandbox-executor) with the
-// project's images (make images), the runner (gitlab-runner 17.9 in the runner image) in a pod
-// with the ServiceAccount's credentials, GitLab reached by a cluster DNS name.
+// inClusterTimeout bounds one step: an install until a job is handed out (image start,
+// registration), a job, a cleanup.
+const inClusterTimeout = 5 * time.Minute
 
-const (
-	inClusterRelease = "duo"
-	inClusterRunner  = "incluster-runner"
-	// inClusterTimeout bounds one step: an install until a job is handed out (image start,
-	// registration), a job, a cleanup.
-	inClusterTimeout = 5 * time.Minute
-)
-
-// chartImages is dist/images/images.json as tools/images writes it (make images).
-type chartImages struct {
-	Tag    string `json:"tag"`
-	Images []struct {
-		Name string `json:"name"`
-		Ref  string `json:"ref"`
-	} `json:"images"`
-}
-
-// builtImages reads what make images built and imported; the runner image must be among them.
-func builtImages(t *testing.T, root string) chartImages {
-	t.Helper()
-	path := filepath.Join(root, "dist", "images", "images.json")
-	data, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatalf("%v: run `make images` first (it builds the images and imports them into the local cluster)", err)
-	}
-	var m chartImages
-	if err := json.Unmarshal(data, &m); err != nil {
-		t.Fatalf("%s: %v", path, err)
-	}
-	for _, img := range m.Images {
-		if img.Name == "sandbox-executor-runner" {
-			return m
-		}
-	}
-	t.Fatalf("%s has no sandbox-executor-runner image (tools/images skips it without the runner binaries)", path)
-	return m
-}
-
-// run runs a command of the install (helm, kubectl) and returns its output, failing the test
-// with that output if it fails.
-func run(t *testing.T, name string, args ...string) string {
-	t.Helper()
-	cmd := exec.Command(name, args...)
-	out, err := cmd.CombinedOutput()
-	if err != nil {
-		t.Fatalf("%s %s: %v\n%s", filepath.Base(name), strings.Join(args, " "), err, out)
-	}
-	return string(out)
-}
-
-// helmBinary is the pinned helm the Makefile installs (make helm).
-func helmBinary(t *testing.T, root string) string {
-	t.Helper()
-	return strings.TrimSpace(run(t, "make", "-s", "--no-print-directory", "-C", root, "helm-path"))
-}
-
-// inClusterValues are the chart values of the test's release: the namespace made beforehand
-// (helm cannot install into a namespace its own chart creates), its own RuntimeClass (a
-// cluster-scoped object uninstall must remove), GitLab at a cluster DNS name, the job pods
-// allowed to reach the instance's address, the runner on, gc on a schedule that never fires
-// (the test triggers it).
-func inClusterValues(tag, gitlabURL, instanceIP string) string {
-	return fmt.Sprintf(`namespace:
-  create: false
-images:
-  repository: sandbox-executor.local
-  tag: %[1]q
-  pullPolicy: Never
-runtimeClass:
-  create: true
-  handler: runsc
-gitlab:
-  url: %[2]s
-  cidrs: ["%[3]s/32"]
-  ports: [80]
-jobDefaults:
-  fence:
-    deny: ["10.99.0.2:80"]
-    allow: ["%[3]s:80"]
-  resources:
-    requests: {cpu: 50m, memory: 256Mi, ephemeral-storage: 1Gi}
-    limits: {cpu: "2", memory: 2Gi, ephemeral-storage: 4Gi}
-templates:
-  - name: duo-gvisor
-    image: %[4]s
-    egress: direct
-pools:
-  - name: duo-default
-    template: duo-gvisor
-    replicas: 2
-    images: ["sandbox-executor.local/ci:*"]
-executor:
-  runnerName: %[5]s
-  defaultPool: duo-default
-  stageTransport: network
-runner:
-  enabled: true
-  secret: gitlab-runner-token
-  checkInterval: 1
-  resources:
-    requests: {cpu: 50m, memory: 64Mi}
-    limits: {cpu: "1", memory: 512Mi}
-gc:
-  enabled: true
-  schedule: "0 0 1 1 *"
-`, tag, gitlabURL, instanceIP, ciImage, inClusterRunner)
-}
-
-// TestInClusterInstall installs the chart into a namespace of its own, where the runner pod
-// registers with the fake GitLab by a cluster DNS name and runs a Duo-shaped job, a failing job
-// and a canceled one in gVisor pods over the pod network; then gc, started from its CronJob,
-// reaps an expired claim; then helm uninstall leaves nothing behind.
+// TestInClusterInstall installs the chart into a namespace of its own (tests/incluster), where
+// the runner pod registers with the fake GitLab by a cluster DNS name and runs a Duo-shaped job,
+// a failing job and a canceled one in gVisor pods over the pod network; then gc, started from
+// its CronJob, reaps an expired claim; then helm uninstall leaves nothing behind.
 func TestInClusterInstall(t *testing.T) {
 	c := clustertest.Connect(t)
 	root, err := testutil.ModuleRoot()
 	if err != nil {
 		t.Fatal(err)
 	}
-	images := builtImages(t, root)
-	helm := helmBinary(t, root)
-	kubectl := filepath.Join(c.Dir, "bin", "kubectl")
-	kubeconfig := "--kubeconfig=" + c.AdminKubeconfig()
 	ctx := context.Background()
 	suffix := strconv.Itoa(os.Getpid())
-	ns := "sbx-incluster-" + suffix
-	gitlabNS := "sbx-incluster-gitlab-" + suffix
-
 	inst, err := duoflow.NewInstance()
 	if err != nil {
 		t.Fatal(err)
@@ -172,41 +54,31 @@ func TestInClusterInstall(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// The instance by name from the pod network: a Service without selector whose endpoint is
-	// the instance's address, as for any GitLab outside the cluster.
-	gitlabURL := exposeInstance(t, c, gitlabNS, inst.Host)
-	t.Logf("GitLab instance %s as %s", inst.GitLab.URL(), gitlabURL)
-
-	valuesFile := filepath.Join(t.TempDir(), "values.yaml")
-	if err := os.WriteFile(valuesFile, []byte(inClusterValues(images.Tag, gitlabURL, inst.Host)), 0o600); err != nil {
+	r, err := incluster.Install(ctx, incluster.Options{Root: root, Env: c.Env, Kube: c.Admin.Kube,
+		Namespace: "sbx-incluster-" + suffix, GitLabNamespace: "sbx-incluster-gitlab-" + suffix, Release: "duo",
+		InstanceIP: inst.Host, RunnerToken: inst.GitLab.RunnerToken(), JobImage: ciImage})
+	if r != nil {
+		t.Cleanup(func() {
+			if !r.Uninstalled() {
+				_ = r.Uninstall()
+			}
+			if err := r.Close(); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	if err != nil {
 		t.Fatal(err)
 	}
-	chart := filepath.Join(root, "deploy", "chart", "sandbox-executor")
-	uninstalled := false
-	t.Cleanup(func() {
-		if !uninstalled {
-			_ = exec.Command(helm, "uninstall", inClusterRelease, "-n", ns, "--wait", "--timeout", "3m", kubeconfig).Run()
+	ns := r.Namespace
+	t.Logf("release %s in %s (images %s); GitLab instance %s as %s", r.Release, ns, r.Tag, inst.GitLab.URL(), r.GitLabURL)
+	kubectl := func(args ...string) string {
+		t.Helper()
+		out, err := r.Kubectl(args...)
+		if err != nil {
+			t.Fatal(err)
 		}
-		_ = c.Admin.Kube.CoreV1().Namespaces().Delete(context.Background(), ns, metav1.DeleteOptions{})
-	})
-	// The release namespace, made as an operator would, with the Pod Security labels the chart
-	// would give it.
-	if _, err := c.Admin.Kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns, Labels: map[string]string{
-		"pod-security.kubernetes.io/enforce": "baseline", "pod-security.kubernetes.io/warn": "restricted"}}}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	t.Log(run(t, helm, "install", inClusterRelease, chart, "-n", ns, "-f", valuesFile, kubeconfig))
-	// The runner token, where the runner chart keeps it (Secret key runner-token); the runner
-	// pod waits for it.
-	if _, err := c.Admin.Kube.CoreV1().Secrets(ns).Create(ctx, &corev1.Secret{
-		ObjectMeta: metav1.ObjectMeta{Name: "gitlab-runner-token"},
-		StringData: map[string]string{"runner-token": inst.GitLab.RunnerToken()},
-	}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	runnerLogs := func() string {
-		out, _ := exec.Command(kubectl, kubeconfig, "-n", ns, "logs", "deploy/"+inClusterRelease+"-sandbox-executor-runner", "--tail=80").CombinedOutput()
-		return string(out)
+		return out
 	}
 	wait := func(id int64) fakegitlab.Result {
 		t.Helper()
@@ -214,7 +86,7 @@ func TestInClusterInstall(t *testing.T) {
 		defer cancel()
 		res, err := inst.GitLab.Wait(ctx, id)
 		if err != nil {
-			t.Fatalf("job %d: %v\ntrace so far:\n%s\nrunner pod log:\n%s", id, err, res.Trace, runnerLogs())
+			t.Fatalf("job %d: %v\ntrace so far:\n%s\nrunner pod log:\n%s", id, err, res.Trace, r.RunnerLog())
 		}
 		return res
 	}
@@ -224,10 +96,10 @@ func TestInClusterInstall(t *testing.T) {
 	inst.GitLab.Enqueue(duo)
 	res := wait(duo.ID)
 	if res.State != fakegitlab.StateSuccess {
-		t.Fatalf("Duo job %d: %s (%s)\n%s\nrunner pod log:\n%s", duo.ID, res.State, res.FailureReason, res.Trace, runnerLogs())
+		t.Fatalf("Duo job %d: %s (%s)\n%s\nrunner pod log:\n%s", duo.ID, res.State, res.FailureReason, res.Trace, r.RunnerLog())
 	}
 	mustContain(t, "Duo job trace", res.Trace,
-		"Sandbox ready: pool duo-default", "pod "+ns+"/", "runtime "+ns+"-"+inClusterRelease+"-sandbox-executor-gvisor", "stages over pod network",
+		"Sandbox ready: pool duo-default", "pod "+ns+"/", "runtime "+ns+"-"+r.Fullname()+"-gvisor", "stages over pod network",
 		"tests passed: welcome, farewell", "Uploading artifacts", "egress to the instance: allowed", "egress outside: blocked")
 	branch := duoflow.Branch(duo.ID)
 	assertArtifact(t, res, "pushed "+assertPushed(t, inst, branch, base)+" on "+branch)
@@ -260,7 +132,7 @@ func TestInClusterInstall(t *testing.T) {
 		ctx, cancel := context.WithTimeout(ctx, inClusterTimeout)
 		if res, err := inst.GitLab.WaitForTrace(ctx, canceled.ID, "waiting-for-cancel"); err != nil {
 			cancel()
-			t.Fatalf("job %d never started its stage: %v\n%s\nrunner pod log:\n%s", canceled.ID, err, res.Trace, runnerLogs())
+			t.Fatalf("job %d never started its stage: %v\n%s\nrunner pod log:\n%s", canceled.ID, err, res.Trace, r.RunnerLog())
 		}
 		cancel()
 	}
@@ -277,48 +149,18 @@ func TestInClusterInstall(t *testing.T) {
 	// Retain), as one left by a runner that died, is deleted; gc runs as its own ServiceAccount.
 	expired := expiredClaim(t, c, ns)
 	gcJob := "gc-now-" + suffix
-	run(t, kubectl, kubeconfig, "-n", ns, "create", "job", gcJob, "--from=cronjob/"+inClusterRelease+"-sandbox-executor-gc")
-	run(t, kubectl, kubeconfig, "-n", ns, "wait", "--for=condition=complete", "--timeout=3m", "job/"+gcJob)
-	gcLog := run(t, kubectl, kubeconfig, "-n", ns, "logs", "job/"+gcJob)
-	mustContain(t, "gc log", gcLog, "deleted "+ns+"/"+expired+" ", "shutdownTime passed", fmt.Sprintf("of runner %q deleted", inClusterRunner))
+	kubectl("-n", ns, "create", "job", gcJob, "--from=cronjob/"+r.Fullname()+"-gc")
+	kubectl("-n", ns, "wait", "--for=condition=complete", "--timeout=3m", "job/"+gcJob)
+	gcLog := kubectl("-n", ns, "logs", "job/"+gcJob)
+	mustContain(t, "gc log", gcLog, "deleted "+ns+"/"+expired+" ", "shutdownTime passed", fmt.Sprintf("of runner %q deleted", incluster.RunnerName))
 	waitClaimsGone(t, c, ns, "metadata.name="+expired)
 	t.Logf("gc: %s", strings.TrimSpace(gcLog))
 
 	// Uninstall: nothing of the release is left, in its namespace or cluster-wide.
-	run(t, helm, "uninstall", inClusterRelease, "-n", ns, "--wait", "--timeout", "3m", kubeconfig)
-	uninstalled = true
-	assertNothingLeft(t, c, kubectl, kubeconfig, ns)
-}
-
-// exposeInstance makes the instance at ip (port 80) reachable as gitlab.NS.svc.cluster.local:
-// a Service without selector and an EndpointSlice with the address. Returns the URL.
-func exposeInstance(t *testing.T, c *clustertest.Cluster, ns, ip string) string {
-	t.Helper()
-	ctx := context.Background()
-	if _, err := c.Admin.Kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
+	if err := r.Uninstall(); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() {
-		_ = c.Admin.Kube.CoreV1().Namespaces().Delete(context.Background(), ns, metav1.DeleteOptions{})
-	})
-	svc := &corev1.Service{
-		ObjectMeta: metav1.ObjectMeta{Name: "gitlab"},
-		Spec:       corev1.ServiceSpec{Ports: []corev1.ServicePort{{Name: "http", Port: 80, Protocol: corev1.ProtocolTCP}}},
-	}
-	if _, err := c.Admin.Kube.CoreV1().Services(ns).Create(ctx, svc, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	slice := &discoveryv1.EndpointSlice{
-		ObjectMeta: metav1.ObjectMeta{Name: "gitlab-instance", Labels: map[string]string{
-			discoveryv1.LabelServiceName: "gitlab", discoveryv1.LabelManagedBy: "sandbox-executor-e2e"}},
-		AddressType: discoveryv1.AddressTypeIPv4,
-		Ports:       []discoveryv1.EndpointPort{{Name: ptr.To("http"), Port: ptr.To(int32(80)), Protocol: ptr.To(corev1.ProtocolTCP)}},
-		Endpoints:   []discoveryv1.Endpoint{{Addresses: []string{ip}, Conditions: discoveryv1.EndpointConditions{Ready: ptr.To(true)}}},
-	}
-	if _, err := c.Admin.Kube.DiscoveryV1().EndpointSlices(ns).Create(ctx, slice, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	return "http://gitlab." + ns + ".svc.cluster.local"
+	assertNothingLeft(t, c, r)
 }
 
 // expiredClaim creates a claim labelled as the runner's, whose shutdownTime has passed, with
@@ -328,7 +170,7 @@ func expiredClaim(t *testing.T, c *clustertest.Cluster, ns string) string {
 	name := "expired-" + strconv.FormatInt(fakegitlab.NextJobID(), 10)
 	claim := &extv1beta1.SandboxClaim{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{
-			kube.LabelManagedBy: kube.ManagedByValue, kube.LabelRunner: kube.RunnerLabel(inClusterRunner), kube.LabelJobID: "0"}},
+			kube.LabelManagedBy: kube.ManagedByValue, kube.LabelRunner: kube.RunnerLabel(incluster.RunnerName), kube.LabelJobID: "0"}},
 		Spec: extv1beta1.SandboxClaimSpec{
 			WarmPoolRef: extv1beta1.SandboxWarmPoolRef{Name: "duo-default"},
 			Lifecycle: &extv1beta1.Lifecycle{ShutdownPolicy: extv1beta1.ShutdownPolicyRetain,
@@ -391,16 +233,19 @@ func waitNoneLeft(lw cache.ListerWatcher, obj runtime.Object) []string {
 
 // assertNothingLeft: after helm uninstall, no object with the release's labels is left in any
 // namespace or cluster-wide, and the namespace holds no claim, sandbox or pod.
-func assertNothingLeft(t *testing.T, c *clustertest.Cluster, kubectl, kubeconfig, ns string) {
+func assertNothingLeft(t *testing.T, c *clustertest.Cluster, r *incluster.Release) {
 	t.Helper()
 	kinds := "all,configmaps,secrets,serviceaccounts,roles,rolebindings,networkpolicies,cronjobs," +
 		"sandboxtemplates.extensions.agents.x-k8s.io,sandboxwarmpools.extensions.agents.x-k8s.io," +
 		"clusterroles,clusterrolebindings,runtimeclasses,validatingadmissionpolicies,validatingadmissionpolicybindings,namespaces"
-	left := run(t, kubectl, kubeconfig, "get", kinds, "-A", "-o", "name",
-		"-l", "app.kubernetes.io/instance="+inClusterRelease+",app.kubernetes.io/part-of=sandbox-executor")
-	if strings.TrimSpace(left) != "" {
-		t.Errorf("objects of release %s left after helm uninstall:\n%s", inClusterRelease, left)
+	left, err := r.Kubectl("get", kinds, "-A", "-o", "name", "-l", "app.kubernetes.io/instance="+r.Release+",app.kubernetes.io/part-of=sandbox-executor")
+	if err != nil {
+		t.Fatal(err)
 	}
+	if strings.TrimSpace(left) != "" {
+		t.Errorf("objects of release %s left after helm uninstall:\n%s", r.Release, left)
+	}
+	ns := r.Namespace
 	ctx := context.Background()
 	claims, err := c.Admin.Extensions.ExtensionsV1beta1().SandboxClaims(ns).List(ctx, metav1.ListOptions{})
 	if err != nil && !apierrors.IsNotFound(err) {
