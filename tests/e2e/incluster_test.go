@@ -12,13 +12,13 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/tools/cache"
 	watchtools "k8s.io/client-go/tools/watch"
 	"k8s.io/utils/ptr"
+	sandboxv1beta1 "sigs.k8s.io/agent-sandbox/api/v1beta1"
 	extv1beta1 "sigs.k8s.io/agent-sandbox/extensions/api/v1beta1"
 
 	"github.com/sandbox-executor/sandbox-executor/kube"
@@ -195,18 +195,24 @@ func waitClaimsGone(t *testing.T, c *clustertest.Cluster, ns, selector string) {
 		}
 	}
 	claims := c.Admin.Extensions.ExtensionsV1beta1().SandboxClaims(ns)
-	lw := &cache.ListWatch{
+	lw := listWatch(narrow, claims.List, claims.Watch)
+	if left := waitNoneLeft(lw, &extv1beta1.SandboxClaim{}); left != nil {
+		t.Fatalf("claims of %s with %s still there after %s: %v", ns, selector, inClusterTimeout, left)
+	}
+}
+
+// listWatch lists and watches with list and watch, each call's options first narrowed.
+func listWatch[L runtime.Object](narrow func(*metav1.ListOptions), list func(context.Context, metav1.ListOptions) (L, error),
+	watchFn func(context.Context, metav1.ListOptions) (watch.Interface, error)) *cache.ListWatch {
+	return &cache.ListWatch{
 		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
 			narrow(&o)
-			return claims.List(ctx, o)
+			return list(ctx, o)
 		},
 		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
 			narrow(&o)
-			return claims.Watch(ctx, o)
+			return watchFn(ctx, o)
 		},
-	}
-	if left := waitNoneLeft(lw, &extv1beta1.SandboxClaim{}); left != nil {
-		t.Fatalf("claims of %s with %s still there after %s: %v", ns, selector, inClusterTimeout, left)
 	}
 }
 
@@ -235,6 +241,17 @@ func waitNoneLeft(lw cache.ListerWatcher, obj runtime.Object) []string {
 // namespace or cluster-wide, and the namespace holds no claim, sandbox or pod.
 func assertNothingLeft(t *testing.T, c *clustertest.Cluster, r *incluster.Release) {
 	t.Helper()
+	// The warm pools' sandboxes, and the pods of sandboxes and of the runner, go after helm
+	// returns (garbage collection, graceful termination): watch until none is left.
+	all := func(*metav1.ListOptions) {}
+	sandboxes := c.Admin.Sandboxes.AgentsV1beta1().Sandboxes(r.Namespace)
+	if left := waitNoneLeft(listWatch(all, sandboxes.List, sandboxes.Watch), &sandboxv1beta1.Sandbox{}); left != nil {
+		t.Errorf("sandboxes left in %s after helm uninstall: %v", r.Namespace, left)
+	}
+	pods := c.Admin.Kube.CoreV1().Pods(r.Namespace)
+	if left := waitNoneLeft(listWatch(all, pods.List, pods.Watch), &corev1.Pod{}); left != nil {
+		t.Errorf("pods left in %s after helm uninstall: %v", r.Namespace, left)
+	}
 	kinds := "all,configmaps,secrets,serviceaccounts,roles,rolebindings,networkpolicies,cronjobs," +
 		"sandboxtemplates.extensions.agents.x-k8s.io,sandboxwarmpools.extensions.agents.x-k8s.io," +
 		"clusterroles,clusterrolebindings,runtimeclasses,validatingadmissionpolicies,validatingadmissionpolicybindings,namespaces"
@@ -246,32 +263,11 @@ func assertNothingLeft(t *testing.T, c *clustertest.Cluster, r *incluster.Releas
 		t.Errorf("objects of release %s left after helm uninstall:\n%s", r.Release, left)
 	}
 	ns := r.Namespace
-	ctx := context.Background()
-	claims, err := c.Admin.Extensions.ExtensionsV1beta1().SandboxClaims(ns).List(ctx, metav1.ListOptions{})
-	if err != nil && !apierrors.IsNotFound(err) {
-		t.Fatal(err)
-	}
-	if claims != nil && len(claims.Items) > 0 {
-		t.Errorf("%d claims left in %s after helm uninstall", len(claims.Items), ns)
-	}
-	sandboxes, err := c.Admin.Sandboxes.AgentsV1beta1().Sandboxes(ns).List(ctx, metav1.ListOptions{})
+	claims, err := c.Admin.Extensions.ExtensionsV1beta1().SandboxClaims(ns).List(context.Background(), metav1.ListOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(sandboxes.Items) > 0 {
-		t.Errorf("%d sandboxes left in %s after helm uninstall", len(sandboxes.Items), ns)
-	}
-	// Pods go with their sandboxes (garbage collection): watch until none is left.
-	pods := c.Admin.Kube.CoreV1().Pods(ns)
-	lw := &cache.ListWatch{
-		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
-			return pods.List(ctx, o)
-		},
-		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
-			return pods.Watch(ctx, o)
-		},
-	}
-	if left := waitNoneLeft(lw, &corev1.Pod{}); left != nil {
-		t.Errorf("pods left in %s after helm uninstall: %v", ns, left)
+	if len(claims.Items) > 0 {
+		t.Errorf("%d claims left in %s after helm uninstall", len(claims.Items), ns)
 	}
 }
