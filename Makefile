@@ -5,6 +5,9 @@
 SHELL := /bin/bash
 GO ?= go
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+# Evaluated once: binaries, images and chart of one make run carry the same version even if the
+# tree changes while it runs.
+VERSION := $(VERSION)
 export SANDBOX_EXECUTOR_CACHE ?= $(HOME)/.cache/sandbox-executor
 export CLUSTER_DIR ?= $(SANDBOX_EXECUTOR_CACHE)/cluster
 BIN := $(CURDIR)/bin

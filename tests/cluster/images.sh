@@ -146,9 +146,10 @@ build_agent_image() {
   (cd "$REPO_ROOT" && CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$bin" ./cmd/sandbox-executor-agent) >>"$CLUSTER_LOG/build-agent.log" 2>&1 ||
     { tail -n 20 "$CLUSTER_LOG/build-agent.log" >&2; die "building the stage agent failed (log: $CLUSTER_LOG/build-agent.log)"; }
   hash=$(sha256sum "$bin" | cut -c1-12)
-  if [[ -f $CLUSTER_IMAGES/agent.tar && "$(cat "$CLUSTER_IMAGES/agent.ref" 2>/dev/null)" == *":$hash" ]]; then
+  ref=${AGENT_IMAGE_REPO%/*}/sandbox-executor-agent:$hash
+  if [[ -f $CLUSTER_IMAGES/agent.tar && "$(cat "$CLUSTER_IMAGES/agent.ref" 2>/dev/null)" == "$ref" ]]; then
     rm -f "$bin"
-    log "image $(cat "$CLUSTER_IMAGES/agent.ref"): up to date"
+    log "image $ref: up to date"
     return 0
   fi
   mv -f "$bin" "$dir/sandbox-executor-agent"
