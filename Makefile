@@ -5,6 +5,9 @@
 SHELL := /bin/bash
 GO ?= go
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+# Evaluated once: binaries, images and chart of one make run carry the same version even if the
+# tree changes while it runs.
+VERSION := $(VERSION)
 export SANDBOX_EXECUTOR_CACHE ?= $(HOME)/.cache/sandbox-executor
 export CLUSTER_DIR ?= $(SANDBOX_EXECUTOR_CACHE)/cluster
 BIN := $(CURDIR)/bin
@@ -156,7 +159,7 @@ runner:
 runner-test: runner $(GOTESTSUM)
 	$(call gotest,pkgname) -tags runner -race -count=1 ./tests/runner/...
 
-e2e: build $(GOTESTSUM)
+e2e: build images $(GOTESTSUM)
 	SANDBOX_EXECUTOR_BIN=$(BIN) $(call gotest,standard-verbose) -tags e2e -count=1 -timeout 30m ./tests/e2e/...
 
 # Jobs that try to break out of their sandbox (kernel, API, network, resources, privileges,
@@ -168,7 +171,7 @@ security: build $(GOTESTSUM)
 e2e-long: build
 	SANDBOX_EXECUTOR_BIN=$(BIN) $(GO) test -tags 'e2e e2elong' -count=1 -timeout 60m -v -run 'Silent' ./tests/e2e/...
 
-demo: build cluster-up runner
+demo: build cluster-up images
 	SANDBOX_EXECUTOR_BIN=$(BIN) $(GO) run ./tools/demo
 
 # Benchmarks against baselines measured in the same run; writes docs/benchmarks.md.

@@ -1,13 +1,11 @@
 package runnerstart_test
 
 import (
-	"bytes"
 	"context"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -15,6 +13,7 @@ import (
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/sandbox-executor/sandbox-executor/runnerstart"
+	"github.com/sandbox-executor/sandbox-executor/tests/testutil"
 )
 
 // fakeRunner is a gitlab-runner that records each call (its arguments and whether it saw the
@@ -39,24 +38,6 @@ run)
   ;;
 esac
 `
-
-// lockedBuffer collects output written both by Run and by the child processes' copiers.
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
 
 type fixture struct {
 	dir   string
@@ -86,8 +67,8 @@ func newFixture(t *testing.T, registerFailures int) *fixture {
 		Backoff:          wait.Backoff{Duration: time.Second, Factor: 2, Steps: 4},
 		Clock:            clock,
 		Environ:          []string{"PATH=/usr/bin:/bin", runnerstart.TokenEnv + "=glrt-secret"},
-		Stdout:           &lockedBuffer{},
-		Stderr:           &lockedBuffer{},
+		Stdout:           &testutil.LockedBuffer{},
+		Stderr:           &testutil.LockedBuffer{},
 	}}
 }
 
@@ -140,7 +121,7 @@ func TestRegisterRetriesThenRunsWithoutToken(t *testing.T) {
 	if string(cfg) != "concurrent = 8\n[[runners]]\n" {
 		t.Errorf("config.toml given to run:\n%s", cfg)
 	}
-	stderr := f.opts.Stderr.(*lockedBuffer).String()
+	stderr := f.opts.Stderr.(*testutil.LockedBuffer).String()
 	if !strings.Contains(stderr, "attempt 2 of 4") || strings.Contains(stderr, "glrt-secret") {
 		t.Errorf("stderr should report the retries without the token:\n%s", stderr)
 	}

@@ -185,6 +185,13 @@ func (f *fixture) checker(t *testing.T, kubelet map[string]string) *doctor.Check
 	}
 }
 
+// forbid makes the API server refuse verb on resource to this identity.
+func forbid(f *fixture, verb string, resource schema.GroupResource) {
+	f.kube.PrependReactor(verb, resource.Resource, func(k8stesting.Action) (bool, runtime.Object, error) {
+		return true, nil, apierrors.NewForbidden(resource, "", errors.New("no"))
+	})
+}
+
 // line finds the result of one check.
 func line(t *testing.T, results []doctor.Result, check string) doctor.Result {
 	t.Helper()
@@ -333,9 +340,7 @@ func TestRuntimeClass(t *testing.T) {
 	t.Run("not readable", func(t *testing.T) {
 		f := newFixture(t)
 		c := f.checker(t, nil)
-		f.kube.PrependReactor("get", "runtimeclasses", func(k8stesting.Action) (bool, runtime.Object, error) {
-			return true, nil, apierrors.NewForbidden(schema.GroupResource{Group: "node.k8s.io", Resource: "runtimeclasses"}, "gvisor", errors.New("no"))
-		})
+		forbid(f, "get", schema.GroupResource{Group: "node.k8s.io", Resource: "runtimeclasses"})
 		expect(t, c.Run(context.Background()), "runtimeclass gvisor", doctor.Warn, "cannot verify", "ClusterRole ...-doctor")
 	})
 }
@@ -458,9 +463,7 @@ func TestNetworkPolicies(t *testing.T) {
 	t.Run("not readable", func(t *testing.T) {
 		f := newFixture(t)
 		c := f.checker(t, nil)
-		f.kube.PrependReactor("list", "networkpolicies", func(k8stesting.Action) (bool, runtime.Object, error) {
-			return true, nil, apierrors.NewForbidden(schema.GroupResource{Group: "networking.k8s.io", Resource: "networkpolicies"}, "", errors.New("no"))
-		})
+		forbid(f, "list", schema.GroupResource{Group: "networking.k8s.io", Resource: "networkpolicies"})
 		expect(t, c.Run(context.Background()), "networkpolicies", doctor.Warn, "cannot verify", "Role ...-doctor")
 	})
 }
@@ -505,9 +508,7 @@ func TestColdStartAdmissionPolicy(t *testing.T) {
 	t.Run("not readable", func(t *testing.T) {
 		f := cold(t)
 		c := f.checker(t, nil)
-		f.kube.PrependReactor("list", "validatingadmissionpolicies", func(k8stesting.Action) (bool, runtime.Object, error) {
-			return true, nil, apierrors.NewForbidden(schema.GroupResource{Group: "admissionregistration.k8s.io", Resource: "validatingadmissionpolicies"}, "", errors.New("no"))
-		})
+		forbid(f, "list", schema.GroupResource{Group: "admissionregistration.k8s.io", Resource: "validatingadmissionpolicies"})
 		expect(t, c.Run(context.Background()), check, doctor.Warn, "cannot verify", "ClusterRole ...-doctor")
 	})
 	t.Run("not checked with reject", func(t *testing.T) {

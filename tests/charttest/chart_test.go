@@ -334,6 +334,19 @@ func TestColdStartPolicyMatchesTheRelease(t *testing.T) {
 	}
 }
 
+// helm install needs the namespace before it renders anything (it stores the release there), so
+// by default the chart renders none; with namespace.create it renders one with Pod Security labels.
+func TestNamespaceOnlyWhenAsked(t *testing.T) {
+	if ns := charttest.Render(t, "ci", "ci-sandbox", "").OfKind("Namespace"); len(ns) > 0 {
+		t.Errorf("the default render has a Namespace, which helm install cannot create: %v", ns[0].GetName())
+	}
+	var ns corev1.Namespace
+	charttest.Render(t, "ci", "ci-sandbox", "namespace: {create: true}\n").Decode(t, "Namespace", "ci-sandbox", &ns)
+	if ns.Labels["pod-security.kubernetes.io/enforce"] != "baseline" {
+		t.Errorf("namespace labels %v: want Pod Security enforce baseline", ns.Labels)
+	}
+}
+
 // Values that cannot work are refused with one line that says what to change.
 func TestBadValuesAreRefused(t *testing.T) {
 	for _, tc := range []struct{ values, want string }{
@@ -356,7 +369,7 @@ func TestLocalValuesKeepTheSuitesNames(t *testing.T) {
 	for _, want := range []struct{ kind, name string }{
 		{"SandboxWarmPool", "duo-default"}, {"SandboxWarmPool", "duo-proxied"}, {"SandboxWarmPool", "duo-posix"},
 		{"SandboxTemplate", "duo-gvisor"}, {"SandboxTemplate", "duo-gvisor-proxied"}, {"SandboxTemplate", "posix-gvisor"},
-		{"ServiceAccount", "sandbox-executor"}, {"Role", "sandbox-executor"}, {"Role", "sandbox-executor-cold-images"},
+		{"Namespace", "sandbox-executor"}, {"ServiceAccount", "sandbox-executor"}, {"Role", "sandbox-executor"}, {"Role", "sandbox-executor-cold-images"},
 		{"ClusterRole", "sandbox-executor-doctor"}, {"ValidatingAdmissionPolicy", "sandbox-executor-cold-images"},
 	} {
 		if objs.Find(want.kind, want.name) == nil {

@@ -106,7 +106,7 @@ func TestDoctorMissingPoolFails(t *testing.T) {
 	if code != 1 {
 		t.Errorf("doctor exited %d, want 1", code)
 	}
-	want := regexp.MustCompile(`^FAIL  pool ` + missing + `: SandboxWarmPool "` + missing + `" not found in namespace "sandbox-executor"; fix: create it .* or correct the \[\[pool\]\] name in ` + regexp.QuoteMeta(path) + `$`)
+	want := regexp.MustCompile(`^FAIL  pool ` + missing + `: SandboxWarmPool "` + missing + `" not found in namespace "sandbox-executor"; fix: add it to the chart.s pools values .* or correct the \[\[pool\]\] name in ` + regexp.QuoteMeta(path) + `$`)
 	fails := 0
 	for _, l := range lines {
 		if strings.HasPrefix(l, "FAIL") {

@@ -24,7 +24,7 @@ require_fence = {{ $ctx.Values.executor.requireFence }}
 # The runner image's binaries: the agent for templates that do not bake it in, the helper
 # for jobs with cache: or artifacts:.
 agent_binary = "/usr/local/bin/sandbox-executor-agent"
-helper_binary = "/usr/bin/gitlab-runner-helper"
+helper_binary = {{ $ctx.Values.runner.helperBinary | quote }}
 {{- end }}
 ready_timeout = {{ $ctx.Values.executor.readyTimeout | quote }}
 claim_grace = {{ $ctx.Values.executor.claimGrace | quote }}
