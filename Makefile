@@ -159,7 +159,7 @@ runner:
 runner-test: runner $(GOTESTSUM)
 	$(call gotest,pkgname) -tags runner -race -count=1 ./tests/runner/...
 
-e2e: build $(GOTESTSUM)
+e2e: build images $(GOTESTSUM)
 	SANDBOX_EXECUTOR_BIN=$(BIN) $(call gotest,standard-verbose) -tags e2e -count=1 -timeout 30m ./tests/e2e/...
 
 # Jobs that try to break out of their sandbox (kernel, API, network, resources, privileges,
@@ -171,7 +171,7 @@ security: build $(GOTESTSUM)
 e2e-long: build
 	SANDBOX_EXECUTOR_BIN=$(BIN) $(GO) test -tags 'e2e e2elong' -count=1 -timeout 60m -v -run 'Silent' ./tests/e2e/...
 
-demo: build cluster-up runner
+demo: build cluster-up images
 	SANDBOX_EXECUTOR_BIN=$(BIN) $(GO) run ./tools/demo
 
 # Benchmarks against baselines measured in the same run; writes docs/benchmarks.md.

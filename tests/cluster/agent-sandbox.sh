@@ -10,8 +10,8 @@
 #
 # The manifests come from the module the controller image is built from (build.sh, images.sh),
 # so CRDs and controller always match. Only the image reference changes: upstream's
-# `ko://.../agent-sandbox-controller` placeholder becomes $AGENT_SANDBOX_IMAGE (imported into
-# containerd and pinned; its version tag makes the default pull policy IfNotPresent). The CRDs
+# `ko://.../agent-sandbox-controller` placeholder becomes our image (imported into containerd
+# and pinned; its tag, not :latest, makes the default pull policy IfNotPresent). The CRDs
 # convert through the controller's webhook Service, which the apiserver reaches through
 # kube-proxy, and the controller reaches the API through the kubernetes Service.
 set -euo pipefail
@@ -21,9 +21,10 @@ UPSTREAM_IMAGE=ko://sigs.k8s.io/agent-sandbox/cmd/agent-sandbox-controller
 DEPLOYMENT=deployment/agent-sandbox-controller
 
 release_manifests() {
-  local m
+  local m image
+  image=$(cat "$CLUSTER_IMAGES/agent-sandbox-controller.ref") || die "no agent-sandbox controller image built (images.sh build)"
   m=$(module_dir "sigs.k8s.io/agent-sandbox@$AGENT_SANDBOX_VERSION")/k8s
-  kubectl_admin kustomize "$m" | sed "s|image: $UPSTREAM_IMAGE\b.*|image: $AGENT_SANDBOX_IMAGE|"
+  kubectl_admin kustomize "$m" | sed "s|image: $UPSTREAM_IMAGE\b.*|image: $image|"
 }
 
 # The controller once ran on the node (out of cluster, client-certificate user, a selector-less
@@ -62,7 +63,7 @@ up() {
   kubectl_admin -n "$AGENT_SANDBOX_NAMESPACE" rollout status "$DEPLOYMENT" --timeout=180s >/dev/null
   wait_until "agent-sandbox webhook endpoint ready" 60 webhook_endpoint_ready
   wait_until "agent-sandbox CRD conversion caBundles" 60 ca_bundles_patched
-  log "agent-sandbox $AGENT_SANDBOX_VERSION controller in-cluster ($AGENT_SANDBOX_IMAGE)"
+  log "agent-sandbox $AGENT_SANDBOX_VERSION controller in-cluster ($(cat "$CLUSTER_IMAGES/agent-sandbox-controller.ref"))"
 }
 
 main() {

@@ -59,7 +59,10 @@ check_kube_proxy() {
   http_get "http://$KUBE_PROXY_HEALTHZ_ADDR/healthz" >/dev/null || { echo "healthz not answering"; return 1; }
   iptables -t nat -S KUBE-SERVICES | grep -qF '"default/kubernetes:https cluster IP"' ||
     { echo "no rule for the kubernetes Service"; return 1; }
-  echo "iptables mode, $KUBERNETES_SERVICE_IP:443 routed (pid $(daemon_pid kube-proxy))"
+  # From the node too: the apiserver calls webhooks at their ClusterIP.
+  http_get -k "https://$KUBERNETES_SERVICE_IP/version" >/dev/null ||
+    { echo "the node cannot reach the kubernetes Service at $KUBERNETES_SERVICE_IP:443"; return 1; }
+  echo "iptables mode, $KUBERNETES_SERVICE_IP:443 answers the node (pid $(daemon_pid kube-proxy))"
 }
 # deployment_available NAMESPACE NAME: prints "N/M available, image REF".
 deployment_available() {
@@ -131,6 +134,7 @@ RUNC_POD=runc-posix-$$
 # Created first and awaited last, so the sandboxes boot while the other checks run.
 create_check_pods() {
   kubectl_admin create namespace "$CHECK_NAMESPACE" --dry-run=client -o yaml | kubectl_admin apply -f - >/dev/null
+<<<<<<< HEAD
   # Leftovers of an interrupted earlier run: pods whose check.sh is gone. Another check.sh may
   # be running (suites check the cluster before they start): its pods are left alone.
   local pod pid
@@ -141,6 +145,12 @@ create_check_pods() {
     fi
   done < <(kubectl_admin -n "$CHECK_NAMESPACE" get pods -l app.kubernetes.io/name=cluster-check \
     -o jsonpath='{range .items[*]}{.metadata.name} {.metadata.labels.sandbox-executor\.io/check-pid}{"\n"}{end}' 2>/dev/null)
+=======
+  # Leftovers of an interrupted earlier run, once their activeDeadlineSeconds has ended them;
+  # the pods of a check.sh running at the same time (a shared machine) are left alone.
+  kubectl_admin -n "$CHECK_NAMESPACE" delete pod -l app.kubernetes.io/name=cluster-check \
+    --field-selector=status.phase!=Running,status.phase!=Pending --wait=false >/dev/null 2>&1 || true
+>>>>>>> metrics
   # Pods are rejected until the namespace's default ServiceAccount exists.
   wait_until "ServiceAccount $CHECK_NAMESPACE/default" 30 kubectl_admin -n "$CHECK_NAMESPACE" get serviceaccount default 2>/dev/null
   {

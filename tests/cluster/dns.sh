@@ -9,7 +9,9 @@ set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 manifest() {
-  sed -e "s|@COREDNS_IMAGE@|$COREDNS_IMAGE|g" -e "s|@CLUSTER_DNS_IP@|$CLUSTER_DNS_IP|g" \
+  local image
+  image=$(cat "$CLUSTER_IMAGES/coredns.ref") || die "no CoreDNS image built (images.sh build)"
+  sed -e "s|@COREDNS_IMAGE@|$image|g" -e "s|@CLUSTER_DNS_IP@|$CLUSTER_DNS_IP|g" \
     -e "s|@CLUSTER_DOMAIN@|$CLUSTER_DOMAIN|g" "$CLUSTER_SCRIPTS_DIR/manifests/coredns.yaml"
 }
 

@@ -6,9 +6,9 @@
 #   egress-proxy.sh down     stop it (by PID file) and remove the namespace
 #   egress-proxy.sh status
 #
-# It runs in a network namespace rather than as a pod: this cluster has no kube-proxy and no DNS,
-# so a Service address is unreachable and a pod IP changes with every restart, while the proxied
-# template's HTTP_PROXY and NetworkPolicy need one fixed address. The namespace sits next to "the
+# It runs in a network namespace rather than as a pod, at one fixed address that the proxied
+# template's HTTP_PROXY and NetworkPolicy (an ipBlock) name; it predates kube-proxy and cluster
+# DNS here, which would now let it run as the chart's Deployment behind a Service (not done yet). The namespace sits next to "the
 # GitLab instance" (10.99.1.2) and "the internet" (10.99.0.2) of networkpolicy.sh, inside the
 # 10.99.0.0/16 that networkpolicy.sh opens for pods in net.sh's guard chain. Production runs the
 # same binary as a Deployment (the chart's egressProxy.enabled). Config: deploy/local/egress-proxy.toml.

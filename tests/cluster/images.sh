@@ -17,7 +17,7 @@
 #                                         into job pods. Tagged by the binary's hash, so a changed
 #                                         agent changes the template (up.sh sets it) and the warm
 #                                         pools recreate
-#   sandbox-executor.local/coredns:<version>, sandbox-executor.local/agent-sandbox-controller:<version>
+#   sandbox-executor.local/coredns:<version>-<hash>, sandbox-executor.local/agent-sandbox-controller:<version>-<hash>
 #                                         the static binaries build.sh made from the pinned modules,
 #                                         alone, run as nonroot like upstream's distroless images:
 #                                         cluster DNS and agent-sandbox's controller run in-cluster
@@ -166,12 +166,13 @@ build_agent_image() {
   log "packed $ref: $(du -h "$CLUSTER_IMAGES/agent.tar" | cut -f1), manifest ${digest:0:19}"
 }
 
-# component_image NAME REF BINARY USER: an image of one static binary from $CLUSTER_BIN, current
-# when its stamp (ref + binary hash) matches: a rebuilt binary repacks it.
+# component_image NAME REPO VERSION BINARY USER: an image of one static binary from $CLUSTER_BIN,
+# tagged VERSION-<binary hash>: a rebuilt binary repacks it under a new tag.
 component_image() {
-  local name=$1 ref=$2 bin=$CLUSTER_BIN/$3 user=$4 dir=$ROOTFS/$1 want
+  local name=$1 bin=$CLUSTER_BIN/$4 user=$5 dir=$ROOTFS/$1 ref want
   [[ -x $bin ]] || die "$bin not built: run build.sh"
-  want="$ref $(sha256sum "$bin" | cut -c1-16)"
+  ref=$2:$3-$(sha256sum "$bin" | cut -c1-12)
+  want="$ref $(declare -f component_image pack_oci | sha256sum | cut -c1-16)"
   if stamp_matches "$CLUSTER_IMAGES/$name.stamp" "$want" && [[ -f $CLUSTER_IMAGES/$name.tar ]]; then
     log "image $ref: up to date"
     return 0
@@ -179,8 +180,8 @@ component_image() {
   rm -rf "$dir"
   mkdir -p "$dir/tmp"
   chmod 1777 "$dir/tmp"
-  cp "$bin" "$dir/$3"
-  pack_oci "$dir" "$ref" "$CLUSTER_IMAGES/$name.tar" "\"Entrypoint\":[\"/$3\"],\"User\":\"$user\""
+  cp "$bin" "$dir/$4"
+  pack_oci "$dir" "$ref" "$CLUSTER_IMAGES/$name.tar" "\"Entrypoint\":[\"/$4\"],\"User\":\"$user\""
   echo "$ref" >"$CLUSTER_IMAGES/$name.ref"
   stamp_write "$CLUSTER_IMAGES/$name.stamp" "$want"
 }
@@ -260,8 +261,9 @@ build_all() {
   step "image posix" build_image posix "$POSIX_IMAGE" '"Cmd":["/bin/sh"]' build_rootfs_posix
   step "image agent" build_agent_image
   # CoreDNS binds :53, which needs root with only CAP_NET_BIND_SERVICE (its Deployment drops the rest).
-  step "image coredns" component_image coredns "$COREDNS_IMAGE" coredns 0:0
-  step "image agent-sandbox-controller" component_image agent-sandbox-controller "$AGENT_SANDBOX_IMAGE" agent-sandbox-controller 65532:65532
+  step "image coredns" component_image coredns "$COREDNS_IMAGE_REPO" "$COREDNS_VERSION" coredns 0:0
+  step "image agent-sandbox-controller" component_image agent-sandbox-controller "$AGENT_SANDBOX_IMAGE_REPO" "$AGENT_SANDBOX_VERSION" \
+    agent-sandbox-controller 65532:65532
   build_duo_images
 }
 

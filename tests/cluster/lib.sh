@@ -73,9 +73,11 @@ PAUSE_IMAGE=sandbox-executor.local/pause:3.10
 CI_IMAGE=sandbox-executor.local/ci:bookworm
 POSIX_IMAGE=sandbox-executor.local/posix:bookworm
 AGENT_IMAGE_REPO=sandbox-executor.local/agent
-# In-cluster components, built from the pinned modules (images.sh) and tagged with their version.
-COREDNS_IMAGE=sandbox-executor.local/coredns:$COREDNS_VERSION
-AGENT_SANDBOX_IMAGE=sandbox-executor.local/agent-sandbox-controller:$AGENT_SANDBOX_VERSION
+# In-cluster components, built from the pinned modules (images.sh), tagged <version>-<binary
+# hash> (a rebuilt binary is a new tag, so its Deployment rolls); the refs are in
+# $CLUSTER_IMAGES/<name>.ref.
+COREDNS_IMAGE_REPO=sandbox-executor.local/coredns
+AGENT_SANDBOX_IMAGE_REPO=sandbox-executor.local/agent-sandbox-controller
 
 # --- ports of the local-only endpoints -----------------------------------------------
 ETCD_CLIENT_URL=http://127.0.0.1:2379
@@ -95,7 +97,7 @@ export CLUSTER_SCRIPTS_DIR REPO_ROOT CLUSTER_DIR CLUSTER_BIN CLUSTER_BUILD CLUST
   CLUSTER_LOG CLUSTER_RUN CLUSTER_ETC CLUSTER_PKI CLUSTER_KUBECONFIGS ADMIN_KUBECONFIG \
   EXECUTOR_KUBECONFIG CONTAINERD_SOCK DEPLOY_DIR NODE_IP NODE_BRIDGE POD_CIDR POD_GATEWAY POD_BRIDGE \
   SERVICE_CIDR KUBERNETES_SERVICE_IP CLUSTER_DNS_IP CLUSTER_DOMAIN APISERVER_URL POD_FORWARD_CHAIN NODE_INPUT_CHAIN POD_V6_CHAIN NODE_NAME PAUSE_IMAGE CI_IMAGE \
-  POSIX_IMAGE AGENT_IMAGE_REPO COREDNS_IMAGE AGENT_SANDBOX_IMAGE AGENT_SANDBOX_NAMESPACE EXECUTOR_NAMESPACE EXECUTOR_SERVICEACCOUNT WARM_POOL
+  POSIX_IMAGE AGENT_IMAGE_REPO COREDNS_IMAGE_REPO AGENT_SANDBOX_IMAGE_REPO AGENT_SANDBOX_NAMESPACE EXECUTOR_NAMESPACE EXECUTOR_SERVICEACCOUNT WARM_POOL
 
 # Our binaries first, then the Go toolchain, then the system (runc and CNI come from Debian).
 export PATH=$CLUSTER_BIN:$GO_BIN_DIR:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin

@@ -12,7 +12,7 @@
 #   ($POD_FORWARD_CHAIN), so pods cannot reach any real network. Another script may open a
 #   destination by inserting `-d CIDR -j RETURN` at the top of that chain.
 # - Services: kube-proxy (iptables mode) DNATs ClusterIPs to endpoints. The service CIDR is routed
-#   to $NODE_BRIDGE (no ports), so the node's own connections (the apiserver calling a webhook
+#   to $NODE_BRIDGE (no ports; in a table of its own), so the node's own connections (the apiserver calling a webhook
 #   Service) get a route and a source address before kube-proxy's OUTPUT rules rewrite them, and a
 #   ClusterIP that no rule rewrites leads nowhere.
 # - Pods talk to the node only in reply to connections the node opened (kubelet probes, exec
@@ -27,6 +27,10 @@
 #   that enters from or leaves through $POD_BRIDGE.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+
+# Policy routing for the service CIDR (node_bridge_up).
+SERVICE_ROUTE_TABLE=7796
+SERVICE_ROUTE_PRIORITY=7796
 
 # ensure_jump TABLE_CHAIN TARGET: a single jump from a built-in chain into ours, at the top.
 ensure_jump() {
@@ -57,9 +61,12 @@ node_bridge_up() {
   ip link show "$NODE_BRIDGE" >/dev/null 2>&1 || ip link add "$NODE_BRIDGE" type bridge
   ip addr replace "$NODE_IP/32" dev "$NODE_BRIDGE"
   ip link set "$NODE_BRIDGE" up
-  # An earlier cluster routed the service CIDR unreachable (no kube-proxy then).
+  # The service CIDR has a routing table of its own, looked up before main: an older net.sh
+  # (shared machine) that routes it unreachable in main cannot take it away.
+  ip route replace "$SERVICE_CIDR" dev "$NODE_BRIDGE" src "$NODE_IP" table "$SERVICE_ROUTE_TABLE"
+  ip rule show priority "$SERVICE_ROUTE_PRIORITY" | grep -q "to $SERVICE_CIDR lookup $SERVICE_ROUTE_TABLE" ||
+    ip rule add priority "$SERVICE_ROUTE_PRIORITY" to "$SERVICE_CIDR" lookup "$SERVICE_ROUTE_TABLE"
   ip route del unreachable "$SERVICE_CIDR" 2>/dev/null || true
-  ip route replace "$SERVICE_CIDR" dev "$NODE_BRIDGE" src "$NODE_IP"
 }
 
 guard_chains_up() {
@@ -120,7 +127,9 @@ net_down() {
   remove_chain INPUT "$NODE_INPUT_CHAIN"
   local builtin
   for builtin in INPUT FORWARD; do remove_chain "$builtin" "$POD_V6_CHAIN" ip6tables; done
-  ip route del "$SERVICE_CIDR" 2>/dev/null || true
+  while ip rule del priority "$SERVICE_ROUTE_PRIORITY" 2>/dev/null; do :; done
+  ip route flush table "$SERVICE_ROUTE_TABLE" 2>/dev/null || true
+  ip route del unreachable "$SERVICE_CIDR" 2>/dev/null || true
   local br
   for br in "$POD_BRIDGE" "$NODE_BRIDGE"; do
     if ip link del "$br" 2>/dev/null; then log "removed bridge $br"; fi

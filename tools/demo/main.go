@@ -1,18 +1,23 @@
-// Command demo runs a Duo-shaped job (GitLab Duo Agent Platform flow) through the real
-// gitlab-runner and sandbox-executor on the local cluster, against a stand-in GitLab instance on
-// the network job pods may reach (tools/duoflow), and prints the job log as GitLab would show it
-// and the commit the job pushed. `make demo` runs it.
+// Command demo installs sandbox-executor on the local cluster as a user does (the Helm chart
+// with the project's images, the runner in a pod with gitlab-runner 17.9.0; tests/incluster),
+// runs a Duo-shaped job (GitLab Duo Agent Platform flow) through it against a stand-in GitLab
+// instance on the network job pods may reach (tools/duoflow), reached by a cluster DNS name,
+// prints the job log as GitLab would show it and the commit the job pushed, and uninstalls.
+// `make demo` runs it.
 package main
 
 import (
 	"context"
 	"fmt"
 	"os"
-	"path/filepath"
 	"time"
 
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/sandbox-executor/sandbox-executor/tests/incluster"
 	"github.com/sandbox-executor/sandbox-executor/tests/localcluster"
-	"github.com/sandbox-executor/sandbox-executor/tests/runner"
+	"github.com/sandbox-executor/sandbox-executor/tests/testutil"
 	"github.com/sandbox-executor/sandbox-executor/tools/duoflow"
 )
 
@@ -28,17 +33,16 @@ func run() error {
 	if err != nil {
 		return err
 	}
-	dir, err := os.MkdirTemp("", "sandbox-executor-demo")
+	root, err := testutil.ModuleRoot()
 	if err != nil {
 		return err
 	}
-	defer os.RemoveAll(dir)
-	helper, err := duoflow.HelperConfig()
+	cfg, err := clientcmd.BuildConfigFromFlags("", env.AdminKubeconfig())
 	if err != nil {
 		return err
 	}
-	configPath := filepath.Join(dir, "config.toml")
-	if err := env.WriteConfig(configPath, localcluster.Config{RunnerName: "demo-runner", Extra: helper}); err != nil {
+	kube, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
 		return err
 	}
 	inst, err := duoflow.NewInstance()
@@ -50,27 +54,40 @@ func run() error {
 	if err != nil {
 		return err
 	}
+	ctx := context.Background()
+	suffix := fmt.Sprint(os.Getpid())
+	fmt.Println("== helm install: the chart with the project's images, the runner in the cluster")
+	r, err := incluster.Install(ctx, incluster.Options{Root: root, Env: env, Kube: kube,
+		Namespace: "sbx-demo-" + suffix, GitLabNamespace: "sbx-demo-gitlab-" + suffix, Release: "duo",
+		InstanceIP: inst.Host, RunnerToken: inst.GitLab.RunnerToken(), JobImage: localcluster.CIImage})
+	if r != nil {
+		defer func() {
+			fmt.Println("== helm uninstall")
+			if !r.Uninstalled() {
+				if err := r.Uninstall(); err != nil {
+					fmt.Fprintln(os.Stderr, "demo:", err)
+				}
+			}
+			if err := r.Close(); err != nil {
+				fmt.Fprintln(os.Stderr, "demo:", err)
+			}
+		}()
+	}
+	if err != nil {
+		return err
+	}
+	fmt.Printf("== release %s in namespace %s (images %s); the runner registers with %s\n", r.Release, r.Namespace, r.Tag, r.GitLabURL)
 	job := inst.Job(base, localcluster.CIImage)
 	inst.GitLab.Enqueue(job)
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
 	defer cancel()
-	proc, err := runner.Start(runner.Options{URL: inst.GitLab.URL(), Token: inst.GitLab.RunnerToken(),
-		Executor: env.CustomExecutor(configPath), Cache: inst.RunnerCache(), Timeout: 5 * time.Minute})
-	if err != nil {
-		return err
-	}
-	defer proc.Stop()
 	res, err := inst.GitLab.Wait(ctx, job.ID)
 	if err != nil {
-		return fmt.Errorf("%w; runner log:\n%s", err, proc.Log())
-	}
-	// The runner has released the sandbox before it sent the final state; let it exit on its own.
-	if _, err := proc.Wait(ctx); err != nil {
-		return err
+		return fmt.Errorf("%w; runner pod log:\n%s", err, r.RunnerLog())
 	}
 	fmt.Println(res.Trace)
-	fmt.Printf("\n== job %d: %s in %s (handed out -> final state), through gitlab-runner %s and sandbox-executor\n",
-		job.ID, res.State, res.Duration().Round(time.Millisecond), res.Runner.Version)
+	fmt.Printf("\n== job %d: %s in %s (handed out -> final state), through gitlab-runner %s in pod %s/%s-runner and sandbox-executor\n",
+		job.ID, res.State, res.Duration().Round(time.Millisecond), res.Runner.Version, r.Namespace, r.Fullname())
 	if res.State != "success" {
 		return fmt.Errorf("job %s (%s)", res.State, res.FailureReason)
 	}
@@ -79,5 +96,5 @@ func run() error {
 		return err
 	}
 	fmt.Printf("== pushed to %s on the instance:\n%s\n", duoflow.Branch(job.ID), pushed)
-	return nil
+	return r.Uninstall()
 }

@@ -1,0 +1,273 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/tools/cache"
+	watchtools "k8s.io/client-go/tools/watch"
+	"k8s.io/utils/ptr"
+	sandboxv1beta1 "sigs.k8s.io/agent-sandbox/api/v1beta1"
+	extv1beta1 "sigs.k8s.io/agent-sandbox/extensions/api/v1beta1"
+
+	"github.com/sandbox-executor/sandbox-executor/kube"
+	"github.com/sandbox-executor/sandbox-executor/tests/clustertest"
+	"github.com/sandbox-executor/sandbox-executor/tests/fakegitlab"
+	"github.com/sandbox-executor/sandbox-executor/tests/incluster"
+	"github.com/sandbox-executor/sandbox-executor/tests/testutil"
+	"github.com/sandbox-executor/sandbox-executor/tools/duoflow"
+)
+
+// inClusterTimeout bounds one step: an install until a job is handed out (image start,
+// registration), a job, a cleanup.
+const inClusterTimeout = 5 * time.Minute
+
+// TestInClusterInstall installs the chart into a namespace of its own (tests/incluster), where
+// the runner pod registers with the fake GitLab by a cluster DNS name and runs a Duo-shaped job,
+// a failing job and a canceled one in gVisor pods over the pod network; then gc, started from
+// its CronJob, reaps an expired claim; then helm uninstall leaves nothing behind.
+func TestInClusterInstall(t *testing.T) {
+	c := clustertest.Connect(t)
+	root, err := testutil.ModuleRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	suffix := strconv.Itoa(os.Getpid())
+	inst, err := duoflow.NewInstance()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer inst.Close()
+	base, err := inst.CreateProject()
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := incluster.Install(ctx, incluster.Options{Root: root, Env: c.Env, Kube: c.Admin.Kube,
+		Namespace: "sbx-incluster-" + suffix, GitLabNamespace: "sbx-incluster-gitlab-" + suffix, Release: "duo",
+		InstanceIP: inst.Host, RunnerToken: inst.GitLab.RunnerToken(), JobImage: ciImage})
+	if r != nil {
+		t.Cleanup(func() {
+			if !r.Uninstalled() {
+				_ = r.Uninstall()
+			}
+			if err := r.Close(); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	ns := r.Namespace
+	t.Logf("release %s in %s (images %s); GitLab instance %s as %s", r.Release, ns, r.Tag, inst.GitLab.URL(), r.GitLabURL)
+	kubectl := func(args ...string) string {
+		t.Helper()
+		out, err := r.Kubectl(args...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return out
+	}
+	wait := func(id int64) fakegitlab.Result {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(ctx, inClusterTimeout)
+		defer cancel()
+		res, err := inst.GitLab.Wait(ctx, id)
+		if err != nil {
+			t.Fatalf("job %d: %v\ntrace so far:\n%s\nrunner pod log:\n%s", id, err, res.Trace, r.RunnerLog())
+		}
+		return res
+	}
+
+	// A Duo-shaped job: clone, npm install from the instance, tests, a push back, an artifact.
+	duo := inst.Job(base, ciImage)
+	inst.GitLab.Enqueue(duo)
+	res := wait(duo.ID)
+	if res.State != fakegitlab.StateSuccess {
+		t.Fatalf("Duo job %d: %s (%s)\n%s\nrunner pod log:\n%s", duo.ID, res.State, res.FailureReason, res.Trace, r.RunnerLog())
+	}
+	mustContain(t, "Duo job trace", res.Trace,
+		"Sandbox ready: pool duo-default", "pod "+ns+"/", "runtime "+ns+"-"+r.Fullname()+"-gvisor", "stages over pod network",
+		"tests passed: welcome, farewell", "Uploading artifacts", "egress to the instance: allowed", "egress outside: blocked")
+	branch := duoflow.Branch(duo.ID)
+	assertArtifact(t, res, "pushed "+assertPushed(t, inst, branch, base)+" on "+branch)
+	if res.Runner.Version != "17.9.0" {
+		t.Errorf("the job ran on gitlab-runner %q, want 17.9.0", res.Runner.Version)
+	}
+	for _, v := range duo.Variables {
+		if v.Masked && strings.Contains(res.Trace, v.Value) {
+			t.Errorf("the value of %s appears in the trace", v.Key)
+		}
+	}
+	waitClaimsGone(t, c, ns, kube.LabelJobID+"="+strconv.FormatInt(duo.ID, 10))
+	t.Logf("Duo job %d: %s in %s; %s", duo.ID, res.State, res.Duration().Round(time.Millisecond), sandboxReady.FindString(res.Trace))
+
+	// A failing job: the script's exit code reaches GitLab as a script failure.
+	failing := inst.GitLab.NewJob(fakegitlab.JobSpec{Image: ciImage, GitStrategy: "none", Script: []string{"echo about to fail", "exit 3"}})
+	inst.GitLab.Enqueue(failing)
+	res = wait(failing.ID)
+	if res.State != fakegitlab.StateFailed || res.FailureReason != "script_failure" {
+		t.Errorf("failing job %d: %s (%s), want failed (script_failure)\n%s", failing.ID, res.State, res.FailureReason, res.Trace)
+	}
+	mustContain(t, "failing job trace", res.Trace, "about to fail", "ERROR: Job failed: exit status 3")
+	waitClaimsGone(t, c, ns, kube.LabelJobID+"="+strconv.FormatInt(failing.ID, 10))
+
+	// A canceled job: GitLab cancels it while its stage runs; the runner stops it and cleanup
+	// releases the sandbox.
+	canceled := inst.GitLab.NewJob(fakegitlab.JobSpec{Image: ciImage, GitStrategy: "none", Script: []string{"echo waiting-for-cancel", "sleep 600", "echo NOT-CANCELED"}})
+	inst.GitLab.Enqueue(canceled)
+	{
+		ctx, cancel := context.WithTimeout(ctx, inClusterTimeout)
+		if res, err := inst.GitLab.WaitForTrace(ctx, canceled.ID, "waiting-for-cancel"); err != nil {
+			cancel()
+			t.Fatalf("job %d never started its stage: %v\n%s\nrunner pod log:\n%s", canceled.ID, err, res.Trace, r.RunnerLog())
+		}
+		cancel()
+	}
+	if err := inst.GitLab.Cancel(canceled.ID); err != nil {
+		t.Fatal(err)
+	}
+	res = wait(canceled.ID)
+	if res.State != fakegitlab.StateCanceled || strings.Contains(res.Trace, "NOT-CANCELED") {
+		t.Errorf("canceled job %d: %s, want canceled before the stage ended\n%s", canceled.ID, res.State, res.Trace)
+	}
+	waitClaimsGone(t, c, ns, kube.LabelJobID+"="+strconv.FormatInt(canceled.ID, 10))
+
+	// gc from its CronJob: an expired claim of this runner that agent-sandbox keeps (policy
+	// Retain), as one left by a runner that died, is deleted; gc runs as its own ServiceAccount.
+	expired := expiredClaim(t, c, ns)
+	gcJob := "gc-now-" + suffix
+	kubectl("-n", ns, "create", "job", gcJob, "--from=cronjob/"+r.Fullname()+"-gc")
+	kubectl("-n", ns, "wait", "--for=condition=complete", "--timeout=3m", "job/"+gcJob)
+	gcLog := kubectl("-n", ns, "logs", "job/"+gcJob)
+	mustContain(t, "gc log", gcLog, "deleted "+ns+"/"+expired+" ", "shutdownTime passed", fmt.Sprintf("of runner %q deleted", incluster.RunnerName))
+	waitClaimsGone(t, c, ns, "metadata.name="+expired)
+	t.Logf("gc: %s", strings.TrimSpace(gcLog))
+
+	// Uninstall: nothing of the release is left, in its namespace or cluster-wide.
+	if err := r.Uninstall(); err != nil {
+		t.Fatal(err)
+	}
+	assertNothingLeft(t, c, r)
+}
+
+// expiredClaim creates a claim labelled as the runner's, whose shutdownTime has passed, with
+// policy Retain so that agent-sandbox keeps it: only gc removes it. Returns its name.
+func expiredClaim(t *testing.T, c *clustertest.Cluster, ns string) string {
+	t.Helper()
+	name := "expired-" + strconv.FormatInt(fakegitlab.NextJobID(), 10)
+	claim := &extv1beta1.SandboxClaim{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{
+			kube.LabelManagedBy: kube.ManagedByValue, kube.LabelRunner: kube.RunnerLabel(incluster.RunnerName), kube.LabelJobID: "0"}},
+		Spec: extv1beta1.SandboxClaimSpec{
+			WarmPoolRef: extv1beta1.SandboxWarmPoolRef{Name: "duo-default"},
+			Lifecycle: &extv1beta1.Lifecycle{ShutdownPolicy: extv1beta1.ShutdownPolicyRetain,
+				ShutdownTime: ptr.To(metav1.NewTime(time.Now().Add(-time.Hour)))},
+		},
+	}
+	if _, err := c.Admin.Extensions.ExtensionsV1beta1().SandboxClaims(ns).Create(context.Background(), claim, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	return name
+}
+
+// waitClaimsGone watches the claims of ns that match selector (a label selector, or
+// metadata.name=NAME) until there are none.
+func waitClaimsGone(t *testing.T, c *clustertest.Cluster, ns, selector string) {
+	t.Helper()
+	narrow := func(o *metav1.ListOptions) {
+		if name, ok := strings.CutPrefix(selector, "metadata.name="); ok {
+			o.FieldSelector = "metadata.name=" + name
+		} else {
+			o.LabelSelector = selector
+		}
+	}
+	claims := c.Admin.Extensions.ExtensionsV1beta1().SandboxClaims(ns)
+	lw := listWatch(narrow, claims.List, claims.Watch)
+	if left := waitNoneLeft(lw, &extv1beta1.SandboxClaim{}); left != nil {
+		t.Fatalf("claims of %s with %s still there after %s: %v", ns, selector, inClusterTimeout, left)
+	}
+}
+
+// listWatch lists and watches with list and watch, each call's options first narrowed.
+func listWatch[L runtime.Object](narrow func(*metav1.ListOptions), list func(context.Context, metav1.ListOptions) (L, error),
+	watchFn func(context.Context, metav1.ListOptions) (watch.Interface, error)) *cache.ListWatch {
+	return &cache.ListWatch{
+		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+			narrow(&o)
+			return list(ctx, o)
+		},
+		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+			narrow(&o)
+			return watchFn(ctx, o)
+		},
+	}
+}
+
+// waitNoneLeft watches what lw lists until nothing is left, and returns the names still there
+// if that does not happen within inClusterTimeout.
+func waitNoneLeft(lw cache.ListerWatcher, obj runtime.Object) []string {
+	ctx, cancel := context.WithTimeout(context.Background(), inClusterTimeout)
+	defer cancel()
+	var store cache.Store
+	empty := func() bool { return store != nil && len(store.List()) == 0 }
+	_, err := watchtools.UntilWithSync(ctx, lw, obj, func(s cache.Store) (bool, error) {
+		store = s
+		return empty(), nil
+	}, func(watch.Event) (bool, error) { return empty(), nil })
+	if err == nil {
+		return nil
+	}
+	names := []string{err.Error()}
+	if store != nil {
+		names = store.ListKeys()
+	}
+	return names
+}
+
+// assertNothingLeft: after helm uninstall, no object with the release's labels is left in any
+// namespace or cluster-wide, and the namespace holds no claim, sandbox or pod.
+func assertNothingLeft(t *testing.T, c *clustertest.Cluster, r *incluster.Release) {
+	t.Helper()
+	// The warm pools' sandboxes, and the pods of sandboxes and of the runner, go after helm
+	// returns (garbage collection, graceful termination): watch until none is left.
+	all := func(*metav1.ListOptions) {}
+	sandboxes := c.Admin.Sandboxes.AgentsV1beta1().Sandboxes(r.Namespace)
+	if left := waitNoneLeft(listWatch(all, sandboxes.List, sandboxes.Watch), &sandboxv1beta1.Sandbox{}); left != nil {
+		t.Errorf("sandboxes left in %s after helm uninstall: %v", r.Namespace, left)
+	}
+	pods := c.Admin.Kube.CoreV1().Pods(r.Namespace)
+	if left := waitNoneLeft(listWatch(all, pods.List, pods.Watch), &corev1.Pod{}); left != nil {
+		t.Errorf("pods left in %s after helm uninstall: %v", r.Namespace, left)
+	}
+	kinds := "all,configmaps,secrets,serviceaccounts,roles,rolebindings,networkpolicies,cronjobs," +
+		"sandboxtemplates.extensions.agents.x-k8s.io,sandboxwarmpools.extensions.agents.x-k8s.io," +
+		"clusterroles,clusterrolebindings,runtimeclasses,validatingadmissionpolicies,validatingadmissionpolicybindings,namespaces"
+	left, err := r.Kubectl("get", kinds, "-A", "-o", "name", "-l", "app.kubernetes.io/instance="+r.Release+",app.kubernetes.io/part-of=sandbox-executor")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.TrimSpace(left) != "" {
+		t.Errorf("objects of release %s left after helm uninstall:\n%s", r.Release, left)
+	}
+	ns := r.Namespace
+	claims, err := c.Admin.Extensions.ExtensionsV1beta1().SandboxClaims(ns).List(context.Background(), metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(claims.Items) > 0 {
+		t.Errorf("%d claims left in %s after helm uninstall", len(claims.Items), ns)
+	}
+}
