@@ -87,11 +87,22 @@ k get runtimeclass "$RUNTIME_CLASS" >/dev/null 2>&1 || die_fail "preflight: Runt
 
 # --- pods ----------------------------------------------------------------------------------------
 t=$(now_ms)
-# leftovers of runs that could not clean up (API server gone at the time)
-k delete ns -l app.kubernetes.io/managed-by=netpol-check --wait=false >/dev/null 2>&1 || true
+# leftovers of runs that could not clean up (API server gone at the time): only those whose
+# netpol-check.sh has exited (or, unlabelled by an older version, are over 10 minutes old); a
+# run going on at the same time (a shared machine) keeps its namespace.
+k get ns -l app.kubernetes.io/managed-by=netpol-check \
+  -o jsonpath='{range .items[*]}{.metadata.name} {.metadata.creationTimestamp} {.metadata.labels.netpol-check/pid}{"\n"}{end}' 2>/dev/null |
+  while read -r old created pid; do
+    if [ -n "$pid" ]; then
+      kill -0 "$pid" 2>/dev/null && continue
+    elif [ $(($(date +%s) - $(date -d "$created" +%s))) -lt 600 ]; then
+      continue
+    fi
+    k delete ns "$old" --wait=false >/dev/null 2>&1 || true
+  done
 k create ns "$NS" >/dev/null || die_fail "create namespace $NS"
 NS_CREATED=1
-k label ns "$NS" app.kubernetes.io/managed-by=netpol-check >/dev/null || die_fail "label namespace $NS"
+k label ns "$NS" app.kubernetes.io/managed-by=netpol-check "netpol-check/pid=$$" >/dev/null || die_fail "label namespace $NS"
 for _ in $(seq 1 30); do k -n "$NS" get sa default >/dev/null 2>&1 && break; sleep 1; done
 pod() { # name label command...
   local name=$1 app=$2; shift 2

@@ -81,15 +81,7 @@ func TestDuoFlowJob(t *testing.T) {
 	} else {
 		resp.Body.Close()
 	}
-	inst, err := duoflow.NewInstance()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer inst.Close()
-	base, err := inst.CreateProject()
-	if err != nil {
-		t.Fatal(err)
-	}
+	inst, base := duoInstance(t)
 
 	first := inst.Job(base, ciImage)
 	res1 := runDuoJob(t, c, inst, first)
@@ -148,6 +140,22 @@ func TestDuoFlowJob(t *testing.T) {
 		t.Logf("job %d: %s in %s (handed out -> final state); helper (%s) copied in %s; %s",
 			tc.job.ID, tc.res.State, tc.res.Duration().Round(time.Millisecond), copied[1], copied[2], sandboxReady.FindString(tc.res.Trace))
 	}
+}
+
+// duoInstance starts a flow's GitLab instance, closed when the test ends, and pushes its
+// project; it returns the instance and the project's commit.
+func duoInstance(t *testing.T) (*duoflow.Instance, string) {
+	t.Helper()
+	inst, err := duoflow.NewInstance()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(inst.Close)
+	base, err := inst.CreateProject()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return inst, base
 }
 
 // assertPushed checks that branch arrived in the bare repository: one commit on top of base,

@@ -45,15 +45,7 @@ func TestInClusterInstall(t *testing.T) {
 	}
 	ctx := context.Background()
 	suffix := strconv.Itoa(os.Getpid())
-	inst, err := duoflow.NewInstance()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer inst.Close()
-	base, err := inst.CreateProject()
-	if err != nil {
-		t.Fatal(err)
-	}
+	inst, base := duoInstance(t)
 	r, err := incluster.Install(ctx, incluster.Options{Root: root, Env: c.Env, Kube: c.Admin.Kube,
 		Namespace: "sbx-incluster-" + suffix, GitLabNamespace: "sbx-incluster-gitlab-" + suffix, Release: "duo",
 		InstanceIP: inst.Host, RunnerToken: inst.GitLab.RunnerToken(), JobImage: ciImage})
