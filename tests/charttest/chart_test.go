@@ -415,7 +415,7 @@ func executorConfig(t *testing.T, objs *charttest.Objects, release string) *conf
 	}
 	want := []string{`agent_binary = "/usr/local/bin/sandbox-executor-agent"`, `helper_binary = "/usr/bin/gitlab-runner-helper"`}
 	if strings.Contains(cm.Data["config.toml"], "agent_ca_key") {
-		want = append(want, `agent_ca_cert = "/etc/sandbox-executor/agent-ca/tls.crt"`, `agent_ca_key = "/etc/sandbox-executor/agent-ca/tls.key"`, `stage_transport = "network"`)
+		want = append(want, `agent_ca_cert = "/etc/sandbox-executor-agent-ca/tls.crt"`, `agent_ca_key = "/etc/sandbox-executor-agent-ca/tls.key"`, `stage_transport = "network"`)
 	}
 	if !slices.Equal(extra, want) {
 		t.Errorf("config.toml differs from gc.toml by %q, want only %q", extra, want)
@@ -537,7 +537,7 @@ func TestAgentTLS(t *testing.T) {
 		var cm corev1.ConfigMap
 		objs.Decode(t, "ConfigMap", fullname(release)+"-config", &cm)
 		runnerConfig := cm.Data["config.toml"]
-		if got := strings.Contains(runnerConfig, `stage_transport = "network"`) && strings.Contains(runnerConfig, `agent_ca_key = "/etc/sandbox-executor/agent-ca/tls.key"`); got != enabled {
+		if got := strings.Contains(runnerConfig, `stage_transport = "network"`) && strings.Contains(runnerConfig, `agent_ca_key = "/etc/sandbox-executor-agent-ca/tls.key"`); got != enabled {
 			t.Errorf("agentTLS %t: the runner's config says network with the agent CA: %t\n%s", enabled, got, runnerConfig)
 		}
 		var tmpl struct {

@@ -13,6 +13,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -21,6 +22,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/ptr"
 
+	"github.com/sandbox-executor/sandbox-executor/agentca"
 	"github.com/sandbox-executor/sandbox-executor/tests/localcluster"
 )
 
@@ -116,6 +118,9 @@ func Install(ctx context.Context, o Options) (*Release, error) {
 		"pod-security.kubernetes.io/enforce": "baseline", "pod-security.kubernetes.io/warn": "restricted"}}}, metav1.CreateOptions{}); err != nil {
 		return r, err
 	}
+	if err := r.installAgentCA(ctx); err != nil {
+		return r, err
+	}
 	dir, err := os.MkdirTemp("", "incluster-values")
 	if err != nil {
 		return r, err
@@ -136,6 +141,30 @@ func Install(ctx context.Context, o Options) (*Release, error) {
 	}, metav1.CreateOptions{})
 	return r, err
 }
+
+// installAgentCA makes an agent CA as `sandbox-executor tls init` does and installs it as its
+// instructions say: the ConfigMap the job pods trust, the TLS Secret only the runner mounts.
+func (r *Release) installAgentCA(ctx context.Context) error {
+	certPEM, keyPEM, err := agentca.Generate("incluster agent CA", 24*time.Hour)
+	if err != nil {
+		return err
+	}
+	if _, err := r.Kube.CoreV1().ConfigMaps(r.Namespace).Create(ctx, &corev1.ConfigMap{
+		ObjectMeta: metav1.ObjectMeta{Name: agentCAName},
+		Data:       map[string]string{"ca.crt": string(certPEM)},
+	}, metav1.CreateOptions{}); err != nil {
+		return err
+	}
+	_, err = r.Kube.CoreV1().Secrets(r.Namespace).Create(ctx, &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Name: agentCAName},
+		Type:       corev1.SecretTypeTLS,
+		Data:       map[string][]byte{corev1.TLSCertKey: certPEM, corev1.TLSPrivateKeyKey: keyPEM},
+	}, metav1.CreateOptions{})
+	return err
+}
+
+// agentCAName is the ConfigMap and Secret of the agent CA, as the chart's agentTLS.name has it.
+const agentCAName = "sandbox-executor-agent-ca"
 
 func (r *Release) kubeconfigFlag() string { return "--kubeconfig=" + r.Env.AdminKubeconfig() }
 
@@ -211,6 +240,8 @@ executor:
   runnerName: %[5]s
   defaultPool: duo-default
   stageTransport: network
+agentTLS:
+  enabled: true
 runner:
   enabled: true
   secret: gitlab-runner-token

@@ -31,8 +31,8 @@ claim_grace = {{ $ctx.Values.executor.claimGrace | quote }}
 {{- if and .runner $ctx.Values.agentTLS.enabled }}
 # The agent CA (Secret agentTLS.name): the network transport's client certificates are signed
 # with its key, which only the runner pods mount.
-agent_ca_cert = "/etc/sandbox-executor/agent-ca/tls.crt"
-agent_ca_key = "/etc/sandbox-executor/agent-ca/tls.key"
+agent_ca_cert = "/etc/sandbox-executor-agent-ca/tls.crt"
+agent_ca_key = "/etc/sandbox-executor-agent-ca/tls.key"
 stage_transport = {{ $ctx.Values.executor.stageTransport | default "network" | quote }}
 {{- else }}
 stage_transport = "exec"
