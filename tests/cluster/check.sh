@@ -113,7 +113,7 @@ kind: Pod
 metadata:
   name: $1
   namespace: $CHECK_NAMESPACE
-  labels: {app.kubernetes.io/name: cluster-check, sandbox-executor.io/check-pid: "$$"}
+  labels: {app.kubernetes.io/name: cluster-check}
 spec:
   ${3:+runtimeClassName: $3}
   automountServiceAccountToken: false
@@ -134,23 +134,10 @@ RUNC_POD=runc-posix-$$
 # Created first and awaited last, so the sandboxes boot while the other checks run.
 create_check_pods() {
   kubectl_admin create namespace "$CHECK_NAMESPACE" --dry-run=client -o yaml | kubectl_admin apply -f - >/dev/null
-<<<<<<< HEAD
-  # Leftovers of an interrupted earlier run: pods whose check.sh is gone. Another check.sh may
-  # be running (suites check the cluster before they start): its pods are left alone.
-  local pod pid
-  while read -r pod pid; do
-    [[ -n $pod ]] || continue
-    if [[ -z $pid ]] || ! kill -0 "$pid" 2>/dev/null; then
-      kubectl_admin -n "$CHECK_NAMESPACE" delete pod "$pod" --wait=false >/dev/null 2>&1 || true
-    fi
-  done < <(kubectl_admin -n "$CHECK_NAMESPACE" get pods -l app.kubernetes.io/name=cluster-check \
-    -o jsonpath='{range .items[*]}{.metadata.name} {.metadata.labels.sandbox-executor\.io/check-pid}{"\n"}{end}' 2>/dev/null)
-=======
   # Leftovers of an interrupted earlier run, once their activeDeadlineSeconds has ended them;
   # the pods of a check.sh running at the same time (a shared machine) are left alone.
   kubectl_admin -n "$CHECK_NAMESPACE" delete pod -l app.kubernetes.io/name=cluster-check \
     --field-selector=status.phase!=Running,status.phase!=Pending --wait=false >/dev/null 2>&1 || true
->>>>>>> metrics
   # Pods are rejected until the namespace's default ServiceAccount exists.
   wait_until "ServiceAccount $CHECK_NAMESPACE/default" 30 kubectl_admin -n "$CHECK_NAMESPACE" get serviceaccount default 2>/dev/null
   {
