@@ -344,7 +344,7 @@ func TestColdStartPolicyMatchesTheRelease(t *testing.T) {
 		t.Errorf("binding %+v: want Deny on policy %s in namespace duo-ci", binding.Spec, name)
 	}
 	off := charttest.Render(t, "duo", "duo-ci", "")
-	if len(off.OfKind("ValidatingAdmissionPolicy"))+len(off.OfKind("ValidatingAdmissionPolicyBinding")) > 0 || off.Find("Role", "duo-sandbox-executor-cold-images") != nil {
+	if off.Find("ValidatingAdmissionPolicy", name) != nil || off.Find("ValidatingAdmissionPolicyBinding", name) != nil || off.Find("Role", "duo-sandbox-executor-cold-images") != nil {
 		t.Error("without coldStart the chart still renders the cold-start policy or Role")
 	}
 }
@@ -568,5 +568,25 @@ func TestAgentTLS(t *testing.T) {
 				t.Errorf("agentTLS %t: pod %s mounts the agent CA's key: %t, want %t", enabled, pod.name, mounted, want)
 			}
 		}
+	}
+}
+
+// The executor may patch its claims and Sandboxes (the job's outcome), and the chart holds those
+// patches to annotations, for this release's ServiceAccount in this release's namespace.
+func TestPatchesHeldToAnnotations(t *testing.T) {
+	objs := charttest.Render(t, "duo", "duo-ci", "")
+	name := "duo-ci-duo-sandbox-executor-annotations-only"
+	var vap admissionv1.ValidatingAdmissionPolicy
+	objs.Decode(t, "ValidatingAdmissionPolicy", name, &vap)
+	if got := vap.Spec.MatchConditions[0].Expression; got != "request.userInfo.username == 'system:serviceaccount:duo-ci:duo-sandbox-executor'" {
+		t.Errorf("policy matches %s, want this release's ServiceAccount", got)
+	}
+	if len(vap.Spec.Validations) == 0 || vap.Spec.Validations[0].Expression != "object.spec == oldObject.spec" {
+		t.Errorf("policy validations %+v: want the spec unchanged first", vap.Spec.Validations)
+	}
+	var binding admissionv1.ValidatingAdmissionPolicyBinding
+	objs.Decode(t, "ValidatingAdmissionPolicyBinding", name, &binding)
+	if binding.Spec.PolicyName != name || binding.Spec.MatchResources.NamespaceSelector.MatchLabels["kubernetes.io/metadata.name"] != "duo-ci" {
+		t.Errorf("binding %+v: want policy %s in namespace duo-ci", binding.Spec, name)
 	}
 }

@@ -81,11 +81,13 @@ func TestExecutorCanDoOnlyItsJob(t *testing.T) {
 		// The sandbox machinery: no changing sandboxes, templates, pools or claims (a template
 		// decides the runtime and the network policy). Creating sandboxes (cold-images) is
 		// allowed, and held to gVisor by the component's admission policy (TestColdImageAdmissionPolicy).
-		{"update", sandboxGroup, "sandboxes", "", ns}, {"patch", sandboxGroup, "sandboxes", "", ns}, {"create", sandboxGroup, "sandboxes", "", "default"},
+		// Patching claims and sandboxes is allowed (cleanup records the job's outcome), and held
+		// to annotations by admission (TestExecutorPatchesOnlyAnnotations).
+		{"update", sandboxGroup, "sandboxes", "", ns}, {"create", sandboxGroup, "sandboxes", "", "default"},
 		{"create", extGroup, "sandboxtemplates", "", ns}, {"update", extGroup, "sandboxtemplates", "", ns}, {"patch", extGroup, "sandboxtemplates", "", ns},
 		{"delete", extGroup, "sandboxtemplates", "", ns},
 		{"create", extGroup, "sandboxwarmpools", "", ns}, {"update", extGroup, "sandboxwarmpools", "", ns}, {"patch", extGroup, "sandboxwarmpools", "", ns},
-		{"update", extGroup, "sandboxclaims", "", ns}, {"patch", extGroup, "sandboxclaims", "", ns},
+		{"update", extGroup, "sandboxclaims", "", ns}, {"patch", extGroup, "sandboxclaims", "", "default"},
 		{"create", extGroup, "sandboxclaims", "", "default"},
 		// Network policy (it is the job's egress fence) and the runtime.
 		{"create", "networking.k8s.io", "networkpolicies", "", ns}, {"update", "networking.k8s.io", "networkpolicies", "", ns},
