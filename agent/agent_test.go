@@ -134,16 +134,7 @@ func TestStartRefusesWhatItMustNotRun(t *testing.T) {
 // certificate of the pod's agent CA, for the job that reached it first; nothing to anyone else.
 func TestServeNetworkRequiresTheAgentCAAndOneJob(t *testing.T) {
 	a := newAgent(t)
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	ca, caPEM := testCA(t)
-	identity, err := a.ServeNetwork(ln, caPEM)
-	if err != nil || !wire.ValidIdentity(identity) {
-		t.Fatalf("ServeNetwork = %q, %v", identity, err)
-	}
+	ln, ca, identity := serveNetwork(t, a)
 	request := func(config *tls.Config, args ...string) (int, string, string, error) {
 		conn, err := tls.Dial("tcp", ln.Addr().String(), config)
 		if err != nil {
@@ -167,7 +158,7 @@ func TestServeNetworkRequiresTheAgentCAAndOneJob(t *testing.T) {
 	if code, _, stderr, err := request(jobA, "install", "/tmp/x"); err != nil || code != wire.ExitRefused || !strings.Contains(stderr, "bad arguments") {
 		t.Errorf("a command not served over the network: exit %d, %q, %v", code, stderr, err)
 	}
-	other, _ := testCA(t)
+	other := testCA(t)
 	if _, _, _, err := request(clientConfig(t, other, "job-a", identity), "probe"); err == nil {
 		t.Error("a client certificate of another CA was served")
 	}
@@ -204,16 +195,7 @@ func TestServeNetworkRequiresTheAgentCAAndOneJob(t *testing.T) {
 // TLS 1.3 binds every session to fresh randoms of both sides.
 func TestServeNetworkRefusesAReplayedSession(t *testing.T) {
 	a := newAgent(t)
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	ca, caPEM := testCA(t)
-	identity, err := a.ServeNetwork(ln, caPEM)
-	if err != nil {
-		t.Fatal(err)
-	}
+	ln, ca, identity := serveNetwork(t, a)
 	// The recorded session starts a stage that appends a line to marker: a replay that were
 	// served would start it again (its stage directory is removed after the recording).
 	marker := filepath.Join(t.TempDir(), "ran")
@@ -283,17 +265,30 @@ func (c recordingConn) Write(p []byte) (int, error) {
 	return c.Conn.Write(p)
 }
 
-func testCA(t *testing.T) (*agentca.CA, []byte) {
+// serveNetwork serves a's network path on a loopback port to a new agent CA's certificates,
+// until the test ends, and returns the listener, the CA and the agent's identity.
+func serveNetwork(t *testing.T, a *agent.Agent) (net.Listener, *agentca.CA, string) {
 	t.Helper()
-	certPEM, keyPEM, err := agentca.Generate("test agent CA", time.Hour)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	ca, err := agentca.Parse(certPEM, keyPEM)
+	t.Cleanup(func() { ln.Close() })
+	ca := testCA(t)
+	identity, err := a.ServeNetwork(ln, ca.CertificatePEM())
+	if err != nil || !wire.ValidIdentity(identity) {
+		t.Fatalf("ServeNetwork = %q, %v", identity, err)
+	}
+	return ln, ca, identity
+}
+
+func testCA(t *testing.T) *agentca.CA {
+	t.Helper()
+	ca, err := agentca.New("test agent CA", time.Hour)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return ca, certPEM
+	return ca
 }
 
 func clientConfig(t *testing.T, ca *agentca.CA, job, identity string) *tls.Config {

@@ -68,6 +68,15 @@ func Generate(name string, validity time.Duration) (certPEM, keyPEM []byte, err 
 		pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: keyDER}), nil
 }
 
+// New makes a new CA, as Generate does, ready to sign.
+func New(name string, validity time.Duration) (*CA, error) {
+	certPEM, keyPEM, err := Generate(name, validity)
+	if err != nil {
+		return nil, err
+	}
+	return Parse(certPEM, keyPEM)
+}
+
 // Load reads a CA's certificate and key files (PEM; the key PKCS#8, SEC 1 or PKCS#1, as
 // openssl, cert-manager and Generate write them).
 func Load(certFile, keyFile string) (*CA, error) {

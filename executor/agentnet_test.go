@@ -30,11 +30,7 @@ const testJob = "job-binding-of-the-test"
 // testCA is an agent CA made for the tests.
 func testCA(t *testing.T) *agentca.CA {
 	t.Helper()
-	certPEM, keyPEM, err := agentca.Generate("test agent CA", time.Hour)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ca, err := agentca.Parse(certPEM, keyPEM)
+	ca, err := agentca.New("test agent CA", time.Hour)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -127,11 +127,7 @@ func TestNetworkTransport(t *testing.T) {
 		t.Error("a plain-text request was answered")
 	}
 
-	otherCert, otherKey, err := agentca.Generate("another installation", time.Hour)
-	if err != nil {
-		t.Fatal(err)
-	}
-	otherCA, err := agentca.Parse(otherCert, otherKey)
+	otherCA, err := agentca.New("another installation", time.Hour)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,0 +1,61 @@
+package agentca_test
+
+import (
+	"crypto/x509"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sandbox-executor/sandbox-executor/agent/wire"
+	"github.com/sandbox-executor/sandbox-executor/agentca"
+)
+
+// A stage's client certificate names its job, is signed by the CA, is a client certificate
+// only, and expires no later than the CA.
+func TestClientCertificateNamesTheJob(t *testing.T) {
+	ca, err := agentca.New("test", 24*time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	config, err := ca.ClientConfig("v1:binding", wire.IdentityOf([]byte("agent key")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	chain := config.Certificates[0].Certificate
+	leaf, err := x509.ParseCertificate(chain[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	roots := x509.NewCertPool()
+	roots.AppendCertsFromPEM(ca.CertificatePEM())
+	if _, err := leaf.Verify(x509.VerifyOptions{Roots: roots, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}); err != nil {
+		t.Errorf("the client certificate does not verify against the CA: %v", err)
+	}
+	if len(leaf.URIs) != 1 || leaf.URIs[0].String() != wire.JobURIPrefix+"v1:binding" {
+		t.Errorf("URIs %v, want the job's", leaf.URIs)
+	}
+	if leaf.IsCA || leaf.NotAfter.After(ca.NotAfter()) {
+		t.Errorf("IsCA %t, NotAfter %s (CA's %s)", leaf.IsCA, leaf.NotAfter, ca.NotAfter())
+	}
+	if _, err := ca.ClientConfig("v1:binding", "sha256:short"); err == nil {
+		t.Error("an identity that is no SHA-256 was accepted for pinning")
+	}
+}
+
+// A certificate that is not a CA's, or a key that does not match, is refused with one line.
+func TestParseRefusesWhatIsNotACA(t *testing.T) {
+	certPEM, keyPEM, err := agentca.Generate("a", time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, otherKey, err := agentca.Generate("b", time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := agentca.Parse(certPEM, otherKey); err == nil || strings.Contains(err.Error(), "\n") {
+		t.Errorf("a key of another CA: %v; want one line", err)
+	}
+	if _, err := agentca.Parse(certPEM, keyPEM); err != nil {
+		t.Errorf("its own key: %v", err)
+	}
+}
