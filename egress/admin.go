@@ -56,18 +56,13 @@ func (a *Admin) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "egress proxy admin: use GET", http.StatusMethodNotAllowed)
 		return
 	}
-	if !a.authorized(r) {
-		http.Error(w, "egress proxy admin: forbidden: source "+clientIP(r.RemoteAddr)+" is not in admin_allow and no valid bearer token was sent", http.StatusForbidden)
-		return
-	}
-	q := r.URL.Query()
-	client, err := netip.ParseAddr(q.Get("client"))
-	if err != nil {
-		http.Error(w, fmt.Sprintf("egress proxy admin: client=%q is not an IP address", truncate(q.Get("client"), 64)), http.StatusBadRequest)
+	client, ok := a.trustedClient(w, r)
+	if !ok {
 		return
 	}
 	var since time.Time
-	if s := q.Get("since"); s != "" {
+	if s := r.URL.Query().Get("since"); s != "" {
+		var err error
 		if since, err = time.Parse(time.RFC3339Nano, s); err != nil {
 			http.Error(w, fmt.Sprintf("egress proxy admin: since=%q is not an RFC 3339 time", truncate(s, 64)), http.StatusBadRequest)
 			return
@@ -84,14 +79,8 @@ func (a *Admin) serveGrants(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "egress proxy admin: use PUT or DELETE", http.StatusMethodNotAllowed)
 		return
 	}
-	if !a.authorized(r) {
-		http.Error(w, "egress proxy admin: forbidden: source "+clientIP(r.RemoteAddr)+" is not in admin_allow and no valid bearer token was sent", http.StatusForbidden)
-		return
-	}
-	q := r.URL.Query()
-	client, err := netip.ParseAddr(q.Get("client"))
-	if err != nil {
-		http.Error(w, fmt.Sprintf("egress proxy admin: client=%q is not an IP address", truncate(q.Get("client"), 64)), http.StatusBadRequest)
+	client, ok := a.trustedClient(w, r)
+	if !ok {
 		return
 	}
 	if r.Method == http.MethodDelete {
@@ -113,6 +102,22 @@ func (a *Admin) serveGrants(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	w.WriteHeader(http.StatusNoContent)
+}
+
+// trustedClient answers a request from an untrusted source with 403, and one without a valid
+// client= address with 400; otherwise it returns the client the request is about.
+func (a *Admin) trustedClient(w http.ResponseWriter, r *http.Request) (netip.Addr, bool) {
+	if !a.authorized(r) {
+		http.Error(w, "egress proxy admin: forbidden: source "+clientIP(r.RemoteAddr)+" is not in admin_allow and no valid bearer token was sent", http.StatusForbidden)
+		return netip.Addr{}, false
+	}
+	q := r.URL.Query().Get("client")
+	client, err := netip.ParseAddr(q)
+	if err != nil {
+		http.Error(w, fmt.Sprintf("egress proxy admin: client=%q is not an IP address", truncate(q, 64)), http.StatusBadRequest)
+		return netip.Addr{}, false
+	}
+	return client, true
 }
 
 func (a *Admin) authorized(r *http.Request) bool {
