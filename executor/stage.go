@@ -101,8 +101,9 @@ func (r *StageRunner) Run(ctx context.Context, name string, script []byte, stdou
 		}
 		var refused *RefusedError
 		if errors.As(err, &refused) {
-			// The agent accepted this job's token at prepare: one that refuses it now is a new
-			// agent in a restarted container, and the stage died with the old one.
+			// The agent served this job at prepare: one that refuses it now is not the agent
+			// that runs its stage (another job's, or one in a restarted container), and the
+			// stage cannot be followed.
 			return 0, failure.SystemError(nil, "stage %s: the stage agent in pod %s no longer knows this job (%s): the job container was restarted and the stage is lost", name, r.Sandbox.Pod, refused.Reason)
 		}
 		var exit *kube.ExitError

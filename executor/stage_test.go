@@ -338,12 +338,12 @@ func TestStageRunnerPutsBinDirFirstOnPath(t *testing.T) {
 	})
 }
 
-// refusingAgent is a restarted agent: it no longer knows the job's token.
+// refusingAgent is an agent that no longer serves the job.
 type refusingAgent struct{ calls int }
 
 func (r *refusingAgent) Exec(context.Context, kube.ExecRequest) error {
 	r.calls++
-	return &executor.RefusedError{Addr: "10.88.0.9:7543", Reason: "unknown token"}
+	return &executor.RefusedError{Addr: "10.88.0.9:7543", Reason: "this sandbox belongs to another job"}
 }
 
 func TestStageRunnerEndsTheJobWhenTheAgentForgotIt(t *testing.T) {

@@ -135,12 +135,14 @@ func (c *Claimer) resolve(ctx context.Context, claim *extv1beta1.SandboxClaim, r
 	// Nothing is sent to the pod; the line counts only once the pod is verified below.
 	var logLine string
 	logged := make(chan struct{})
-	go func() {
-		defer close(logged)
-		if agentLog {
+	if agentLog {
+		go func() {
+			defer close(logged)
 			logLine, _ = headLogLine(ctx, c.clients.Kube, ns, name)
-		}
-	}()
+		}()
+	} else {
+		close(logged)
+	}
 	// The pod is almost always named like its Sandbox: read both at once, and read the pod the
 	// Sandbox names only if it names another (one round trip saved on every prepare).
 	var guess podRead

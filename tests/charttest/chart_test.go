@@ -505,13 +505,7 @@ func TestDuoFlowValues(t *testing.T) {
 			t.Errorf("pool %s: egress_proxy %q, egress_instance %t, wildcard %t, egress_allow %v", want.pool, p.EgressProxy, p.EgressInstance, p.EgressInstanceWildcard, p.EgressAllow)
 		}
 	}
-	var hardened struct {
-		Spec struct {
-			PodTemplate struct {
-				Spec corev1.PodSpec `json:"spec"`
-			} `json:"podTemplate"`
-		} `json:"spec"`
-	}
+	var hardened extv1beta1.SandboxTemplate
 	objs.Decode(t, "SandboxTemplate", "duo-gvisor-flow-hardened", &hardened)
 	spec := hardened.Spec.PodTemplate.Spec
 	sc := spec.SecurityContext
@@ -540,13 +534,7 @@ func TestAgentTLS(t *testing.T) {
 		if got := strings.Contains(runnerConfig, `stage_transport = "network"`) && strings.Contains(runnerConfig, `agent_ca_key = "/etc/sandbox-executor-agent-ca/tls.key"`); got != enabled {
 			t.Errorf("agentTLS %t: the runner's config says network with the agent CA: %t\n%s", enabled, got, runnerConfig)
 		}
-		var tmpl struct {
-			Spec struct {
-				PodTemplate struct {
-					Spec corev1.PodSpec `json:"spec"`
-				} `json:"podTemplate"`
-			} `json:"spec"`
-		}
+		var tmpl extv1beta1.SandboxTemplate
 		objs.Decode(t, "SandboxTemplate", "duo-gvisor", &tmpl)
 		var trusted bool
 		for _, e := range tmpl.Spec.PodTemplate.Spec.Containers[0].Env {
