@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -59,7 +60,7 @@ func (a *Agent) Run(args []string, stdin io.Reader, stdout, stderr io.Writer) in
 	var err error
 	switch cmd {
 	case "probe":
-		err = a.probe(stdout)
+		err = a.probe(args, stdout)
 	case "fence":
 		err = fenceCommand(stdout)
 	case "start":
@@ -98,7 +99,9 @@ func findShell() (string, error) {
 	return "", errors.New("the image has neither bash nor sh")
 }
 
-func (a *Agent) probe(stdout io.Writer) error {
+// probe prints the pod's wire.Probe; with --fence, a fresh fence check in it (wire.ProbeArgs).
+func (a *Agent) probe(args []string, stdout io.Writer) error {
+	withFence := slices.Contains(args, "--fence")
 	shell, err := findShell()
 	if err != nil {
 		return err
@@ -108,6 +111,10 @@ func (a *Agent) probe(stdout io.Writer) error {
 		return err
 	}
 	p := wire.Probe{Shell: shell, KernelRelease: utsString(uts.Release[:]), KernelVersion: utsString(uts.Version[:]), UID: os.Getuid(), Identity: a.networkIdentity()}
+	if withFence {
+		report := FenceFromEnv(os.Getenv).Check()
+		p.Fence = &report
+	}
 	return json.NewEncoder(stdout).Encode(p)
 }
 

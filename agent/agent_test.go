@@ -94,6 +94,34 @@ func TestProbeReportsShellAndKernel(t *testing.T) {
 	}
 }
 
+// prepare asks for the probe and a fresh fence check in one round trip (wire.ProbeArgs); a
+// plain probe, as the install's, carries none.
+func TestProbeCarriesAFenceCheckWhenAsked(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	closedAddr := ln.Addr().String()
+	ln.Close()
+	t.Setenv(wire.FenceDenyEnv, closedAddr)
+	t.Setenv(wire.FenceAllowEnv, "")
+	for _, tc := range []struct {
+		args  []string
+		fence bool
+	}{{wire.ProbeArgs()[1:], true}, {[]string{"probe"}, false}} {
+		code, stdout, stderr := run(newAgent(t), "", tc.args...)
+		var probe wire.Probe
+		if code != 0 || json.Unmarshal([]byte(stdout), &probe) != nil {
+			t.Fatalf("%q: exit %d, %q, %q", tc.args, code, stdout, stderr)
+		}
+		if got := probe.Fence != nil; got != tc.fence {
+			t.Errorf("%q: fence report %t, want %t", tc.args, got, tc.fence)
+		} else if tc.fence && (!probe.Fence.Configured || !probe.Fence.Holds) {
+			t.Errorf("%q: fence %+v, want configured and holding (the denied canary %s refuses)", tc.args, *probe.Fence, closedAddr)
+		}
+	}
+}
+
 // Without a stage daemon, start runs the stage under a supervisor of its own and reports its
 // output on stdout and its exit status in a control line, after acknowledging the start.
 func TestStartRunsTheStageAndReportsItsStatus(t *testing.T) {

@@ -44,7 +44,7 @@ func (a *Agent) initCommand(args []string, stdin io.Reader, stdout io.Writer) er
 	if err := a.startDaemon(*listen); err != nil {
 		return err
 	}
-	return a.probe(stdout)
+	return a.probe(nil, stdout)
 }
 
 // saveClientCA keeps the agent CA sent on stdin for the daemon.

@@ -125,7 +125,7 @@ func ConnectNetwork(ctx context.Context, sbx *kube.Sandbox, port int, ca *agentc
 	attempt, cancel := context.WithTimeout(ctx, probeAnswer)
 	defer cancel()
 	var stdout bytes.Buffer
-	err = daemon.exec(attempt, kube.ExecRequest{Command: []string{wire.BinaryPath, "probe"}, Stdout: &stdout, Stderr: io.Discard}, nil)
+	err = daemon.exec(attempt, kube.ExecRequest{Command: wire.ProbeArgs(), Stdout: &stdout, Stderr: io.Discard}, nil)
 	if err != nil && ctx.Err() == nil && attempt.Err() != nil {
 		// Something at the pod's address took the connection but never answered: not our
 		// agent, or a wedged one. Exec still reaches the pod.
@@ -149,7 +149,7 @@ func ConnectNetwork(ctx context.Context, sbx *kube.Sandbox, port int, ca *agentc
 
 func probeOverExec(ctx context.Context, exec kube.RemoteExecutor, sbx *kube.Sandbox) (*wire.Probe, error) {
 	var stdout, stderr bytes.Buffer
-	err := exec.Exec(ctx, kube.ExecRequest{Namespace: sbx.Namespace, Pod: sbx.Pod, Container: sbx.Container, Command: []string{wire.BinaryPath, "probe"}, Stdout: &stdout, Stderr: &stderr})
+	err := exec.Exec(ctx, kube.ExecRequest{Namespace: sbx.Namespace, Pod: sbx.Pod, Container: sbx.Container, Command: wire.ProbeArgs(), Stdout: &stdout, Stderr: &stderr})
 	if err != nil {
 		return nil, failure.SystemError(err, "probing the stage agent in pod %s/%s: %s", sbx.Namespace, sbx.Pod, failure.OneLine(strings.TrimSpace(stderr.String()+" "+err.Error())))
 	}

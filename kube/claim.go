@@ -44,19 +44,18 @@ func (c *Claimer) Claim(ctx context.Context, req ClaimRequest) (*Sandbox, error)
 		return nil, err
 	}
 	c.step(&since, "SandboxClaim %s created", name)
-	ready, err := c.waitClaimReady(ctx, claim, req.ReadyTimeout)
+	sbx, adopted, err := c.awaitSandbox(ctx, claim, req)
 	if err != nil {
 		return nil, err
 	}
 	waited := c.clock.Since(created)
-	c.step(&since, "SandboxClaim Ready on Sandbox %s", ready.Status.SandboxStatus.Name)
-	sbx, err := c.resolve(ctx, ready, req.RuntimeClasses, req.AgentLog)
-	if err != nil {
-		return nil, err
+	how := "SandboxClaim Ready on Sandbox %s"
+	if adopted {
+		how = "Sandbox %s adopted by the claim and Ready"
 	}
-	c.step(&since, "pod %s found and verified (runtime %s, first log line read: %t)", sbx.Pod, sbx.RuntimeClass, sbx.AgentLogLine != "")
+	c.step(&since, how+", pod %s found and verified (runtime %s, first log line read: %t)", sbx.SandboxName, sbx.Pod, sbx.RuntimeClass, sbx.AgentLogLine != "")
 	if sbx.Launch == LaunchWaited {
-		// The wait as this prepare saw it, from the create to Ready: finer than the objects'
+		// The wait as this prepare saw it, from the create to a verified sandbox: finer than the objects
 		// seconds (a retried prepare that adopts its claim sees only its own part).
 		sbx.Waited = waited
 	}
@@ -130,7 +129,13 @@ func (c *Claimer) Resolve(ctx context.Context, claim *extv1beta1.SandboxClaim, r
 
 // resolve is Resolve, reading the job container's first log line too when agentLog is set.
 func (c *Claimer) resolve(ctx context.Context, claim *extv1beta1.SandboxClaim, runtimeClasses []string, agentLog bool) (*Sandbox, error) {
-	ns, name := claim.Namespace, claim.Status.SandboxStatus.Name
+	return c.resolveSandbox(ctx, claim, claim.Status.SandboxStatus.Name, nil, runtimeClasses, agentLog)
+}
+
+// resolveSandbox is resolve for the claim's Sandbox name, taking known as that Sandbox when the
+// caller has it already (nil: read it).
+func (c *Claimer) resolveSandbox(ctx context.Context, claim *extv1beta1.SandboxClaim, name string, known *sandboxv1beta1.Sandbox, runtimeClasses []string, agentLog bool) (*Sandbox, error) {
+	ns := claim.Namespace
 	// Only a line already there: a pod Ready with the fence's readiness probe has logged it.
 	// Nothing is sent to the pod; the line counts only once the pod is verified below.
 	var logLine string
@@ -151,7 +156,10 @@ func (c *Claimer) resolve(ctx context.Context, claim *extv1beta1.SandboxClaim, r
 		defer close(guessed)
 		guess.pod, guess.err = c.clients.Kube.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
 	}()
-	sbx, err := c.clients.Sandboxes.AgentsV1beta1().Sandboxes(ns).Get(ctx, name, metav1.GetOptions{})
+	sbx, err := known, error(nil)
+	if sbx == nil {
+		sbx, err = c.clients.Sandboxes.AgentsV1beta1().Sandboxes(ns).Get(ctx, name, metav1.GetOptions{})
+	}
 	<-guessed
 	<-logged
 	if err != nil {

@@ -221,3 +221,24 @@ func TestClaimNameIsDeterministicAndDNSSafe(t *testing.T) {
 		t.Errorf("claim name %q is not a DNS label", a)
 	}
 }
+
+// agent-sandbox adopts a pool sandbox for a claim with one patch (controller and claim-UID
+// label), and writes the claim's Ready a status write later: prepare goes on from the adoption
+// and does not wait for that write (here it never comes).
+func TestClaimGoesOnFromTheAdoption(t *testing.T) {
+	fc := executortest.NewCluster(t)
+	fc.ClaimStatusLags = true
+	var steps []string
+	c := fc.Claimer()
+	c.Step = func(step string, _ time.Duration) { steps = append(steps, step) }
+	sbx, err := c.Claim(context.Background(), testRequest())
+	if err != nil {
+		t.Fatalf("Claim: %v (steps %q)", err, steps)
+	}
+	if sbx.SandboxName != "duo-default-abcde" || sbx.Pod != "duo-default-abcde" || sbx.Launch != kube.LaunchWarm {
+		t.Errorf("sandbox = %+v, want the adopted warm sandbox and its pod", sbx)
+	}
+	if len(steps) != 2 || !strings.HasPrefix(steps[1], "Sandbox duo-default-abcde adopted by the claim and Ready") {
+		t.Errorf("steps = %q, want the adoption as the second", steps)
+	}
+}

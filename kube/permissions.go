@@ -36,6 +36,7 @@ var RequiredPermissions = []Permission{
 	{SandboxClaims.Group, SandboxClaims.Resource, "patch", "cleanup: record the job's outcome on its claim before releasing it (Release)"},
 	{SandboxTemplates.Group, SandboxTemplates.Resource, "get", "doctor: check the pools' templates are hardened; prepare: unknown_image = cold, read cold_template (ColdStart)"},
 	{Sandboxes.Group, Sandboxes.Resource, "get", "prepare: the claimed sandbox and its pod's name (Resolve); adopt a retried cold start; run: load a cold-started Sandbox; cleanup: is it the job's (ReleaseColdStart)"},
+	{Sandboxes.Group, Sandboxes.Resource, "watch", "prepare: see the claim's sandbox adopted, a status write before the claim's Ready (watchAdoption); unknown_image = cold, wait for the Sandbox to become Ready (ColdStart)"},
 	{Pods.Group, Pods.Resource, "get", "prepare: verify the pod's RuntimeClass (Resolve); run: is the pod still there (PodGone)"},
 	// The exec API is a POST (SPDY, verb create) or a GET upgraded to WebSocket (verb get on
 	// older API servers, create where AuthorizePodWebsocketUpgradeCreatePermission is on).
@@ -50,7 +51,6 @@ var RequiredPermissions = []Permission{
 // together), and doctor checks it only when the config sets unknown_image = "cold".
 var ColdStartPermissions = []Permission{
 	{Sandboxes.Group, Sandboxes.Resource, "create", "prepare: unknown_image = cold, the job's Sandbox from cold_template (ColdStart)"},
-	{Sandboxes.Group, Sandboxes.Resource, "watch", "prepare: unknown_image = cold, wait for the Sandbox to become Ready (ColdStart)"},
 	{Sandboxes.Group, Sandboxes.Resource, "delete", "cleanup, gc: delete a cold-started Sandbox (ReleaseColdStart)"},
 	{Sandboxes.Group, Sandboxes.Resource, "patch", "cleanup: record the job's outcome on its cold-started Sandbox before deleting it (ReleaseColdStart)"},
 	{Sandboxes.Group, Sandboxes.Resource, "list", "gc: this runner's cold-started Sandboxes (RunnerColdStarts)"},

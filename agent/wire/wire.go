@@ -116,7 +116,15 @@ type Probe struct {
 	UID           int    `json:"uid"`
 	// Identity is the agent's network identity (IdentityOf) when it serves the network path.
 	Identity string `json:"identity,omitempty"`
+	// Fence is a fresh check of the pod's egress fence, when asked for (ProbeArgs): prepare gets
+	// it in the probe's round trip instead of one of its own. An agent older than the field
+	// leaves it out, and prepare asks with FenceArgs.
+	Fence *FenceReport `json:"fence,omitempty"`
 }
+
+// ProbeArgs is the agent command line prepare probes a pod with: the probe and a fresh check of
+// the pod's egress fence, in one answer.
+func ProbeArgs() []string { return []string{BinaryPath, "probe", "--fence"} }
 
 // HeartbeatEvery is how often a silent stage's stream carries a heartbeat: it keeps proxies from
 // closing an idle stream, and it lets the runner side tell a silent stage from a dead pod.

@@ -84,7 +84,7 @@ func Run(ctx context.Context, env *stages.Env) error {
 	}
 	transport, probe := conn.Transport, conn.Probe
 	log.Debugf("Stage agent ready (baked in: %t) in %s", sbx.AgentBaked, gitlab.Millis(env.Clock.Since(agentStart)))
-	if err := checkFence(ctx, env, cluster, sbx, transport, ca, req); err != nil {
+	if err := checkFence(ctx, env, cluster, sbx, transport, ca, req, probe.Fence); err != nil {
 		endSection()
 		return err
 	}
@@ -143,6 +143,9 @@ func installAgent(ctx context.Context, env *stages.Env, cluster stages.Cluster, 
 // sandbox Ready between the check and the claim, and a claim on a drained pool mostly adopts a
 // booting pool sandbox rather than cold-starting one.
 func claimFromPool(ctx context.Context, env *stages.Env, cluster stages.Cluster, req kube.ClaimRequest) (*kube.Sandbox, error) {
+	if env.Config.DrainedPool != config.DrainedPoolWait {
+		return claimWhileCheckingPool(ctx, env, cluster, req)
+	}
 	log := env.Log()
 	pool := req.Pool
 	status, err := cluster.CheckPool(ctx, req.Namespace, pool)
@@ -151,7 +154,7 @@ func claimFromPool(ctx context.Context, env *stages.Env, cluster stages.Cluster,
 	}
 	log.Debugf("Warm pool %s before the claim: %d of %d ready", pool, status.Ready, status.Replicas)
 	var waitFrom time.Time
-	if status.Ready == 0 && env.Config.DrainedPool == config.DrainedPoolWait {
+	if status.Ready == 0 {
 		// What prepare does, not a guess at the outcome: the wait can be long, and the line says why.
 		log.Warnf("Warm pool %s is drained (0 of %d ready): waiting for a warm sandbox (drained_pool = \"wait\")", pool, status.Replicas)
 		waitFrom = env.Clock.Now()
@@ -167,21 +170,51 @@ func claimFromPool(ctx context.Context, env *stages.Env, cluster stages.Cluster,
 	return sbx, err
 }
 
-// checkFence asks the pod's agent for a fresh check of the pod's egress fence, after the claim is
-// Ready and before any script runs: the kubelet's readiness probe keeps unfenced warm pods from
+// claimWhileCheckingPool claims with drained_pool = "cold": what the pool holds changes nothing
+// the claim does, so the pool is read alongside the claim rather than before it (a round trip
+// off every prepare). A missing or unreadable pool still fails the job with the pool's own
+// message, and the claim made meanwhile is released.
+func claimWhileCheckingPool(ctx context.Context, env *stages.Env, cluster stages.Cluster, req kube.ClaimRequest) (*kube.Sandbox, error) {
+	claimCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var status kube.PoolStatus
+	var poolErr error
+	checked := make(chan struct{})
+	go func() {
+		defer close(checked)
+		if status, poolErr = cluster.CheckPool(ctx, req.Namespace, req.Pool); poolErr != nil {
+			cancel()
+		}
+	}()
+	sbx, err := cluster.Claim(claimCtx, req)
+	<-checked
+	if poolErr != nil {
+		// The claim may exist even if Claim was cut short; releasing one that does not is success.
+		_ = cluster.Release(ctx, req.Namespace, kube.ClaimName(req.Runner, req.Job.ID), req.Binding, kube.Outcome{Result: kube.OutcomeFailed, Reason: kube.ReasonPrepare})
+		return nil, poolErr
+	}
+	env.Log().Debugf("Warm pool %s at the claim: %d of %d ready", req.Pool, status.Ready, status.Replicas)
+	return sbx, err
+}
+
+// checkFence takes the fresh check of the pod's egress fence that the agent's probe carried
+// (probed), or asks the agent for one (an agent older than that), after the claim is Ready and
+// before any script runs: the kubelet's readiness probe keeps unfenced warm pods from
 // being handed out, but the policy can lapse between its last probe and this job. A fence that
 // does not hold is a system failure, and the pod is released first, so that the runner's retry
 // claims another sandbox instead of adopting this one.
-func checkFence(ctx context.Context, env *stages.Env, cluster stages.Cluster, sbx *kube.Sandbox, transport executor.Transport, ca *agentca.CA, req kube.ClaimRequest) error {
+func checkFence(ctx context.Context, env *stages.Env, cluster stages.Cluster, sbx *kube.Sandbox, transport executor.Transport, ca *agentca.CA, req kube.ClaimRequest, probed *wire.FenceReport) error {
 	log := env.Log()
 	since := env.Clock.Now()
-	agent, err := transport.Executor(sbx, cluster.Exec(), ca, req.Binding)
-	if err != nil {
-		return err
-	}
-	report, err := executor.CheckFence(ctx, agent, sbx)
-	if err != nil {
-		return err
+	report := probed
+	if report == nil {
+		agent, err := transport.Executor(sbx, cluster.Exec(), ca, req.Binding)
+		if err != nil {
+			return err
+		}
+		if report, err = executor.CheckFence(ctx, agent, sbx); err != nil {
+			return err
+		}
 	}
 	switch {
 	case !report.Configured && env.Config.RequireFence:
@@ -196,6 +229,8 @@ func checkFence(ctx context.Context, env *stages.Env, cluster stages.Cluster, sb
 			released = "not released (" + failure.OneLine(relErr.Error()) + ")"
 		}
 		return failure.SystemError(nil, "the egress fence of pod %s/%s does not hold: %s (is NetworkPolicy enforced on its node?); %s", sbx.Namespace, sbx.Pod, report, released)
+	case probed != nil:
+		log.Debugf("Egress fence holds (checked with the probe)")
 	default:
 		log.Debugf("Egress fence holds (checked in %s)", gitlab.Millis(env.Clock.Since(since)))
 	}

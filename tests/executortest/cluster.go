@@ -68,6 +68,10 @@ type Cluster struct {
 	Launch kube.Launch
 	// AgentBaked gives claimed pods the job container of a template that bakes the agent in.
 	AgentBaked bool
+	// ClaimStatusLags makes the controller adopt a Ready sandbox for each claim (when Sandboxes
+	// are watched) but never write the claim's status: agent-sandbox's status write after an
+	// adoption, slowed down to never.
+	ClaimStatusLags bool
 }
 
 // HardenedTemplate is a SandboxTemplate as the chart (deploy/chart) renders it: gVisor, no token, one job
@@ -108,7 +112,12 @@ func NewCluster(t testing.TB, objects ...runtime.Object) *Cluster {
 	stampResourceVersions(&fc.Extensions.Fake, fc.Extensions.Tracker())
 	stampResourceVersions(&fc.Sandboxes.Fake, fc.Sandboxes.Tracker())
 	reconcileOnWatch(&fc.Extensions.Fake, fc.Extensions.Tracker(), claimsGVR, func() { fc.bindClaims(t) })
-	reconcileOnWatch(&fc.Sandboxes.Fake, fc.Sandboxes.Tracker(), sandboxesGVR, func() { fc.startSandboxes(t) })
+	reconcileOnWatch(&fc.Sandboxes.Fake, fc.Sandboxes.Tracker(), sandboxesGVR, func() {
+		if fc.ClaimStatusLags {
+			fc.adoptWithoutClaimStatus(t)
+		}
+		fc.startSandboxes(t)
+	})
 	fc.Clients = &kube.Clients{Kube: fc.Kube, Sandboxes: fc.Sandboxes, Extensions: fc.Extensions}
 	return fc
 }
@@ -155,7 +164,14 @@ func stampResourceVersions(fake *k8stesting.Fake, tracker k8stesting.ObjectTrack
 		if err != nil {
 			return false, nil, nil
 		}
-		obj.SetResourceVersion(strconv.FormatInt(version.Add(1), 10))
+		v := version.Add(1)
+		obj.SetResourceVersion(strconv.FormatInt(v, 10))
+		if action.GetVerb() == "create" && obj.GetUID() == "" {
+			obj.SetUID(types.UID("uid-" + strconv.FormatInt(v, 10)))
+		}
+		if action.GetVerb() == "create" && obj.GetCreationTimestamp().Time.IsZero() {
+			obj.SetCreationTimestamp(metav1.NewTime(Now))
+		}
 		return k8stesting.ObjectReaction(tracker)(action)
 	})
 }
@@ -175,6 +191,9 @@ func reconcileOnWatch(fake *k8stesting.Fake, tracker k8stesting.ObjectTracker, g
 
 // bindClaims makes every unbound claim Ready on a warm sandbox.
 func (fc *Cluster) bindClaims(t testing.TB) {
+	if fc.ClaimStatusLags {
+		return
+	}
 	ctx := context.Background()
 	claims, err := fc.Extensions.ExtensionsV1beta1().SandboxClaims(Namespace).List(ctx, metav1.ListOptions{})
 	if err != nil {
@@ -204,6 +223,18 @@ func (fc *Cluster) bindClaims(t testing.TB) {
 	}
 }
 
+// adoptWithoutClaimStatus gives every claim its sandbox (ClaimStatusLags).
+func (fc *Cluster) adoptWithoutClaimStatus(t testing.TB) {
+	claims, err := fc.Extensions.ExtensionsV1beta1().SandboxClaims(Namespace).List(context.Background(), metav1.ListOptions{})
+	if err != nil {
+		t.Errorf("fake controller: %v", err)
+		return
+	}
+	for i := range claims.Items {
+		fc.addClaimedSandbox(t, &claims.Items[i], Pool+"-abcde")
+	}
+}
+
 // addClaimedSandbox gives claim its Ready sandbox and pod, launched as fc.Launch says: the
 // launch-type label and the Sandbox's Ready time against the claim's creation.
 func (fc *Cluster) addClaimedSandbox(t testing.TB, claim *extv1beta1.SandboxClaim, name string) {
@@ -215,10 +246,13 @@ func (fc *Cluster) addClaimedSandbox(t testing.TB, claim *extv1beta1.SandboxClai
 	case kube.LaunchCold:
 		launch, readySince = sandboxv1beta1.SandboxLaunchTypeCold, claim.CreationTimestamp.Add(time.Second)
 	}
+	// As agent-sandbox's adoption leaves it: controlled by the claim and labelled with its UID.
+	isController := true
 	sandbox := &sandboxv1beta1.Sandbox{ObjectMeta: metav1.ObjectMeta{
 		Name: name, Namespace: Namespace,
-		Labels:      map[string]string{sandboxv1beta1.SandboxLaunchTypeLabel: launch},
-		Annotations: map[string]string{sandboxv1beta1.SandboxPodNameAnnotation: name},
+		Labels:          map[string]string{sandboxv1beta1.SandboxLaunchTypeLabel: launch, extv1beta1.SandboxIDLabel: string(claim.UID)},
+		Annotations:     map[string]string{sandboxv1beta1.SandboxPodNameAnnotation: name},
+		OwnerReferences: []metav1.OwnerReference{{APIVersion: "extensions.agents.x-k8s.io/v1beta1", Kind: "SandboxClaim", Name: claim.Name, UID: claim.UID, Controller: &isController}},
 	}}
 	sandbox.Status.Conditions = []metav1.Condition{{Type: "Ready", Status: metav1.ConditionTrue, Reason: "DependenciesReady", LastTransitionTime: metav1.NewTime(readySince)}}
 	pod := &corev1.Pod{
@@ -232,10 +266,11 @@ func (fc *Cluster) addClaimedSandbox(t testing.TB, claim *extv1beta1.SandboxClai
 	if fc.AgentBaked {
 		pod.Spec.Containers[0].Command = []string{wire.PodAgentPath, "serve"}
 	}
-	if _, err := fc.Sandboxes.AgentsV1beta1().Sandboxes(Namespace).Create(ctx, sandbox, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+	// The pod first: a Sandbox is Ready only once its pod is.
+	if _, err := fc.Kube.CoreV1().Pods(Namespace).Create(ctx, pod, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 		t.Errorf("fake controller: %v", err)
 	}
-	if _, err := fc.Kube.CoreV1().Pods(Namespace).Create(ctx, pod, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+	if _, err := fc.Sandboxes.AgentsV1beta1().Sandboxes(Namespace).Create(ctx, sandbox, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 		t.Errorf("fake controller: %v", err)
 	}
 }

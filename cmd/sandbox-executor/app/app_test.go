@@ -460,6 +460,24 @@ func loopback(t *testing.T, accept bool) string {
 // reads the fence from this process's environment, as the pod's from the container's). A fence
 // that does not hold is a system failure (the runner retries) and the claim is released, so the
 // retry gets another sandbox; a pod without a fence check is refused only with require_fence.
+// With drained_pool = "cold" the pool is read alongside the claim, not before it: a pool that
+// does not exist still fails the job with the pool's own one line, and leaves no claim behind.
+func TestPrepareWithAMissingPoolLeavesNoClaim(t *testing.T) {
+	h := newHarness(t, "ci:bookworm")
+	if err := h.cluster.Extensions.ExtensionsV1beta1().SandboxWarmPools(executortest.Namespace).Delete(context.Background(), executortest.Pool, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	code, _, errOut := h.run("prepare")
+	want := `SandboxWarmPool "duo-default" not found in namespace "sandbox-executor"`
+	if code != 1 || !strings.Contains(errOut, want) {
+		t.Fatalf("prepare: exit %d, stderr %q; want BUILD_FAILURE (1) and %q", code, errOut, want)
+	}
+	claims, err := h.cluster.Extensions.ExtensionsV1beta1().SandboxClaims(executortest.Namespace).List(context.Background(), metav1.ListOptions{})
+	if err != nil || len(claims.Items) != 0 {
+		t.Errorf("claims left behind: %d (%v), want none", len(claims.Items), err)
+	}
+}
+
 func TestPrepareFailsClosedOnTheFence(t *testing.T) {
 	open, closed := loopback(t, true), loopback(t, false)
 	for _, tc := range []struct {
