@@ -20,7 +20,7 @@ func coldStartState() *executor.JobState {
 		Sandbox: &kube.Sandbox{Namespace: "ns", SandboxName: "job-7-abc", Pod: "job-7-abc", PodUID: "uid", Container: "job",
 			RuntimeClass: "gvisor", Launch: kube.LaunchCold, ColdTemplate: "duo-gvisor", PodIP: "10.0.0.7", AgentBaked: true, Restarts: 2},
 		Transport: executor.Transport{AgentIdentity: "sha256:" + strings.Repeat("ab", 32)},
-		Overhead:  executor.Overhead{Claim: time.Second, Prepare: 2 * time.Second, Stages: 1, StageTotal: time.Millisecond},
+		Overhead:  executor.Overhead{Claim: time.Second, Prepare: 2 * time.Second, Stages: 1, StageTotal: time.Millisecond, ScriptTotal: 3 * time.Millisecond},
 	}
 }
 

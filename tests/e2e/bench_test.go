@@ -111,51 +111,102 @@ func report(b testing.TB, name string, s samples, baseline time.Duration) {
 // BenchmarkHelloJob is the headline: `script: [echo hello]` through the real gitlab-runner
 // (17.9.0 unless SANDBOX_EXECUTOR_GITLAB_RUNNER says otherwise; it runs 4 stages for this job)
 // and the fake GitLab, from the job being handed out to its final state. The same runner with a
-// host-local executor (no isolation at all) is the floor, measured in the same run.
+// host-local executor (no isolation at all) is the floor, measured in the same run. Then what
+// sizes a pool: the same job from a pool at rest (no refill running when it starts), a burst of
+// 10 jobs at once (10 runner processes), and how fast the node boots the sandboxes that refill
+// the pool behind them (docs/performance.md#sizing-a-warm-pool).
 func BenchmarkHelloJob(b *testing.B) {
-	const n = 7
+	n := benchN(20)
+	const burst, spaced, overExecN = 10, 7, 7
 	// A pool as large as the round: every job of it starts warm, as a pool sized for the
 	// runner's concurrency serves production jobs; refills still run during the round.
 	cluster := clustertest.Connect(b)
 	const hello = "bench-hello"
-	benchPool(b, cluster, hello, n)
+	benchPool(b, cluster, hello, int32(max(n, burst)))
 	network := newRunner(b, cluster, localcluster.Config{Pools: localcluster.Pools(hello), Extra: `stage_transport = "network"`})
 	exec := newRunner(b, cluster, localcluster.Config{Pools: localcluster.Pools(hello), Extra: `stage_transport = "exec"`})
-	overExec, _ := helloJobs(b, n, exec.Definition(), nil)
-	waitPoolFull(b, cluster, hello)
-	overNetwork, traces := helloJobs(b, n, network.Definition(), nil)
 	local := localexecutor.New(b)
 	floor, _ := helloJobs(b, n, local.Definition, local.Env)
+	waitPoolFull(b, cluster, hello)
+	overNetwork, traces := helloJobs(b, n, network.Definition(), nil)
+	var atRest samples
+	for i := 0; i < spaced; i++ {
+		waitPoolFull(b, cluster, hello)
+		one, _ := helloJobs(b, 1, network.Definition(), nil)
+		atRest = append(atRest, one...)
+	}
+	waitPoolFull(b, cluster, hello)
+	overExec, _ := helloJobs(b, overExecN, exec.Definition(), nil)
+	waitPoolFull(b, cluster, hello)
+	burstStart := time.Now()
+	inBurst, makespan := helloBurst(b, burst, network.Definition())
+	waitPoolFull(b, cluster, hello)
+	refilled := time.Since(burstStart)
+
 	report(b, "hello job, runner alone", floor, 0)
-	report(b, "hello job, stages over exec", overExec, floor.median())
 	report(b, "hello job, stages over network", overNetwork, floor.median())
+	report(b, "hello job, pool at rest", atRest, floor.median())
+	report(b, "hello job, stages over exec", overExec, floor.median())
+	report(b, fmt.Sprintf("hello job, burst of %d", burst), inBurst, floor.median())
+	fmt.Fprintf(os.Stderr, "BENCH   burst of %d: all done in %s; the pool was full again %s after the burst began: %.2f sandboxes booted per second\n",
+		burst, ms(makespan), ms(refilled), float64(burst)/refilled.Seconds())
 	// Where the network job's time goes, from the summary line that closes each job log.
-	var claim, prepare, stages, perStage samples
-	for _, trace := range traces {
+	var claim, prepare, stages, scripts, runnerOwn samples
+	for i, trace := range traces {
 		m := summaryLine.FindStringSubmatch(trace)
 		if m == nil {
 			b.Fatalf("job log has no summary line:\n%s", trace)
 		}
-		count, _ := strconv.Atoi(m[3])
 		claim = append(claim, msOf(m[1]))
 		prepare = append(prepare, msOf(m[2]))
 		stages = append(stages, msOf(m[4]))
-		if count > 0 {
-			perStage = append(perStage, msOf(m[4])/time.Duration(count))
-		}
+		scripts = append(scripts, msOf(m[5]))
+		runnerOwn = append(runnerOwn, overNetwork[i]-msOf(m[2])-msOf(m[4])-msOf(m[5]))
 		b.Logf("summary: %s", m[0])
 	}
 	report(b, "  of which claim (in prepare)", claim, 0)
 	report(b, "  of which prepare", prepare, 0)
-	report(b, "  of which stages' own cost", stages, 0)
-	report(b, "  stage's own cost, per stage", perStage, 0)
+	report(b, "  of which 4 stages' own cost", stages, 0)
+	report(b, "  of which scripts", scripts, 0)
+	report(b, "  of which runner and the rest", runnerOwn, 0)
 	b.ReportMetric(float64(overExec.median().Milliseconds()), "exec-ms/job")
 	b.ReportMetric(float64(overNetwork.median().Milliseconds()), "network-ms/job")
 	b.ReportMetric(float64(floor.median().Milliseconds()), "floor-ms/job")
 }
 
-// summaryLine is the executor's closing job log line: claim, prepare, stage count, stages' cost.
-var summaryLine = regexp.MustCompile(`(?:claimed|created) in (\d+) ms; executor overhead \d+ ms \(prepare (\d+) ms, (\d+) stages (\d+) ms\)`)
+// helloBurst hands out k hello jobs at once to k runner processes (one job each) and returns the
+// jobs' durations and the time until the last one finished.
+func helloBurst(b *testing.B, k int, def runner.CustomExecutor) (samples, time.Duration) {
+	gitlab := fakegitlab.New(fakegitlab.WithLongPolling(5 * time.Second))
+	defer gitlab.Close()
+	var ids []int64
+	for i := 0; i < k; i++ {
+		ids = append(ids, gitlab.Enqueue(gitlab.NewJob(fakegitlab.JobSpec{Image: ciImage, GitStrategy: "none", Script: []string{"echo hello"}})))
+	}
+	start := time.Now()
+	for i := 0; i < k; i++ {
+		proc, err := runner.Start(runner.Options{URL: gitlab.URL(), Token: gitlab.RunnerToken(), Executor: def, MaxBuilds: 1, Timeout: 10 * time.Minute})
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer proc.Stop()
+	}
+	var s samples
+	for _, id := range ids {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+		res, err := gitlab.Wait(ctx, id)
+		cancel()
+		if err != nil || res.State != "success" {
+			b.Fatalf("job %d: %v %s\n%s", id, err, res.State, res.Trace)
+		}
+		s = append(s, res.Duration())
+	}
+	return s, time.Since(start)
+}
+
+// summaryLine is the executor's closing job log line: claim, prepare, stage count, stages' cost,
+// scripts.
+var summaryLine = regexp.MustCompile(`(?:claimed|created) in (\d+) ms; executor overhead \d+ ms \(prepare (\d+) ms, (\d+) stages (\d+) ms\); scripts (\d+) ms`)
 
 func msOf(digits string) time.Duration {
 	n, _ := strconv.Atoi(digits)

@@ -149,7 +149,7 @@ func TestJobLifecycleAndExitCodes(t *testing.T) {
 		t.Errorf("summary printed before the last stage:\n%s", all.String())
 	}
 	summary := step(0, "run", h.script("true\n"), "cleanup_file_variables")
-	if !regexp.MustCompile(`Sandbox summary: pool duo-default \(warm start\), claimed in \d+ ms; executor overhead \d+ ms \(prepare \d+ ms, 3 stages \d+ ms\)`).MatchString(summary) {
+	if !regexp.MustCompile(`Sandbox summary: pool duo-default \(warm start\), claimed in \d+ ms; executor overhead \d+ ms \(prepare \d+ ms, 3 stages \d+ ms\); scripts \d+ ms`).MatchString(summary) {
 		t.Errorf("last stage's log lacks the summary line:\n%s", summary)
 	}
 
