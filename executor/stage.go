@@ -101,10 +101,11 @@ func (r *StageRunner) Run(ctx context.Context, name string, script []byte, stdou
 		}
 		var refused *RefusedError
 		if errors.As(err, &refused) {
-			// The agent served this job at prepare: one that refuses it now is not the agent
-			// that runs its stage (another job's, or one in a restarted container), and the
-			// stage cannot be followed.
-			return 0, failure.SystemError(nil, "stage %s: the stage agent in pod %s no longer knows this job (%s): the job container was restarted and the stage is lost", name, r.Sandbox.Pod, refused.Reason)
+			// The agent served this job at prepare and its key is pinned, so this is the same
+			// agent refusing the job now (bad arguments from a mismatched executor, or the pod
+			// bound to another job): asking again gets the same answer, and the stage cannot be
+			// followed.
+			return 0, failure.SystemError(nil, "stage %s: the stage agent in pod %s refused this job's stage (%s); it cannot be followed", name, r.Sandbox.Pod, refused.Reason)
 		}
 		var exit *kube.ExitError
 		if errors.As(err, &exit) && exit.Code == wire.ExitAgentFailure {

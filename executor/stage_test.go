@@ -338,7 +338,7 @@ func TestStageRunnerPutsBinDirFirstOnPath(t *testing.T) {
 	})
 }
 
-// refusingAgent is an agent that no longer serves the job.
+// refusingAgent is an agent that refuses the job (the pod bound to another).
 type refusingAgent struct{ calls int }
 
 func (r *refusingAgent) Exec(context.Context, kube.ExecRequest) error {
@@ -346,7 +346,7 @@ func (r *refusingAgent) Exec(context.Context, kube.ExecRequest) error {
 	return &executor.RefusedError{Addr: "10.88.0.9:7543", Reason: "this sandbox belongs to another job"}
 }
 
-func TestStageRunnerEndsTheJobWhenTheAgentForgotIt(t *testing.T) {
+func TestStageRunnerEndsTheJobWhenTheAgentRefusesIt(t *testing.T) {
 	agent := &refusingAgent{}
 	r := &executor.StageRunner{
 		Exec: agent, Sandbox: &kube.Sandbox{Namespace: "ns", Pod: "job-pod", Container: "job"},
@@ -355,10 +355,10 @@ func TestStageRunnerEndsTheJobWhenTheAgentForgotIt(t *testing.T) {
 		Reconnects: 5, Backoff: wait.Backoff{Duration: time.Millisecond},
 	}
 	_, err := r.Run(context.Background(), "build_script", []byte("echo hi\n"), io.Discard, io.Discard)
-	if failure.KindOf(err) != failure.KindSystem || !strings.Contains(err.Error(), "no longer knows this job") {
-		t.Fatalf("err = %v, want a system failure saying the agent lost the job", err)
+	if failure.KindOf(err) != failure.KindSystem || !strings.Contains(err.Error(), "refused this job's stage (this sandbox belongs to another job)") {
+		t.Fatalf("err = %v, want a system failure naming the agent's refusal", err)
 	}
 	if agent.calls != 1 {
-		t.Errorf("the runner tried %d times, want 1: a restarted container will not bring the stage back", agent.calls)
+		t.Errorf("the runner tried %d times, want 1: the same agent gives the same answer", agent.calls)
 	}
 }
