@@ -12,8 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sandbox-executor/sandbox-executor/tests/clustertest"
 	"github.com/sandbox-executor/sandbox-executor/tests/localcluster"
-	"github.com/sandbox-executor/sandbox-executor/tests/testutil"
 )
 
 // The local cluster's gVisor platform is a setting (RUNSC_PLATFORM, tests/cluster/configs.sh).
@@ -49,11 +49,14 @@ func TestClusterPlatformSetting(t *testing.T) {
 			if err := os.Symlink(runsc, filepath.Join(dir, "bin", "runsc")); err != nil {
 				t.Fatal(err)
 			}
-			stderr, err := runConfigs(t, dir, tc.platform)
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+			defer cancel()
+			out, err := clustertest.ClusterScript(ctx, "configs.sh",
+				[]string{"CLUSTER_DIR=" + dir, "RUNSC_PLATFORM=" + tc.platform, "GVISOR_LOGS=0"})
 			runscConfig, readErr := os.ReadFile(filepath.Join(dir, "etc", "runsc.toml"))
 			if tc.works {
 				if err != nil {
-					t.Fatalf("configs.sh refused platform %s: %v\n%s", tc.platform, err, stderr)
+					t.Fatalf("configs.sh refused platform %s: %v\n%s", tc.platform, err, out)
 				}
 				if want := `platform = "` + tc.platform + `"`; !strings.Contains(string(runscConfig), want) {
 					t.Errorf("runsc.toml lacks %s:\n%s", want, runscConfig)
@@ -62,12 +65,12 @@ func TestClusterPlatformSetting(t *testing.T) {
 			}
 			var exit *exec.ExitError
 			if !errors.As(err, &exit) || exit.ExitCode() != 1 {
-				t.Fatalf("configs.sh with platform %s: %v, want exit 1\n%s", tc.platform, err, stderr)
+				t.Fatalf("configs.sh with platform %s: %v, want exit 1\n%s", tc.platform, err, out)
 			}
 			want := "[cluster] ERROR: RUNSC_PLATFORM=" + tc.platform + ": runsc cannot start a sandbox on this node: "
-			if lines := strings.Split(strings.TrimSpace(stderr), "\n"); len(lines) != 1 ||
+			if lines := strings.Split(strings.TrimSpace(out), "\n"); len(lines) != 1 ||
 				!strings.HasPrefix(lines[0], want) || !strings.Contains(lines[0], tc.why) {
-				t.Errorf("stderr is not one line starting %q and saying %q:\n%s", want, tc.why, stderr)
+				t.Errorf("output is not one line starting %q and saying %q:\n%s", want, tc.why, out)
 			}
 			if !errors.Is(readErr, os.ErrNotExist) {
 				t.Errorf("runsc.toml written for a platform that cannot run (%v):\n%s", readErr, runscConfig)
@@ -90,22 +93,4 @@ func nodeKVM() (bool, string) {
 		return false, "/dev/kvm is PVM (kvm_pvm)"
 	}
 	return true, ""
-}
-
-// runConfigs runs tests/cluster/configs.sh with CLUSTER_DIR=dir and RUNSC_PLATFORM=platform and
-// returns its stderr.
-func runConfigs(t *testing.T, dir, platform string) (string, error) {
-	t.Helper()
-	root, err := testutil.ModuleRoot()
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, filepath.Join(root, "tests", "cluster", "configs.sh"))
-	cmd.Env = append(os.Environ(), "CLUSTER_DIR="+dir, "RUNSC_PLATFORM="+platform, "GVISOR_LOGS=0")
-	var stderr strings.Builder
-	cmd.Stderr = &stderr
-	err = cmd.Run()
-	return stderr.String(), err
 }
