@@ -25,24 +25,25 @@ RUNC_BIN=/usr/sbin/runc    # Debian's runc
 # config names it: a platform that cannot start one here would otherwise show only as job pods
 # stuck in ContainerCreating. Dies with one line saying why.
 check_runsc_platform() {
-  local runsc=$CLUSTER_BIN/runsc out
+  local runsc=$CLUSTER_BIN/runsc out rc=0
   [[ -x $runsc ]] || die "no runsc in $CLUSTER_BIN: run tests/cluster/build.sh gvisor first"
   # runsc do runs `true` in a sandbox whose root is the host's, read-only with an overlay.
-  if out=$(cd / && timeout 60 "$runsc" --platform="$RUNSC_PLATFORM" --network=none do true 2>&1); then
-    return 0
-  fi
-  die "RUNSC_PLATFORM=$RUNSC_PLATFORM: runsc cannot start a sandbox on this node: $(platform_failure "$out")"
+  out=$(cd / && timeout 60 "$runsc" --platform="$RUNSC_PLATFORM" --network=none do true 2>&1) || rc=$?
+  ((rc == 0)) && return 0
+  die "RUNSC_PLATFORM=$RUNSC_PLATFORM: runsc cannot start a sandbox on this node: $(platform_failure "$rc" "$out")"
 }
 
-# platform_failure RUNSC_OUTPUT: why the platform failed, in one line. For kvm runsc only says
-# the sandbox died ("waiting for sandbox to start: EOF"), so the node's KVM is named instead.
+# platform_failure EXIT_CODE RUNSC_OUTPUT: why the platform failed, in one line. For kvm runsc
+# only says the sandbox died ("waiting for sandbox to start: EOF"), so the node's KVM is named.
 platform_failure() {
-  if [[ $RUNSC_PLATFORM == kvm && ! -e /dev/kvm ]]; then
+  if (($1 == 124)); then
+    echo "\`runsc do true\` did not finish within 60 s"
+  elif [[ $RUNSC_PLATFORM == kvm && ! -e /dev/kvm ]]; then
     echo "no /dev/kvm (the node has no hardware virtualisation, or it is not exposed to it)"
   elif [[ $RUNSC_PLATFORM == kvm && -d /sys/module/kvm_pvm ]]; then
     echo "/dev/kvm is PVM (kvm_pvm), which runs only PVM-aware guest kernels, not gVisor's; use systrap (docs/performance.md)"
   else
-    tail -n 1 <<<"$1"
+    tail -n 1 <<<"$2"
   fi
 }
 
