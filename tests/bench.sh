@@ -10,7 +10,8 @@ go test -tags e2e -run '^$' -bench "${BENCH:-.}" -benchtime 1x -count 1 -timeout
 grep -q '^ok' "$out" || { echo "bench.sh: the benchmarks failed" >&2; exit 1; }
 # The scale section of the last run, kept when this run does not measure scale (BENCH_SCALE=0).
 previous_scale=$(sed -n '/^## Control-plane scale (kwok)/,$p' docs/benchmarks.md 2>/dev/null || true)
-cluster_bin=${CLUSTER_DIR:-${SANDBOX_EXECUTOR_CACHE:-$HOME/.cache/sandbox-executor}/cluster}/bin
+cluster_dir=${CLUSTER_DIR:-${SANDBOX_EXECUTOR_CACHE:-$HOME/.cache/sandbox-executor}/cluster}
+cluster_bin=$cluster_dir/bin cluster_etc=$cluster_dir/etc
 {
   echo "# Benchmarks"
   echo
@@ -26,6 +27,7 @@ cluster_bin=${CLUSTER_DIR:-${SANDBOX_EXECUTOR_CACHE:-$HOME/.cache/sandbox-execut
   echo "- $(nproc) CPUs, $(free -g | awk '/^Mem:/ {print $2}') GiB, kernel $(uname -r)"
   echo "- $(go version)"
   echo "- Kubernetes $("$cluster_bin/kubectl" version --client -o json 2>/dev/null | sed -n 's/.*"gitVersion": "\(.*\)".*/\1/p' | head -1), containerd $("$cluster_bin/containerd" --version 2>/dev/null | awk '{print $3}'), runsc $("$cluster_bin/runsc" --version 2>/dev/null | head -1 | awk '{print $3}'), agent-sandbox v0.5.6"
+  echo "- gVisor platform $(sed -n 's/^ *platform = "\(.*\)"/\1/p' "$cluster_etc/runsc.toml" 2>/dev/null) (RUNSC_PLATFORM of the local cluster; why not KVM here: docs/performance.md)"
   echo "- gitlab-runner $("${SANDBOX_EXECUTOR_GITLAB_RUNNER:-$PWD/../shared/tools/gitlab-runner-17.9.0/gitlab-runner}" --version 2>/dev/null | awk '/^Version/ {print $2}')"
   if grep -q '^BENCH flow startup' "$out"; then
     echo

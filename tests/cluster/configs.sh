@@ -9,7 +9,8 @@
 #   pause container its oom_score_adj of -998 ("can't get final child's PID from pipe: EOF").
 # - kubelet failCgroupV1: false + cgroupDriver: cgroupfs: the host is cgroup v1 only and has no
 #   systemd managing cgroups.
-# - gVisor platform systrap (kvm is not available here; ptrace also works).
+# - gVisor platform systrap (ptrace also works). kvm cannot work here: /dev/kvm is PVM (kvm_pvm),
+#   a KVM backend without VT-x that runs only PVM-aware guest kernels (tests/cluster/README.md).
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
@@ -19,6 +20,32 @@ RUNSC_PLATFORM=${RUNSC_PLATFORM:-systrap}
 GVISOR_LOGS=${GVISOR_LOGS:-0}
 CNI_BIN_DIR=/usr/lib/cni   # Debian's containernetworking-plugins
 RUNC_BIN=/usr/sbin/runc    # Debian's runc
+
+# check_runsc_platform: start one sandbox with the cluster's runsc on $RUNSC_PLATFORM before any
+# config names it: a platform that cannot start one here would otherwise show only as job pods
+# stuck in ContainerCreating. Dies with one line saying why.
+check_runsc_platform() {
+  local runsc=$CLUSTER_BIN/runsc out rc=0
+  [[ -x $runsc ]] || die "no runsc in $CLUSTER_BIN: run tests/cluster/build.sh gvisor first"
+  # runsc do runs `true` in a sandbox whose root is the host's, read-only with an overlay.
+  out=$(cd / && timeout 60 "$runsc" --platform="$RUNSC_PLATFORM" --network=none do true 2>&1) || rc=$?
+  ((rc == 0)) && return 0
+  die "RUNSC_PLATFORM=$RUNSC_PLATFORM: runsc cannot start a sandbox on this node: $(platform_failure "$rc" "$out")"
+}
+
+# platform_failure EXIT_CODE RUNSC_OUTPUT: why the platform failed, in one line. For kvm runsc
+# only says the sandbox died ("waiting for sandbox to start: EOF"), so the node's KVM is named.
+platform_failure() {
+  if (($1 == 124)); then
+    echo "\`runsc do true\` did not finish within 60 s"
+  elif [[ $RUNSC_PLATFORM == kvm && ! -e /dev/kvm ]]; then
+    echo "no /dev/kvm (the node has no hardware virtualisation, or it is not exposed to it)"
+  elif [[ $RUNSC_PLATFORM == kvm && -d /sys/module/kvm_pvm ]]; then
+    echo "/dev/kvm is PVM (kvm_pvm), which runs only PVM-aware guest kernels, not gVisor's; use systrap (docs/performance.md)"
+  else
+    tail -n 1 <<<"$2"
+  fi
+}
 
 # put FILE OWNER: write stdin to FILE if different; note when OWNER is already running.
 put() {
@@ -214,6 +241,7 @@ EOF_YAML
 
 main() {
   ensure_dirs
+  check_runsc_platform
   containerd_config
   runsc_config
   cni_config

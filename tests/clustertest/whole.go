@@ -31,7 +31,7 @@ const enforcementWait = "90"
 // CheckWhole runs check.sh once and, if that passes, proves NetworkPolicy enforcement; the
 // error quotes the failing check's output.
 func CheckWhole(ctx context.Context) error {
-	if out, err := clusterScript(ctx, "check.sh", nil); err != nil {
+	if out, err := ClusterScript(ctx, "check.sh", nil); err != nil {
 		return fmt.Errorf("tests/cluster/check.sh: %v\n%s", err, out)
 	}
 	return proveEnforcement(ctx)
@@ -39,7 +39,7 @@ func CheckWhole(ctx context.Context) error {
 
 // proveEnforcement runs netpol-check.sh: a deny denies on new pods, next to a positive control.
 func proveEnforcement(ctx context.Context) error {
-	if out, err := clusterScript(ctx, "netpol-check.sh", []string{"NETPOL_CHECK_WAIT=" + enforcementWait}); err != nil {
+	if out, err := ClusterScript(ctx, "netpol-check.sh", []string{"NETPOL_CHECK_WAIT=" + enforcementWait}); err != nil {
 		return fmt.Errorf("NetworkPolicy is not enforced (tests/cluster/netpol-check.sh): %v\n%s", err, out)
 	}
 	return nil
@@ -53,7 +53,7 @@ func WaitWhole(ctx context.Context, timeout time.Duration) error {
 	defer cancel()
 	var last string
 	err := wait.PollUntilContextCancel(ctx, checkInterval, true, func(ctx context.Context) (bool, error) {
-		out, err := clusterScript(ctx, "check.sh", nil)
+		out, err := ClusterScript(ctx, "check.sh", nil)
 		last = out
 		return err == nil, nil
 	})
@@ -89,15 +89,15 @@ const scriptTimeout = 5 * time.Minute
 func RunScript(name string, args ...string) error {
 	ctx, cancel := context.WithTimeout(context.Background(), scriptTimeout)
 	defer cancel()
-	if out, err := clusterScript(ctx, name, nil, args...); err != nil {
+	if out, err := ClusterScript(ctx, name, nil, args...); err != nil {
 		return fmt.Errorf("tests/cluster/%s %s: %v\n%s", name, strings.Join(args, " "), err, out)
 	}
 	return nil
 }
 
-// clusterScript runs tests/cluster/NAME with args and variables added to its environment (ctx
+// ClusterScript runs tests/cluster/NAME with args and variables added to its environment (ctx
 // bounds it); the output is stdout and stderr together.
-func clusterScript(ctx context.Context, name string, env []string, args ...string) (string, error) {
+func ClusterScript(ctx context.Context, name string, env []string, args ...string) (string, error) {
 	root, err := testutil.ModuleRoot()
 	if err != nil {
 		return "", err
