@@ -259,8 +259,11 @@ func TestStockDuoFlowHardenedImage(t *testing.T) {
 	}
 	assertPushed(t, inst, duoflow.Branch(job.ID), base)
 	c.WaitJobGone(t, job.ID)
+	// Positive control: the capture is the executor's output before the runner masks anything.
+	executorOutput := wrapped.Output(t)
+	mustContain(t, "the executor's output", executorOutput, "Sandbox ready: pool "+hardenedPool, "id_tokens: GITLAB_OIDC_TOKEN sha256 "+sha256Hex(idToken))
 	assertNotRecorded(t, c, records, job.ID, pod, map[string]string{"id token": idToken, "id token's signature": idToken[strings.LastIndex(idToken, ".")+1:]},
-		map[string]string{"executor output": wrapped.Output(t), "runner log": runnerLog(), "trace": trace})
+		map[string]string{"executor output": executorOutput, "runner log": runnerLog(), "trace": trace})
 	t.Logf("job %d: %s in %s (handed out -> final state)", job.ID, res.State, res.Duration())
 }
 
