@@ -9,6 +9,7 @@ import (
 	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
+	"regexp"
 	"strconv"
 	"strings"
 	"testing"
@@ -143,15 +144,18 @@ func TestStockDuoFlow(t *testing.T) {
 		}
 	}
 	c.WaitJobGone(t, job.ID)
-	for _, line := range strings.Split(trace, "\n") {
-		for _, prefix := range []string{"Network policy:", "denied, ", "recommended ", "host and runtime", "unix sockets", "the job's own", "\x1b[0;33mWARNING: egress blocked"} {
+	for _, line := range strings.Split(ansiColor.ReplaceAllString(trace, ""), "\n") {
+		for _, prefix := range []string{"Network policy:", "denied, ", "recommended ", "host and runtime", "unix sockets", "the job's own", "WARNING: egress blocked"} {
 			if strings.HasPrefix(line, prefix) {
-				t.Logf("network_policy: %s", strings.TrimPrefix(line, "\x1b[0;33m"))
+				t.Logf("network_policy: %s", line)
 			}
 		}
 	}
 	t.Logf("job %d: %s in %s (handed out -> final state)", job.ID, res.State, res.Duration())
 }
+
+// ansiColor is a color code of the job log.
+var ansiColor = regexp.MustCompile(`\x1b\[[0-9;]*m`)
 
 // The Unix sockets of a stock flow's pod: the stage agent's (wire.BaseDir), and the one the
 // job's networkPolicyChecks make.
