@@ -19,7 +19,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/sandbox-executor/sandbox-executor/kube"
-
 	"github.com/sandbox-executor/sandbox-executor/tests/clustertest"
 	"github.com/sandbox-executor/sandbox-executor/tests/fakegitlab"
 	"github.com/sandbox-executor/sandbox-executor/tests/localcluster"
