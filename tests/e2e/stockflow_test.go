@@ -110,10 +110,10 @@ func TestStockDuoFlow(t *testing.T) {
 		"recommended rubygems.org: CONNECT 403",
 		// allow_all_unix_sockets: nothing of the node's in the pod; the job's own sockets work.
 		"host and runtime sockets in the pod: none",
-		"unix sockets before: ["+agentSocket+"]",
+		"unix sockets in the kernel before: ["+agentSocket+"]",
 		"the job's own unix socket: pong",
-		"unix sockets after: ["+agentSocket+" "+jobSocket+"]",
-		"unix sockets in the kernel: ["+agentSocket+" "+jobSocket+"]",
+		"unix sockets in the kernel after: ["+agentSocket+" "+jobSocket+"]",
+		"unix sockets on the filesystem: ["+agentSocket+" "+jobSocket+"]",
 		"egress blocked: PUT "+strings.TrimPrefix(flowEgressAdmin, "http://")+" (not in the allowlist of pool "+flowPool+")",
 		"egress blocked: GET "+duoflow.ProjectAllowedDomain+":80 (not in the allowlist of pool "+flowPool+")",
 		"egress blocked: GET "+duoflow.ProjectDeniedDomain+":80 (not in the allowlist of pool "+flowPool+")",
@@ -169,19 +169,20 @@ const (
 // GitLab's recommended domains (PyPI and RubyGems, the first of its Python and Ruby lists), by
 // name through the proxy, which decides on the name before resolving it; the sockets of Docker,
 // containerd, CRI-O, Podman, the kubelet, D-Bus and systemd at their usual paths; every Unix
-// socket on the pod's filesystem and in its kernel (gVisor's), before and after the job serves
-// one to itself.
+// socket in the pod's kernel (gVisor's /proc/net/unix) before and after the job serves one to
+// itself, and on its whole filesystem after (one `find /`: a second costs a second under gVisor).
 var networkPolicyChecks = []string{
 	`if curl -sS --max-time 10 -o /dev/null -w "denied, granted by the pool: HTTP %{http_code}\n" "${` + duoflow.NPMRegistryVariable + `}@gitlab%2fduo-cli"; then :; fi`,
 	`if curl -sS --max-time 10 -o /dev/null -w "denied, granted by nothing: HTTP %{http_code}\n" http://` + duoflow.ProjectDeniedDomain + `/; then :; fi`,
 	`for d in pypi.org rubygems.org; do if curl -sS --max-time 10 -o /dev/null -w "recommended $d: CONNECT %{http_connect}\n" "https://$d/"; then :; fi; done`,
 	`found=""; for s in /var/run/docker.sock /run/docker.sock /run/containerd/containerd.sock /var/run/containerd/containerd.sock /run/crio/crio.sock /run/podman/podman.sock /var/lib/kubelet/kubelet.sock /var/lib/kubelet/pod-resources/kubelet.sock /var/lib/kubelet/device-plugins/kubelet.sock /run/dbus/system_bus_socket /run/systemd/private; do if [ -e "$s" ]; then found="$found $s"; fi; done; echo "host and runtime sockets in the pod:${found:- none}"`,
-	`echo "unix sockets before: [$(find / -type s 2>/dev/null | LC_ALL=C sort | paste -sd ' ')]"`,
+	`unix_sockets() { awk 'NR > 1 && $8 != "" {print $8}' /proc/net/unix | LC_ALL=C sort -u | paste -sd ' '; }`,
+	`echo "unix sockets in the kernel before: [$(unix_sockets)]"`,
 	`socat UNIX-LISTEN:` + jobSocket + `,fork SYSTEM:'echo pong' & socket_server=$!`,
 	`until [ -S ` + jobSocket + ` ]; do sleep 0.1; done`,
 	`echo "the job's own unix socket: $(echo ping | socat - UNIX-CONNECT:` + jobSocket + `)"`,
-	`echo "unix sockets after: [$(find / -type s 2>/dev/null | LC_ALL=C sort | paste -sd ' ')]"`,
-	`echo "unix sockets in the kernel: [$(awk 'NR > 1 && $8 != "" {print $8}' /proc/net/unix | LC_ALL=C sort -u | paste -sd ' ')]"`,
+	`echo "unix sockets in the kernel after: [$(unix_sockets)]"`,
+	`echo "unix sockets on the filesystem: [$(find / -type s 2>/dev/null | LC_ALL=C sort | paste -sd ' ')]"`,
 	`kill "$socket_server"`,
 }
 
