@@ -25,3 +25,25 @@ func TestFlowImageIsolation(t *testing.T) {
 		}
 	}
 }
+
+func TestFlowNetworkPolicy(t *testing.T) {
+	const image = "registry.gitlab.com/gitlab-org/duo-workflow/default-docker-image/workflow-generic-image"
+	proxied := FlowNetworkPolicy(image+":v0.0.15", "duo-flow", true)
+	for _, want := range []string{
+		"Network policy: agent-config.yml's network_policy configures SRT and is not applied here",
+		"only what the egress proxy of pool duo-flow allows",
+		"denied_domains does not narrow",
+		"refused and named in this log",
+	} {
+		if !strings.Contains(proxied, want) {
+			t.Errorf("proxied pool: %q lacks %q", proxied, want)
+		}
+	}
+	if fenced := FlowNetworkPolicy(image+"-hardened:v0.0.7", "duo-flow-hardened", false); !strings.Contains(fenced, "only what the NetworkPolicy of pool duo-flow-hardened allows") ||
+		!strings.HasSuffix(fenced, "anything else is dropped") {
+		t.Errorf("NetworkPolicy-only pool: %q", fenced)
+	}
+	if got := FlowNetworkPolicy("registry.example.com/duo/ci:bookworm", "duo-default", true); got != "" {
+		t.Errorf("an image of no flow: %q, want none", got)
+	}
+}

@@ -109,8 +109,10 @@ func Run(ctx context.Context, env *stages.Env) error {
 	log.Infof("Sandbox ready: %s, pod %s/%s, runtime %s, kernel %s, shell %s, stages over %s, %s in %s, ready in %s",
 		origin, sbx.Namespace, sbx.Pod, sbx.RuntimeClass, probe.KernelRelease, probe.Shell, transport,
 		acquired, gitlab.Millis(claimed), gitlab.Millis(env.Clock.Since(start)))
-	if line := gitlab.FlowImageIsolation(sbx.Image, sbx.RuntimeClass, sbx.Pool, egressOf(env.Config.Pool(sbx.Pool))); line != "" {
+	pool := env.Config.Pool(sbx.Pool)
+	if line := gitlab.FlowImageIsolation(sbx.Image, sbx.RuntimeClass, sbx.Pool, egressOf(pool)); line != "" {
 		log.Infof("%s", line)
+		log.Infof("%s", gitlab.FlowNetworkPolicy(sbx.Image, sbx.Pool, pool != nil && pool.EgressProxy != ""))
 	}
 	return nil
 }

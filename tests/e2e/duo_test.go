@@ -24,17 +24,33 @@ import (
 // SANDBOX_EXECUTOR_GITLAB_RUNNER says otherwise) with the instance's S3 cache.
 func runDuoJob(t *testing.T, c *clustertest.Runner, inst *duoflow.Instance, job fakegitlab.Job) fakegitlab.Result {
 	t.Helper()
+	return runDuoJobWith(t, c.Definition(), inst, job, nil)
+}
+
+// runDuoJobWith runs job as runDuoJob does, with def as the runner's executor. atCleanup, if
+// set, runs once the runner has started and before the job's final state is awaited: with an
+// executor that holds cleanup_exec, it looks into the job's pod after the job's last stage.
+func runDuoJobWith(t *testing.T, def runner.CustomExecutor, inst *duoflow.Instance, job fakegitlab.Job, atCleanup func(*runner.Process)) fakegitlab.Result {
+	t.Helper()
 	inst.GitLab.Enqueue(job)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	proc, err := runner.Start(runner.Options{
-		URL: inst.GitLab.URL(), Token: inst.GitLab.RunnerToken(), Executor: c.Definition(), Timeout: 5 * time.Minute,
+		URL: inst.GitLab.URL(), Token: inst.GitLab.RunnerToken(), Executor: def, Timeout: 5 * time.Minute,
 		Cache: inst.RunnerCache(),
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer proc.Stop()
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("job %d: runner log:\n%s", job.ID, proc.Log())
+		}
+	})
+	if atCleanup != nil {
+		atCleanup(proc)
+	}
 	res, err := inst.GitLab.Wait(ctx, job.ID)
 	if err != nil {
 		t.Fatalf("%v; runner log:\n%s", err, proc.Log())
@@ -46,11 +62,6 @@ func runDuoJob(t *testing.T, c *clustertest.Runner, inst *duoflow.Instance, job 
 	if _, err := proc.Wait(ctx); err != nil {
 		t.Errorf("job %d: %v", job.ID, err)
 	}
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("job %d: runner log:\n%s", job.ID, proc.Log())
-		}
-	})
 	return res
 }
 

@@ -108,31 +108,48 @@ func jobPod(t testing.TB, r *clustertest.Runner, id int64) string {
 
 // wrappedExecutor is the runner's custom executor section for r, with every executable called
 // through a shell wrapper that notes the stage and its SANDBOX_EXECUTOR_NAMESPACE (config_exec's
-// job_env) and can hold cleanup_exec until the test lets it go, so that the test can look into
-// the pod after the runner ended the job's last stage and before the pod is deleted.
+// job_env), and as its wrapping says, holds cleanup_exec until the test lets it go, so that the
+// test can look into the pod after the runner ended the job's last stage and before the pod is
+// deleted, and keeps what each executable printed.
 type wrappedExecutor struct {
 	Definition runner.CustomExecutor
 	dir        string
 }
 
-func wrapExecutor(t testing.TB, r *clustertest.Runner, holdCleanup bool) *wrappedExecutor {
+// wrapping is what the wrapper of wrapExecutor does besides noting each stage.
+type wrapping struct {
+	holdCleanup bool
+	// captureOutput keeps each executable's stdout and stderr, in order, as the runner gets them
+	// before it masks anything. The runner then gets an executable's output when it exits (no
+	// live log), and a signal reaches the wrapper, not the executable: not for cancel tests.
+	captureOutput bool
+}
+
+func wrapExecutor(t testing.TB, r *clustertest.Runner, how wrapping) *wrappedExecutor {
 	t.Helper()
 	w := &wrappedExecutor{dir: t.TempDir()}
 	hold := ""
-	if holdCleanup {
+	if how.holdCleanup {
 		hold = `if [ "$3" = cleanup ]; then
 	: >"$dir/cleanup-held"
 	while [ ! -e "$dir/cleanup-go" ]; do sleep 0.05; done
 fi
 `
 	}
+	run := fmt.Sprintf("exec %q \"$@\"\n", r.Binary())
+	if how.captureOutput {
+		run = fmt.Sprintf(`%q "$@" >"$dir/output.$$" 2>&1
+code=$?
+cat "$dir/output.$$"
+exit $code
+`, r.Binary())
+	}
 	script := fmt.Sprintf(`#!/bin/sh
 # called as: wrapper --config <path> <stage> [<script> <runner stage>]
 dir=%q
 if [ "$3" = run ]; then stage="run $5"; else stage=$3; fi
 echo "$stage SANDBOX_EXECUTOR_NAMESPACE=${SANDBOX_EXECUTOR_NAMESPACE-unset}" >>"$dir/stages"
-%sexec %q "$@"
-`, w.dir, hold, r.Binary())
+%s%s`, w.dir, hold, run)
 	wrapper := filepath.Join(w.dir, "wrapper")
 	if err := os.WriteFile(wrapper, []byte(script), 0o755); err != nil {
 		t.Fatal(err)
@@ -140,10 +157,28 @@ echo "$stage SANDBOX_EXECUTOR_NAMESPACE=${SANDBOX_EXECUTOR_NAMESPACE-unset}" >>"
 	def := r.Definition()
 	def.ConfigExec, def.PrepareExec, def.RunExec, def.CleanupExec = wrapper, wrapper, wrapper, wrapper
 	w.Definition = def
-	if holdCleanup {
+	if how.holdCleanup {
 		t.Cleanup(w.ReleaseCleanup) // whatever happens to the test
 	}
 	return w
+}
+
+// Output is what the executables printed, with captureOutput: every stage's, unmasked.
+func (w *wrappedExecutor) Output(t testing.TB) string {
+	t.Helper()
+	files, err := filepath.Glob(filepath.Join(w.dir, "output.*"))
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no output captured in %s (%v)", w.dir, err)
+	}
+	var out strings.Builder
+	for _, f := range files {
+		data, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out.Write(data)
+	}
+	return out.String()
 }
 
 // Stages are the executables the runner called, in order, each with the job_env it saw.
@@ -327,7 +362,7 @@ func TestAfterScriptFailureKeepsScriptExitCode(t *testing.T) {
 // a look into the pod from outside once the runner has moved on to cleanup.
 func TestGracefulCancelLeavesNoProcess(t *testing.T) {
 	c := newCluster(t)
-	wrapped := wrapExecutor(t, c, true)
+	wrapped := wrapExecutor(t, c, wrapping{holdCleanup: true})
 	gitlab := fakegitlab.New()
 	defer gitlab.Close()
 	id := fakegitlab.NextJobID()
@@ -368,7 +403,7 @@ func TestGracefulCancelLeavesNoProcess(t *testing.T) {
 func TestJobTimeoutLeavesNoProcess(t *testing.T) {
 	const timeout = 30 * time.Second
 	c := newCluster(t)
-	wrapped := wrapExecutor(t, c, true)
+	wrapped := wrapExecutor(t, c, wrapping{holdCleanup: true})
 	gitlab := fakegitlab.New()
 	defer gitlab.Close()
 	id := fakegitlab.NextJobID()
@@ -432,7 +467,7 @@ func TestMaskedVariablesNeverInTrace(t *testing.T) {
 // in the environment of every later executable the runner calls: prepare, each run, cleanup.
 func TestJobEnvReachesEveryStage(t *testing.T) {
 	c := newCluster(t)
-	wrapped := wrapExecutor(t, c, false)
+	wrapped := wrapExecutor(t, c, wrapping{})
 	gitlab := fakegitlab.New()
 	defer gitlab.Close()
 	job := gitlab.NewJob(fakegitlab.JobSpec{Image: ciImage, GitStrategy: "none",

@@ -3,12 +3,26 @@
 package e2e
 
 import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/hex"
+	"encoding/json"
+	"regexp"
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/sandbox-executor/sandbox-executor/kube"
 	"github.com/sandbox-executor/sandbox-executor/tests/clustertest"
+	"github.com/sandbox-executor/sandbox-executor/tests/fakegitlab"
 	"github.com/sandbox-executor/sandbox-executor/tests/localcluster"
+	"github.com/sandbox-executor/sandbox-executor/tests/runner"
 	"github.com/sandbox-executor/sandbox-executor/tools/duoflow"
 )
 
@@ -31,7 +45,12 @@ const (
 // stand-in; the repository cloned; SRT probed and falling back (gVisor and the fence are the
 // sandbox, as the job log says); a WebSocket session with the workflow service through the
 // instance; edit, test, commit, push; a merge request with CI_JOB_TOKEN; and a destination
-// nothing allows, refused and named in the job log.
+// nothing allows, refused and named in the job log. Then what became of the project's
+// agent-config.yml network_policy (duoflow.StockNetworkPolicy), which GitLab wrote into SRT's
+// settings and the job log says is not applied: a domain it allows, one it denies and GitLab's
+// recommended ones are refused unless the pool grants them; the npm registry, denied but granted by
+// the pool, is reached; and no socket of the node or its runtime is in the pod, whose Unix
+// sockets are its own and work (networkPolicyChecks).
 func TestStockDuoFlow(t *testing.T) {
 	helper, err := duoflow.HelperConfig()
 	if err != nil {
@@ -59,12 +78,14 @@ func TestStockDuoFlow(t *testing.T) {
 	job := inst.StockJob(base, npm.URL, flowEgressAdmin,
 		`echo "setup_script: running as $(id -un) (uid $(id -u)) in $(pwd)"`,
 		`npm config set --location=global registry "$`+duoflow.NPMRegistryVariable+`"`)
+	job.Steps[0].Script = append(job.Steps[0].Script, networkPolicyChecks...)
 	res := runDuoJob(t, c, inst, job)
 	trace := res.Trace
 
 	mustContainInOrder(t, trace,
 		"Sandbox ready: pool "+flowPool,
 		"Isolation: this flow runs under gVisor (RuntimeClass gvisor), not SRT, fenced by its NetworkPolicy and the egress proxy of pool "+flowPool+"; SRT in this image cannot build its own sandbox",
+		"Network policy: agent-config.yml's network_policy configures SRT and is not applied here: this job reaches only what the egress proxy of pool "+flowPool+" allows",
 		"Fetching changes with git depth set to 1",
 		"setup_script: running as root (uid 0)",
 		"added 1 package",
@@ -80,10 +101,29 @@ func TestStockDuoFlow(t *testing.T) {
 		// agent-config.yml's network_policy.allowed_domains reached SRT's settings only: the
 		// proxy refuses the domain all the same.
 		"outside: HTTP 403",
+		// denied_domains: the npm registry, which the pool grants, is reached; a denied
+		// domain nothing grants is refused.
+		"denied, granted by the pool: HTTP 200",
+		"denied, granted by nothing: HTTP 403",
+		// include_recommended_allowed: GitLab's recommended domains stay refused.
+		"recommended pypi.org: CONNECT 403",
+		"recommended rubygems.org: CONNECT 403",
+		// allow_all_unix_sockets: nothing of the node's in the pod; the job's own sockets work.
+		"host and runtime sockets in the pod: none",
+		"unix sockets in the kernel before: ["+agentSocket+"]",
+		"the job's own unix socket: pong",
+		"unix sockets in the kernel after: ["+agentSocket+" "+jobSocket+"]",
+		"unix sockets on the filesystem: ["+agentSocket+" "+jobSocket+"]",
 		"egress blocked: PUT "+strings.TrimPrefix(flowEgressAdmin, "http://")+" (not in the allowlist of pool "+flowPool+")",
 		"egress blocked: GET "+duoflow.ProjectAllowedDomain+":80 (not in the allowlist of pool "+flowPool+")",
+		"egress blocked: GET "+duoflow.ProjectDeniedDomain+":80 (not in the allowlist of pool "+flowPool+")",
+		"egress blocked: CONNECT pypi.org:443 (not in the allowlist of pool "+flowPool+")",
+		"egress blocked: CONNECT rubygems.org:443 (not in the allowlist of pool "+flowPool+")",
 	)
 	mustContain(t, "trace", trace, "Egress of this job through the egress proxy of pool "+flowPool+": "+inst.Host+":80, "+inst.Host+":443, "+npm.Host+":80")
+	if strings.Contains(trace, "egress blocked: GET "+npm.Host) {
+		t.Errorf("the npm registry the pool grants was refused:\n%s", trace)
+	}
 	if n := npm.Downloads("@gitlab/duo-cli"); n != 1 {
 		t.Errorf("@gitlab/duo-cli downloaded %d times, want 1", n)
 	}
@@ -103,14 +143,57 @@ func TestStockDuoFlow(t *testing.T) {
 		}
 	}
 	c.WaitJobGone(t, job.ID)
+	for _, line := range strings.Split(ansiColor.ReplaceAllString(trace, ""), "\n") {
+		for _, prefix := range []string{"Network policy:", "denied, ", "recommended ", "host and runtime", "unix sockets", "the job's own", "WARNING: egress blocked"} {
+			if strings.HasPrefix(line, prefix) {
+				t.Logf("network_policy: %s", line)
+			}
+		}
+	}
 	t.Logf("job %d: %s in %s (handed out -> final state)", job.ID, res.State, res.Duration())
+}
+
+// ansiColor is a color code of the job log.
+var ansiColor = regexp.MustCompile(`\x1b\[[0-9;]*m`)
+
+// The Unix sockets of a stock flow's pod: the stage agent's (wire.BaseDir), and the one the
+// job's networkPolicyChecks make.
+const (
+	agentSocket = "/tmp/.sandbox-executor/agent.sock"
+	jobSocket   = "/tmp/duo-job.sock"
+)
+
+// networkPolicyChecks try, after the stock flow, what its project's network_policy
+// (duoflow.StockNetworkPolicy) would have SRT decide, in GitLab's default image (root, socat):
+// the npm registry it denies and the pool grants; a domain it denies and nothing grants; two of
+// GitLab's recommended domains (PyPI and RubyGems, the first of its Python and Ruby lists), by
+// name through the proxy, which decides on the name before resolving it; the sockets of Docker,
+// containerd, CRI-O, Podman, the kubelet, D-Bus and systemd at their usual paths; every Unix
+// socket in the pod's kernel (gVisor's /proc/net/unix) before and after the job serves one to
+// itself, and on its whole filesystem after (one `find /`: a second costs a second under gVisor).
+var networkPolicyChecks = []string{
+	`if curl -sS --max-time 10 -o /dev/null -w "denied, granted by the pool: HTTP %{http_code}\n" "${` + duoflow.NPMRegistryVariable + `}@gitlab%2fduo-cli"; then :; fi`,
+	`if curl -sS --max-time 10 -o /dev/null -w "denied, granted by nothing: HTTP %{http_code}\n" http://` + duoflow.ProjectDeniedDomain + `/; then :; fi`,
+	`for d in pypi.org rubygems.org; do if curl -sS --max-time 10 -o /dev/null -w "recommended $d: CONNECT %{http_connect}\n" "https://$d/"; then :; fi; done`,
+	`found=""; for s in /var/run/docker.sock /run/docker.sock /run/containerd/containerd.sock /var/run/containerd/containerd.sock /run/crio/crio.sock /run/podman/podman.sock /var/lib/kubelet/kubelet.sock /var/lib/kubelet/pod-resources/kubelet.sock /var/lib/kubelet/device-plugins/kubelet.sock /run/dbus/system_bus_socket /run/systemd/private; do if [ -e "$s" ]; then found="$found $s"; fi; done; echo "host and runtime sockets in the pod:${found:- none}"`,
+	`unix_sockets() { awk 'NR > 1 && $8 != "" {print $8}' /proc/net/unix | LC_ALL=C sort -u | paste -sd ' '; }`,
+	`echo "unix sockets in the kernel before: [$(unix_sockets)]"`,
+	`socat UNIX-LISTEN:` + jobSocket + `,fork SYSTEM:'echo pong' & socket_server=$!`,
+	`until [ -S ` + jobSocket + ` ]; do sleep 0.1; done`,
+	`echo "the job's own unix socket: $(echo ping | socat - UNIX-CONNECT:` + jobSocket + `)"`,
+	`echo "unix sockets in the kernel after: [$(unix_sockets)]"`,
+	`echo "unix sockets on the filesystem: [$(find / -type s 2>/dev/null | LC_ALL=C sort | paste -sd ' ')]"`,
+	`kill "$socket_server"`,
 }
 
 // TestStockDuoFlowHardenedImage runs the same flow with agent-config.yml naming GitLab's
 // hardened image: its pool (duo-flow-hardened) serves it; setup_script runs as the image's USER,
 // UID 1001; the duo CLI is in the image, so the pool grants no npm registry and none is needed;
-// there is no SRT; and the cache key is agent-config.yml's `key: {files, prefix}` as GitLab
-// computes it.
+// there is no SRT; the cache key is agent-config.yml's `key: {files, prefix}` as GitLab
+// computes it; and agent-config.yml's id_tokens reach the setup_script as GitLab sends them, a
+// masked job variable (GITLAB_OIDC_TOKEN) whose value appears in no version of any pod, claim
+// or sandbox of the namespace, no container log of the job's pod, no event, nothing the
+// executor printed in any stage, nor the runner's log.
 func TestStockDuoFlowHardenedImage(t *testing.T) {
 	helper, err := duoflow.HelperConfig()
 	if err != nil {
@@ -133,17 +216,36 @@ func TestStockDuoFlowHardenedImage(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	idToken := oidcToken(t, inst.GitLab.URL(), "https://vault.example.com")
 	job := inst.StockJob(base, "http://registry.invalid/", flowEgressAdmin,
-		`echo "setup_script: running as $(id -un) (uid $(id -u))"`)
+		`echo "setup_script: running as $(id -un) (uid $(id -u))"`,
+		// What a setup_script does with an ID token (a Vault login, say), short of the login.
+		`echo "id_tokens: GITLAB_OIDC_TOKEN sha256 $(printf %s "$GITLAB_OIDC_TOKEN" | sha256sum | cut -c1-64)"`,
+		`node -e 'const claims = JSON.parse(Buffer.from(process.env.GITLAB_OIDC_TOKEN.split(".")[1], "base64url")); console.log("id_tokens: GITLAB_OIDC_TOKEN for " + claims.aud)'`)
 	job.Image.Name = hardenedImage
 	job.Cache[0].Key = key
-	res := runDuoJob(t, c, inst, job)
+	job.Variables = append(job.Variables, fakegitlab.Variable{Key: "GITLAB_OIDC_TOKEN", Value: idToken, Masked: true})
+
+	records := recordNamespace(t, c)
+	wrapped := wrapExecutor(t, c, wrapping{holdCleanup: true, captureOutput: true})
+	var runnerLog func() string
+	var pod string
+	res := runDuoJobWith(t, wrapped.Definition, inst, job, func(proc *runner.Process) {
+		runnerLog = proc.Log
+		wrapped.WaitCleanupHeld(t, proc)
+		pod = jobPod(t, c, job.ID)
+		recordContainerLogs(t, c, records, pod)
+		wrapped.ReleaseCleanup()
+	})
 	trace := res.Trace
 	mustContainInOrder(t, trace,
 		"Sandbox ready: pool "+hardenedPool,
 		"Isolation: this flow runs under gVisor (RuntimeClass gvisor), not SRT, fenced by its NetworkPolicy and the egress proxy of pool "+hardenedPool+"; this image has no SRT",
+		"Network policy: agent-config.yml's network_policy configures SRT and is not applied here",
 		"Fetching changes with git depth set to 1",
 		"setup_script: running as duo-runner (uid 1001)",
+		"id_tokens: GITLAB_OIDC_TOKEN sha256 "+sha256Hex(idToken),
+		"id_tokens: GITLAB_OIDC_TOKEN for https://vault.example.com",
 		"duo-cli already present, skipping installation",
 		"Warning: srt is not installed or not in PATH, running command directly without sandbox",
 		"duo: session "+strconv.FormatInt(job.ID, 10)+": connected (websocket)",
@@ -161,7 +263,85 @@ func TestStockDuoFlowHardenedImage(t *testing.T) {
 	}
 	assertPushed(t, inst, duoflow.Branch(job.ID), base)
 	c.WaitJobGone(t, job.ID)
+	// Positive control: the capture is the executor's output before the runner masks anything.
+	executorOutput := wrapped.Output(t)
+	mustContain(t, "the executor's output", executorOutput, "Sandbox ready: pool "+hardenedPool, "id_tokens: GITLAB_OIDC_TOKEN sha256 "+sha256Hex(idToken))
+	assertNotRecorded(t, c, records, job.ID, pod, map[string]string{"id token": idToken, "id token's signature": idToken[strings.LastIndex(idToken, ".")+1:]},
+		map[string]string{"executor output": executorOutput, "runner log": runnerLog(), "trace": trace})
 	t.Logf("job %d: %s in %s (handed out -> final state)", job.ID, res.State, res.Duration())
+}
+
+// oidcToken is an ID token shaped as GitLab makes one for an id_tokens entry with aud: a JWT
+// with GitLab's claims and a random signature.
+func oidcToken(t *testing.T, issuer, aud string) string {
+	t.Helper()
+	jti := make([]byte, 16)
+	signature := make([]byte, 256)
+	if _, err := rand.Read(jti); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := rand.Read(signature); err != nil {
+		t.Fatal(err)
+	}
+	claims, err := json.Marshal(map[string]any{
+		"iss": issuer, "aud": aud, "sub": "project_path:" + duoflow.Project + ":ref_type:branch:ref:main",
+		"jti": hex.EncodeToString(jti), "iat": time.Now().Unix(), "exp": time.Now().Add(time.Hour).Unix(),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	enc := base64.RawURLEncoding
+	return enc.EncodeToString([]byte(`{"kid":"e2e","typ":"JWT","alg":"RS256"}`)) + "." + enc.EncodeToString(claims) + "." + enc.EncodeToString(signature)
+}
+
+func sha256Hex(s string) string {
+	sum := sha256.Sum256([]byte(s))
+	return hex.EncodeToString(sum[:])
+}
+
+// recordContainerLogs adds the log of every container of the job's pod to records.
+func recordContainerLogs(t *testing.T, c *clustertest.Runner, records *clusterRecords, pod string) {
+	t.Helper()
+	ctx := context.Background()
+	obj, err := c.Admin.Kube.CoreV1().Pods(namespace).Get(ctx, pod, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, container := range append(obj.Spec.InitContainers, obj.Spec.Containers...) {
+		log, err := c.Admin.Kube.CoreV1().Pods(namespace).GetLogs(pod, &corev1.PodLogOptions{Container: container.Name}).DoRaw(ctx)
+		if err != nil {
+			t.Fatalf("the log of container %s of pod %s: %v", container.Name, pod, err)
+		}
+		records.Add("container log "+pod+"/"+container.Name, string(log))
+	}
+}
+
+// assertNotRecorded stops the recording once it has seen the job's claim and pod deleted, adds
+// the namespace's events and the texts given, and fails for every secret that any of them
+// holds. The job's claim, its pod's versions and its container logs must have been recorded:
+// a recording that missed them proves nothing.
+func assertNotRecorded(t *testing.T, c *clustertest.Runner, records *clusterRecords, jobID int64, pod string, secrets, texts map[string]string) {
+	t.Helper()
+	claim := "claim " + kube.ClaimName(c.Name, jobID)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	records.WaitDeleted(ctx, t, claim, "pod "+pod)
+	records.Stop()
+	events, err := c.Admin.Kube.CoreV1().Events(namespace).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	records.Add("events", events)
+	for what, text := range texts {
+		records.Add(what, text)
+	}
+	for what, secret := range secrets {
+		if found := records.Containing(secret); len(found) > 0 {
+			t.Errorf("the %s appears in %s", what, strings.Join(found, ", "))
+		}
+	}
+	n, versions := records.Count()
+	t.Logf("searched %d records (%d versions, %d events) for %d secrets", n, versions, len(events.Items), len(secrets))
 }
 
 // mustContainInOrder checks that each of wants appears in text after the previous one.

@@ -3,8 +3,10 @@ package duoflow
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"fmt"
 	"net/http"
+	"net/url"
 	"strconv"
 	"strings"
 
@@ -58,26 +60,87 @@ const NPMRegistryVariable = "DUO_TEST_NPM_REGISTRY"
 // SRTSettings is where the flow's script writes SRT's settings (GitLab's SANDBOX_SYSTEM_DIR).
 const SRTSettings = "/var/tmp/.gitlab-sandbox/srt-settings.json"
 
+// NetworkPolicy is agent-config.yml's network_policy as a project writes it. GitLab never sends
+// it to the runner: it writes it into SRT's settings inside the job script (SRTSettings).
+type NetworkPolicy struct {
+	AllowedDomains            []string
+	DeniedDomains             []string
+	IncludeRecommendedAllowed bool
+	AllowAllUnixSockets       bool
+}
+
+// RecommendedDomains are some of the domains GitLab adds to SRT's allowlist for
+// include_recommended_allowed (its Gitlab::DuoWorkflow::NetworkPolicyDomains lists about 200:
+// code hosts, container and package registries, clouds); PyPI and RubyGems are the first of
+// its Python and Ruby lists.
+var RecommendedDomains = []string{"github.com", "registry.gitlab.com", "pypi.org", "files.pythonhosted.org", "rubygems.org", "crates.io", "repo1.maven.org"}
+
 // ProjectAllowedDomain is what the project's agent-config.yml network_policy.allowed_domains
 // lists: GitLab writes it into SRT's settings, which nothing enforces here (SRT falls back), and
 // the egress proxy still refuses it: a project cannot widen its egress.
 const ProjectAllowedDomain = "outside.sandbox.test"
 
+// ProjectDeniedDomain is a domain the project's network_policy.denied_domains lists that nothing
+// grants the job: the egress proxy refuses it.
+const ProjectDeniedDomain = "denied.sandbox.test"
+
+// StockNetworkPolicy is the network_policy of the stock flow's project: it allows
+// ProjectAllowedDomain and GitLab's recommended domains, denies ProjectDeniedDomain and the
+// npm registry the flow's pool grants (npmHost), and allows all Unix sockets.
+func StockNetworkPolicy(npmHost string) NetworkPolicy {
+	return NetworkPolicy{
+		AllowedDomains:            []string{ProjectAllowedDomain},
+		DeniedDomains:             []string{npmHost, ProjectDeniedDomain},
+		IncludeRecommendedAllowed: true,
+		AllowAllUnixSockets:       true,
+	}
+}
+
+// SRTSettings is SRT's settings file as GitLab writes it for a job of instanceHost under
+// policy p: its own allowlist (the instance, its subdomains, localhost, host.docker.internal),
+// the project's allowed domains and, with include_recommended_allowed, the recommended ones;
+// the denied domains; and the filesystem rules around the agent.
+func (p NetworkPolicy) SRTSettings(instanceHost string) string {
+	allowed := append([]string{"host.docker.internal", "localhost", instanceHost, "*." + instanceHost}, p.AllowedDomains...)
+	if p.IncludeRecommendedAllowed {
+		allowed = append(allowed, RecommendedDomains...)
+	}
+	settings := map[string]any{
+		"network": map[string]any{
+			"allowedDomains":      allowed,
+			"deniedDomains":       append([]string{}, p.DeniedDomains...),
+			"allowAllUnixSockets": p.AllowAllUnixSockets,
+		},
+		"filesystem": map[string]any{
+			"denyRead":   []string{"~/.ssh"},
+			"allowWrite": []string{"./", "/tmp"},
+			"denyWrite":  []string{"/var/tmp/.gitlab-sandbox"},
+		},
+	}
+	data, _ := json.Marshal(settings) // maps of strings, slices and bools always encode
+	return string(data)
+}
+
+// shellQuote quotes s as one word for a POSIX shell.
+func shellQuote(s string) string { return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'" }
+
 // StockScript is the stock flow job's script in the order GitLab generates it (its
 // StartWorkflowService and DuoWorkflow::Sandbox, rewritten here): the sandbox directory, the
-// setup_script, the oauth remote, the duo CLI unless the image has it, then `duo run` wrapped
-// in SRT when SRT can build its sandbox, else run directly with GitLab's warning. Then one
-// attempt to reach a destination nothing allows, which the egress proxy must refuse and the job
-// log name.
-func StockScript(setupScript ...string) []string {
+// setup_script, the oauth remote, the duo CLI unless the image has it, then, when the image has
+// SRT, SRT's settings (srtSettings, agent-config.yml's network_policy among them) and `duo run`
+// wrapped in SRT when SRT can build its sandbox, else run directly with GitLab's warning. Then
+// one attempt to reach a destination nothing allows, which the egress proxy must refuse and the
+// job log name.
+func StockScript(srtSettings string, setupScript ...string) []string {
 	script := []string{"mkdir -p /var/tmp/.gitlab-sandbox"}
 	script = append(script, setupScript...)
 	return append(script,
 		`git remote set-url origin "http://${DUO_WORKFLOW_GIT_HTTP_USER}:${DUO_WORKFLOW_GIT_HTTP_PASSWORD}@${DUO_WORKFLOW_GIT_HTTP_BASE_URL#http://}/${CI_PROJECT_PATH}.git"`,
 		`command -v duo > /dev/null 2>&1 && echo "duo-cli already present, skipping installation" || npm install -g --no-audit --no-fund @gitlab/duo-cli@`+duocli.Version,
 		`which duo && duo --version`,
-		`echo '{"network":{"allowedDomains":["localhost","'"$CI_SERVER_HOST"'","*.'"$CI_SERVER_HOST"'","`+ProjectAllowedDomain+`"],"deniedDomains":[]},"filesystem":{"denyRead":["~/.ssh"],"allowWrite":["./","/tmp"],"denyWrite":["/var/tmp/.gitlab-sandbox"]}}' > `+SRTSettings,
 		`if which srt > /dev/null; then
+  echo "SRT found, creating config..."
+  echo `+shellQuote(srtSettings)+` > `+SRTSettings+`
   if unshare -m true 2>/dev/null; then SANDBOX_UNSHARE="unshare -m"; elif unshare -rm true 2>/dev/null; then SANDBOX_UNSHARE="unshare -rm"; else SANDBOX_UNSHARE=""; fi
   echo "srt probe: unshare=[${SANDBOX_UNSHARE}]"
   if $SANDBOX_UNSHARE srt --settings `+SRTSettings+` true 2>/tmp/srt-probe.err; then
@@ -124,7 +187,7 @@ func StockActions(jobID int64) []fakedws.Action {
 // session (workflow ID: the job ID).
 func (inst *Instance) StockJob(sha, npmRegistry, egressAdmin string, setupScript ...string) fakegitlab.Job {
 	job := inst.Job(sha, "")
-	job.Steps[0].Script = StockScript(setupScript...)
+	job.Steps[0].Script = StockScript(StockNetworkPolicy(hostOf(npmRegistry)).SRTSettings(inst.Host), setupScript...)
 	job.Artifacts = nil // the flow's work is its branch and merge request
 	job.Variables = append(job.Variables,
 		fakegitlab.Variable{Key: NPMRegistryVariable, Value: npmRegistry, Public: true},
@@ -133,6 +196,14 @@ func (inst *Instance) StockJob(sha, npmRegistry, egressAdmin string, setupScript
 	token, _ := job.Variable("GITLAB_OAUTH_TOKEN")
 	inst.Workflows.Expect(strconv.FormatInt(job.ID, 10), token, StockActions(job.ID)...)
 	return job
+}
+
+// hostOf is the host of url, or url itself when it has none.
+func hostOf(rawURL string) string {
+	if u, err := url.Parse(rawURL); err == nil && u.Hostname() != "" {
+		return u.Hostname()
+	}
+	return rawURL
 }
 
 // FilesCacheKey is the cache key GitLab sends the runner for agent-config.yml's
