@@ -39,7 +39,10 @@ start_etcd() {
 start_apiserver() {
   local p=$CLUSTER_PKI
   # Webhooks (agent-sandbox's CRD conversion) are called at their Service's ClusterIP, routed
-  # by kube-proxy's OUTPUT rules on this node, as on any cluster.
+  # by kube-proxy's OUTPUT rules on this node, as on any cluster; so are the extension API
+  # servers of the aggregation layer (an APIService's Service: no --enable-aggregator-routing).
+  # The requestheader/proxy-client flags are that layer: the apiserver proxies such requests
+  # with the front proxy's client certificate and the caller's identity in X-Remote-* headers.
   start_daemon kube-apiserver "$CLUSTER_BIN/kube-apiserver" --etcd-servers="$ETCD_CLIENT_URL" \
     --bind-address="$NODE_IP" --advertise-address="$NODE_IP" --secure-port="$APISERVER_PORT" \
     --service-cluster-ip-range="$SERVICE_CIDR" --allow-privileged=true \
@@ -49,6 +52,10 @@ start_apiserver() {
     --service-account-key-file="$p/sa.pub" --service-account-signing-key-file="$p/sa.key" \
     --service-account-issuer=https://kubernetes.default.svc.cluster.local \
     --authorization-mode=Node,RBAC --enable-admission-plugins=NodeRestriction \
+    --requestheader-client-ca-file="$p/front-proxy-ca.crt" --requestheader-allowed-names=front-proxy-client \
+    --requestheader-username-headers=X-Remote-User --requestheader-group-headers=X-Remote-Group \
+    --requestheader-extra-headers-prefix=X-Remote-Extra- \
+    --proxy-client-cert-file="$p/front-proxy-client.crt" --proxy-client-key-file="$p/front-proxy-client.key" \
     --profiling=false --v=1
   wait_until "kube-apiserver ready" 180 curl_ok --cacert "$p/ca.crt" "$APISERVER_URL/readyz"
 }
