@@ -22,6 +22,9 @@ const Name = "sandbox-executor-metrics-adapter"
 // that it needs no privilege.
 const DefaultPort = 6443
 
+// ErrNoNamespace is the refusal of a command line without --namespace.
+var ErrNoNamespace = errors.New("--namespace is required: the namespace whose warm pools to serve")
+
 // Adapter is the adapter's command line and server: the library's flags (serving, delegated
 // authentication and authorization, --lister-kubeconfig for its own reads) and --namespace.
 type Adapter struct {
@@ -49,7 +52,7 @@ func New(flags *pflag.FlagSet, clk clock.PassiveClock) *Adapter {
 // Once its caches are filled and it listens, it prints one line with its address.
 func (a *Adapter) Run(ctx context.Context, stdout io.Writer) error {
 	if a.Namespace == "" {
-		return errors.New("--namespace is required: the namespace whose warm pools to serve")
+		return ErrNoNamespace
 	}
 	if err := a.listenOnFreePort(); err != nil {
 		return err

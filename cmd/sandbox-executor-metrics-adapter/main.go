@@ -40,7 +40,7 @@ func main() {
 		fail(exitUsage, fmt.Errorf("unexpected arguments %q: everything is a flag (--help)", flags.Args()))
 	}
 	if adapter.Namespace == "" {
-		fail(exitUsage, errors.New("--namespace is required: the namespace whose warm pools to serve"))
+		fail(exitUsage, metricsadapter.ErrNoNamespace)
 	}
 	logs.InitLogs()
 	defer logs.FlushLogs()
