@@ -254,21 +254,10 @@ func installAutoscaling(t *testing.T, c *clustertest.Cluster, kc kubernetes.Inte
 // waitNamespaceGone waits until namespace ns, being deleted, is gone.
 func waitNamespaceGone(t *testing.T, kc kubernetes.Interface, ns string) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	_, err := watchtools.UntilWithSync(ctx, &cache.ListWatch{
-		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
-			o.FieldSelector = fields.OneTermEqualSelector("metadata.name", ns).String()
-			return kc.CoreV1().Namespaces().List(ctx, o)
-		},
-		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
-			o.FieldSelector = fields.OneTermEqualSelector("metadata.name", ns).String()
-			return kc.CoreV1().Namespaces().Watch(ctx, o)
-		},
-	}, &corev1.Namespace{}, func(store cache.Store) (bool, error) { return len(store.List()) == 0, nil },
-		func(e watch.Event) (bool, error) { return e.Type == watch.Deleted, nil })
-	if err != nil {
-		t.Fatalf("namespace %s, left by an earlier run, not gone within 2 minutes: %v", ns, err)
+	named := func(o *metav1.ListOptions) { o.FieldSelector = fields.OneTermEqualSelector("metadata.name", ns).String() }
+	namespaces := kc.CoreV1().Namespaces()
+	if left := waitNoneLeft(listWatch(named, namespaces.List, namespaces.Watch), &corev1.Namespace{}); left != nil {
+		t.Fatalf("namespace %s, left by an earlier run, still there: %v", ns, left)
 	}
 }
 
