@@ -36,8 +36,19 @@ start_etcd() {
   wait_until "etcd healthy" 60 curl_ok "$ETCD_METRICS_URL/health"
 }
 
+# An apiserver started by an earlier start.sh, before the aggregation layer's flags, would be
+# left running by start_daemon: restart it once so that a cluster-up gives every cluster them.
+restart_apiserver_without_aggregation() {
+  local pid
+  pid=$(daemon_pid kube-apiserver) || return 0
+  tr '\0' '\n' <"/proc/$pid/cmdline" | grep -q '^--proxy-client-cert-file=' && return 0
+  log "kube-apiserver (pid $pid) runs without the aggregation layer's flags: restarting it"
+  stop_component apiserver
+}
+
 start_apiserver() {
   local p=$CLUSTER_PKI
+  restart_apiserver_without_aggregation
   # Webhooks (agent-sandbox's CRD conversion) are called at their Service's ClusterIP, routed
   # by kube-proxy's OUTPUT rules on this node, as on any cluster; so are the extension API
   # servers of the aggregation layer (an APIService's Service: no --enable-aggregator-routing).
