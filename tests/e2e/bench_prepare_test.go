@@ -39,19 +39,13 @@ func benchN(def int) int {
 // are Ready, and deletes it when the benchmark ends.
 func benchPool(b testing.TB, c *clustertest.Cluster, name string, replicas int32) {
 	b.Helper()
-	templatePool(b, c, name, localcluster.Template, replicas)
-}
-
-// templatePool is benchPool with the pool's SandboxTemplate named.
-func templatePool(b testing.TB, c *clustertest.Cluster, name, template string, replicas int32) {
-	b.Helper()
 	ctx := context.Background()
 	pools := c.Admin.Extensions.ExtensionsV1beta1().SandboxWarmPools(namespace)
 	pool := &extv1beta1.SandboxWarmPool{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{"sandbox-executor.gitlab.io/bench": "true"}},
 		Spec: extv1beta1.SandboxWarmPoolSpec{
 			Replicas:    ptr.To(replicas),
-			TemplateRef: extv1beta1.SandboxTemplateRef{Name: template},
+			TemplateRef: extv1beta1.SandboxTemplateRef{Name: localcluster.Template},
 		},
 	}
 	_ = pools.Delete(ctx, name, metav1.DeleteOptions{})

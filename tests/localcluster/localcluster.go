@@ -25,12 +25,6 @@ const (
 	// PosixImage has only POSIX sh and coreutils; pool PosixPool serves it.
 	PosixImage = "sandbox-executor.local/posix:bookworm"
 	PosixPool  = "duo-posix"
-	// PosixTemplate is PosixPool's template: no agent, a pod that only sleeps, the cheapest
-	// sandbox to boot.
-	PosixTemplate = "posix-gvisor"
-	// NodeIP is the node's address (tests/cluster/lib.sh NODE_IP): the API server's, and where
-	// a Service without selector reaches a server the tests run on the host.
-	NodeIP = "10.77.0.1"
 )
 
 // Env is the local cluster and the executor binaries.
@@ -97,11 +91,6 @@ func (e *Env) Binary() string { return filepath.Join(e.BinDir, "sandbox-executor
 
 // AgentBinary is the in-pod stage agent.
 func (e *Env) AgentBinary() string { return filepath.Join(e.BinDir, "sandbox-executor-agent") }
-
-// MetricsAdapterBinary is sandbox-executor-metrics-adapter (docs/metrics.md).
-func (e *Env) MetricsAdapterBinary() string {
-	return filepath.Join(e.BinDir, "sandbox-executor-metrics-adapter")
-}
 
 // PoolConfig is a [[pool]] table of an executor configuration.
 type PoolConfig struct {
