@@ -203,7 +203,11 @@ func installAutoscaling(t *testing.T, c *clustertest.Cluster, kc kubernetes.Inte
 		_, _ = incluster.Run(helm, "uninstall", release, "-n", ns, "--wait", kubeconfig)
 	}
 	namespaces := kc.CoreV1().Namespaces()
-	if err := namespaces.Delete(ctx, ns, metav1.DeleteOptions{}); err == nil {
+	if leftover, err := namespaces.Get(ctx, ns, metav1.GetOptions{}); err == nil {
+		if leftover.Labels[e2eOwnerLabel] == "" {
+			t.Fatalf("namespace %s exists and is not this test's (no label %s): delete it or pick another", ns, e2eOwnerLabel)
+		}
+		_ = namespaces.Delete(ctx, ns, metav1.DeleteOptions{})
 		waitNamespaceGone(t, kc, ns)
 	}
 	if _, err := namespaces.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns, Labels: map[string]string{
