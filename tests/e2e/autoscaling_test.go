@@ -258,7 +258,9 @@ func installAutoscaling(t *testing.T, c *clustertest.Cluster, kc kubernetes.Inte
 // waitNamespaceGone waits until namespace ns, being deleted, is gone.
 func waitNamespaceGone(t *testing.T, kc kubernetes.Interface, ns string) {
 	t.Helper()
-	named := func(o *metav1.ListOptions) { o.FieldSelector = fields.OneTermEqualSelector("metadata.name", ns).String() }
+	named := func(o *metav1.ListOptions) {
+		o.FieldSelector = fields.OneTermEqualSelector("metadata.name", ns).String()
+	}
 	namespaces := kc.CoreV1().Namespaces()
 	if left := waitNoneLeft(listWatch(named, namespaces.List, namespaces.Watch), &corev1.Namespace{}); left != nil {
 		t.Fatalf("namespace %s, left by an earlier run, still there: %v", ns, left)
