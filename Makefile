@@ -69,7 +69,9 @@ $(PROMTOOL): | modules
 helm-path: $(HELM)
 	@echo $(HELM)
 
-COMMANDS := sandbox-executor sandbox-executor-agent sandbox-egress-proxy
+# sandbox-executor-metrics-adapter is a binary of its own: it links k8s.io/apiserver, which the
+# executor the runner starts for every stage must not carry.
+COMMANDS := sandbox-executor sandbox-executor-agent sandbox-egress-proxy sandbox-executor-metrics-adapter
 
 build: modules
 	@for cmd in $(COMMANDS); do echo "$(GOBUILD) -o $(BIN)/$$cmd ./cmd/$$cmd"; $(GOBUILD) -o $(BIN)/$$cmd ./cmd/$$cmd || exit 1; done

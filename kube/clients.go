@@ -60,6 +60,12 @@ func NewClients(cfg *config.Config) (*Clients, error) {
 	if err != nil {
 		return nil, err
 	}
+	return ClientsFor(rc)
+}
+
+// ClientsFor connects to the cluster with a client config made elsewhere (the metrics adapter's
+// flags).
+func ClientsFor(rc *rest.Config) (*Clients, error) {
 	kube, err := kubernetes.NewForConfig(rc)
 	if err != nil {
 		return nil, failure.PermanentError(err, "kubernetes client")

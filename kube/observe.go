@@ -94,8 +94,14 @@ type Observer struct {
 }
 
 // Observe prepares an Observer of namespace; Run starts it. onStart and onEnd are called once
-// per job, from the informers' goroutines.
+// per job, from the informers' goroutines; nil for a reader of Pools only (the metrics adapter).
 func (c *Clients) Observe(namespace string, onStart func(JobStart), onEnd func(JobEnd)) *Observer {
+	if onStart == nil {
+		onStart = func(JobStart) {}
+	}
+	if onEnd == nil {
+		onEnd = func(JobEnd) {}
+	}
 	o := &Observer{
 		clients:   c,
 		namespace: namespace,

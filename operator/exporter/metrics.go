@@ -4,20 +4,25 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sandbox-executor/sandbox-executor/kube"
+	"github.com/sandbox-executor/sandbox-executor/poolmetrics"
 )
 
 // Names of every metric the exporter serves. The alert rules, the dashboard and the HPA
-// manifests name them too; a unit test holds those to this list.
+// manifests name them too; a unit test holds those to this list. The pool gauges are package
+// poolmetrics's, which the metrics adapter serves too.
+var (
+	MetricPoolDesired        = poolmetrics.Desired.Name
+	MetricPoolReady          = poolmetrics.Ready.Name
+	MetricPoolWarming        = poolmetrics.Warming.Name
+	MetricPoolClaims         = poolmetrics.Claims.Name
+	MetricClaimsPastShutdown = poolmetrics.ClaimsPastShutdown.Name
+	MetricFenceHeldOut       = poolmetrics.FenceHeldOut.Name
+)
+
 const (
-	MetricPoolDesired        = "sandbox_executor_pool_desired_sandboxes"
-	MetricPoolReady          = "sandbox_executor_pool_ready_sandboxes"
-	MetricPoolWarming        = "sandbox_executor_pool_warming_sandboxes"
-	MetricPoolClaims         = "sandbox_executor_pool_claims"
-	MetricClaimsPastShutdown = "sandbox_executor_claims_past_shutdown"
-	MetricFenceHeldOut       = "sandbox_executor_pool_fence_held_out_pods"
-	MetricStarts             = "sandbox_executor_starts_total"
-	MetricClaimReady         = "sandbox_executor_claim_ready_seconds"
-	MetricJobs               = "sandbox_executor_jobs_total"
+	MetricStarts     = "sandbox_executor_starts_total"
+	MetricClaimReady = "sandbox_executor_claim_ready_seconds"
+	MetricJobs       = "sandbox_executor_jobs_total"
 )
 
 // Metrics is every metric the exporter serves: the pools' state, read from the informers'
@@ -73,37 +78,28 @@ type poolCollector struct {
 	snapshot func() ([]kube.PoolState, error)
 }
 
-var (
-	poolDesired = prometheus.NewDesc(MetricPoolDesired, "Sandboxes the pool is asked to keep (spec.replicas; the HPA's target when it scales the pool).", []string{"pool"}, nil)
-	poolReady   = prometheus.NewDesc(MetricPoolReady, "Ready sandboxes waiting in the pool (status.readyReplicas).", []string{"pool"}, nil)
-	poolWarming = prometheus.NewDesc(MetricPoolWarming, "Sandboxes in the pool still booting (status.replicas - status.readyReplicas).", []string{"pool"}, nil)
-	poolClaims  = prometheus.NewDesc(MetricPoolClaims, "Claims on the pool: waiting (not Ready yet) or ready (running a job).", []string{"pool", "state"}, nil)
-	pastDesc    = prometheus.NewDesc(MetricClaimsPastShutdown, "Claims on the pool whose shutdownTime has passed: leaked, the controller should have deleted them.", []string{"pool"}, nil)
-	fenceDesc   = prometheus.NewDesc(MetricFenceHeldOut, "Pods of the pool that run but are held out of service because their egress fence check (the readiness probe) fails.", []string{"pool"}, nil)
-)
+// poolDescs are the pool gauges' descriptions, by name.
+var poolDescs = func() map[string]*prometheus.Desc {
+	descs := map[string]*prometheus.Desc{}
+	for _, g := range poolmetrics.Gauges {
+		descs[g.Name] = prometheus.NewDesc(g.Name, g.Help, g.Labels, nil)
+	}
+	return descs
+}()
 
 func (c *poolCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{poolDesired, poolReady, poolWarming, poolClaims, pastDesc, fenceDesc} {
-		ch <- d
+	for _, g := range poolmetrics.Gauges {
+		ch <- poolDescs[g.Name]
 	}
 }
 
 func (c *poolCollector) Collect(ch chan<- prometheus.Metric) {
 	pools, err := c.snapshot()
 	if err != nil {
-		ch <- prometheus.NewInvalidMetric(poolReady, err)
+		ch <- prometheus.NewInvalidMetric(poolDescs[poolmetrics.Ready.Name], err)
 		return
 	}
-	gauge := func(d *prometheus.Desc, v int, labels ...string) {
-		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, float64(v), labels...)
-	}
-	for _, p := range pools {
-		gauge(poolDesired, int(p.Desired), p.Name)
-		gauge(poolReady, int(p.Ready), p.Name)
-		gauge(poolWarming, int(max(0, p.Total-p.Ready)), p.Name)
-		gauge(poolClaims, p.ClaimsWaiting, p.Name, "waiting")
-		gauge(poolClaims, p.ClaimsReady, p.Name, "ready")
-		gauge(pastDesc, p.ClaimsPastShutdown, p.Name)
-		gauge(fenceDesc, p.FenceHeldOut, p.Name)
+	for _, s := range poolmetrics.Samples(pools) {
+		ch <- prometheus.MustNewConstMetric(poolDescs[s.Gauge.Name], prometheus.GaugeValue, float64(s.Value), s.LabelValues...)
 	}
 }

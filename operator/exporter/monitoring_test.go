@@ -164,27 +164,15 @@ func TestChartShipsTheMonitoring(t *testing.T) {
 			t.Errorf("no %s %s", kind, name)
 		}
 	}
-	var grants []string
 	role := objs.Find("Role", name)
 	if role == nil {
 		t.Fatal("no Role " + name)
 	}
-	rules, _ := role.Object["rules"].([]any)
-	for _, r := range rules {
-		rule := r.(map[string]any)
-		for _, g := range rule["apiGroups"].([]any) {
-			for _, res := range rule["resources"].([]any) {
-				for _, v := range rule["verbs"].([]any) {
-					grants = append(grants, kube.Permission{Group: g.(string), Resource: res.(string), Verb: v.(string)}.String())
-				}
-			}
-		}
-	}
+	grants := charttest.Grants(role)
 	var want []string
 	for _, p := range kube.ObservePermissions {
 		want = append(want, p.String())
 	}
-	slices.Sort(grants)
 	slices.Sort(want)
 	if !slices.Equal(grants, want) {
 		t.Errorf("Role %s grants %v, want exactly kube.ObservePermissions %v", name, grants, want)

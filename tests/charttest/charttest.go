@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -16,6 +17,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 
+	"github.com/sandbox-executor/sandbox-executor/kube"
 	"github.com/sandbox-executor/sandbox-executor/tests/testutil"
 )
 
@@ -123,4 +125,26 @@ func (o *Objects) Decode(t testing.TB, kind, name string, into any) {
 	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, into); err != nil {
 		t.Fatalf("%s %s: %v", kind, name, err)
 	}
+}
+
+// Grants lists what a rendered Role or ClusterRole allows, one "group/resource verb" per
+// apiGroup, resource and verb of its rules, sorted (kube.Permission's form).
+func Grants(role *unstructured.Unstructured) []string {
+	var out []string
+	rules, _ := role.Object["rules"].([]any)
+	for _, r := range rules {
+		rule, _ := r.(map[string]any)
+		groups, _ := rule["apiGroups"].([]any)
+		resources, _ := rule["resources"].([]any)
+		verbs, _ := rule["verbs"].([]any)
+		for _, g := range groups {
+			for _, res := range resources {
+				for _, v := range verbs {
+					out = append(out, kube.Permission{Group: g.(string), Resource: res.(string), Verb: v.(string)}.String())
+				}
+			}
+		}
+	}
+	slices.Sort(out)
+	return out
 }

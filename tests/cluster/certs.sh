@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # certs.sh: the cluster's PKI and kubeconfigs.
 #
-#   certs.sh pki                  CA + component certificates + their kubeconfigs (idempotent;
-#                                 regenerated when NODE_NAME or NODE_IP changed)
+#   certs.sh pki                  CA + component certificates + their kubeconfigs, the front
+#                                 proxy's CA and client certificate (idempotent; regenerated
+#                                 when NODE_NAME or NODE_IP changed)
 #   certs.sh executor-kubeconfig  $EXECUTOR_KUBECONFIG for the sandbox-executor ServiceAccount,
 #                                 with a fresh 48h token (needs deploy/local applied)
 #
@@ -37,9 +38,24 @@ make_agent_ca() {
     -out "$p/agent-ca.crt" 2>/dev/null
 }
 
-# make_cert NAME CN ORG SANS USAGE(server|client): signed by our CA, skipped if present.
+# make_front_proxy_ca: the CA of the aggregation layer's front proxy (kubeadm's front-proxy-ca).
+# Extension API servers (the External metrics adapter) believe the user named in a request's
+# X-Remote-User header only from a client certificate of this CA: a CA of its own, so that no
+# other certificate the cluster CA signs can claim to be the front proxy.
+make_front_proxy_ca() {
+  local p=$CLUSTER_PKI
+  [[ -f $p/front-proxy-ca.key && -f $p/front-proxy-ca.crt ]] && return 0
+  openssl genrsa -out "$p/front-proxy-ca.key" 2048 2>/dev/null
+  chmod 600 "$p/front-proxy-ca.key"
+  openssl req -x509 -new -key "$p/front-proxy-ca.key" -subj "/CN=sandbox-executor-local-front-proxy-ca" -days "$CERT_DAYS" \
+    -addext "basicConstraints=critical,CA:TRUE" -addext "keyUsage=critical,keyCertSign,cRLSign,digitalSignature" \
+    -out "$p/front-proxy-ca.crt" 2>/dev/null
+}
+
+# make_cert NAME CN ORG SANS USAGE(server|client) [CA]: signed by CA (default: the cluster CA,
+# "ca"), skipped if present.
 make_cert() {
-  local name=$1 cn=$2 org=$3 sans=$4 usage=$5 p=$CLUSTER_PKI
+  local name=$1 cn=$2 org=$3 sans=$4 usage=$5 ca=${6:-ca} p=$CLUSTER_PKI
   [[ -f $p/$name.crt && -f $p/$name.key ]] && return 0
   ((${#cn} <= 64)) || die "certificate CN longer than 64 characters: $cn"
   local subj="/CN=$cn" ext
@@ -53,7 +69,7 @@ make_cert() {
   } >"$ext"
   openssl genrsa -out "$p/$name.key" 2048 2>/dev/null
   openssl req -new -key "$p/$name.key" -subj "$subj" 2>/dev/null |
-    openssl x509 -req -CA "$p/ca.crt" -CAkey "$p/ca.key" -CAcreateserial -days "$CERT_DAYS" \
+    openssl x509 -req -CA "$p/$ca.crt" -CAkey "$p/$ca.key" -CAcreateserial -days "$CERT_DAYS" \
       -extfile "$ext" -out "$p/$name.crt" 2>/dev/null
   rm -f "$ext"
 }
@@ -111,6 +127,11 @@ pki() {
   make_cert kubelet-client "system:node:$NODE_NAME" system:nodes "" client
   make_cert kubelet-server "$NODE_NAME" "" "DNS:$NODE_NAME,DNS:localhost,IP:$NODE_IP,IP:127.0.0.1" server
   make_cert kube-proxy system:kube-proxy "" "" client
+  # The aggregation layer: kube-apiserver presents this to extension API servers when it
+  # proxies a request to them (start.sh: --proxy-client-cert-file). Also made on a cluster whose
+  # other certificates predate it.
+  make_front_proxy_ca
+  make_cert front-proxy-client front-proxy-client "" "" client front-proxy-ca
   if [[ ! -f $CLUSTER_PKI/sa.key ]]; then
     openssl genrsa -out "$CLUSTER_PKI/sa.key" 2048 2>/dev/null
     openssl rsa -in "$CLUSTER_PKI/sa.key" -pubout -out "$CLUSTER_PKI/sa.pub" 2>/dev/null

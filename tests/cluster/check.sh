@@ -27,6 +27,18 @@ check() {
 
 check_etcd() { http_get "$ETCD_METRICS_URL/health" | grep '"health":"true"'; }
 check_apiserver() { kubectl_admin get --raw /readyz && echo " $APISERVER_URL"; }
+# The aggregation layer (extension API servers such as an External metrics adapter): the
+# apiserver publishes its front proxy's CA for them to trust, which it does only when started
+# with the requestheader flags (start.sh).
+check_aggregation() {
+  local ca names
+  ca=$(kubectl_admin -n kube-system get configmap extension-apiserver-authentication \
+    -o jsonpath='{.data.requestheader-client-ca-file}')
+  names=$(kubectl_admin -n kube-system get configmap extension-apiserver-authentication \
+    -o jsonpath='{.data.requestheader-allowed-names}')
+  [[ $ca == *"BEGIN CERTIFICATE"* ]] || { echo "no requestheader CA: kube-apiserver runs without the front proxy's flags"; return 1; }
+  echo "front proxy $names"
+}
 check_controller_manager() { http_get -k https://127.0.0.1:10257/healthz; }
 check_scheduler() { http_get -k https://127.0.0.1:10259/healthz; }
 check_containerd() {
@@ -191,6 +203,7 @@ main() {
   pods_out=$(create_check_pods 2>&1) || pods_rc=$?
   check "etcd" check_etcd
   check "kube-apiserver" check_apiserver
+  check "aggregation layer" check_aggregation
   check "kube-controller-manager" check_controller_manager
   check "kube-scheduler" check_scheduler
   check "containerd" check_containerd

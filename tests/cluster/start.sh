@@ -36,10 +36,24 @@ start_etcd() {
   wait_until "etcd healthy" 60 curl_ok "$ETCD_METRICS_URL/health"
 }
 
+# An apiserver started by an earlier start.sh, before the aggregation layer's flags, would be
+# left running by start_daemon: restart it once so that a cluster-up gives every cluster them.
+restart_apiserver_without_aggregation() {
+  local pid
+  pid=$(daemon_pid kube-apiserver) || return 0
+  tr '\0' '\n' <"/proc/$pid/cmdline" | grep -q '^--proxy-client-cert-file=' && return 0
+  log "kube-apiserver (pid $pid) runs without the aggregation layer's flags: restarting it"
+  stop_component apiserver
+}
+
 start_apiserver() {
   local p=$CLUSTER_PKI
+  restart_apiserver_without_aggregation
   # Webhooks (agent-sandbox's CRD conversion) are called at their Service's ClusterIP, routed
-  # by kube-proxy's OUTPUT rules on this node, as on any cluster.
+  # by kube-proxy's OUTPUT rules on this node, as on any cluster; so are the extension API
+  # servers of the aggregation layer (an APIService's Service: no --enable-aggregator-routing).
+  # The requestheader/proxy-client flags are that layer: the apiserver proxies such requests
+  # with the front proxy's client certificate and the caller's identity in X-Remote-* headers.
   start_daemon kube-apiserver "$CLUSTER_BIN/kube-apiserver" --etcd-servers="$ETCD_CLIENT_URL" \
     --bind-address="$NODE_IP" --advertise-address="$NODE_IP" --secure-port="$APISERVER_PORT" \
     --service-cluster-ip-range="$SERVICE_CIDR" --allow-privileged=true \
@@ -49,6 +63,10 @@ start_apiserver() {
     --service-account-key-file="$p/sa.pub" --service-account-signing-key-file="$p/sa.key" \
     --service-account-issuer=https://kubernetes.default.svc.cluster.local \
     --authorization-mode=Node,RBAC --enable-admission-plugins=NodeRestriction \
+    --requestheader-client-ca-file="$p/front-proxy-ca.crt" --requestheader-allowed-names=front-proxy-client \
+    --requestheader-username-headers=X-Remote-User --requestheader-group-headers=X-Remote-Group \
+    --requestheader-extra-headers-prefix=X-Remote-Extra- \
+    --proxy-client-cert-file="$p/front-proxy-client.crt" --proxy-client-key-file="$p/front-proxy-client.key" \
     --profiling=false --v=1
   wait_until "kube-apiserver ready" 180 curl_ok --cacert "$p/ca.crt" "$APISERVER_URL/readyz"
 }

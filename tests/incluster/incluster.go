@@ -70,8 +70,8 @@ type builtImages struct {
 	} `json:"images"`
 }
 
-// imagesTag reads what make images built and imported; the runner image must be among them.
-func imagesTag(root string) (string, error) {
+// ImagesTag reads what make images built and imported; the runner image must be among them.
+func ImagesTag(root string) (string, error) {
 	path := filepath.Join(root, "dist", "images", "images.json")
 	data, err := os.ReadFile(path)
 	if err != nil {
@@ -89,6 +89,12 @@ func imagesTag(root string) (string, error) {
 	return "", fmt.Errorf("%s has no sandbox-executor-runner image (tools/images skips it without the runner binaries)", path)
 }
 
+// Helm is the pinned helm binary (make helm-path builds it if needed).
+func Helm(root string) (string, error) {
+	out, err := Run("make", "-s", "--no-print-directory", "-C", root, "helm-path")
+	return strings.TrimSpace(out), err
+}
+
 // Run runs a command of the install (helm, kubectl) and returns its output; a failure carries it.
 func Run(name string, args ...string) (string, error) {
 	out, err := exec.Command(name, args...).CombinedOutput()
@@ -101,15 +107,15 @@ func Run(name string, args ...string) (string, error) {
 // Install exposes the instance by name, makes the release namespace (helm cannot install into a
 // namespace its own chart creates), installs the chart and creates the runner token Secret.
 func Install(ctx context.Context, o Options) (*Release, error) {
-	tag, err := imagesTag(o.Root)
+	tag, err := ImagesTag(o.Root)
 	if err != nil {
 		return nil, err
 	}
-	helm, err := Run("make", "-s", "--no-print-directory", "-C", o.Root, "helm-path")
+	helm, err := Helm(o.Root)
 	if err != nil {
 		return nil, err
 	}
-	r := &Release{Options: o, Helm: strings.TrimSpace(helm), Tag: tag}
+	r := &Release{Options: o, Helm: helm, Tag: tag}
 	if r.GitLabURL, err = r.exposeInstance(ctx); err != nil {
 		return r, err
 	}

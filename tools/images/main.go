@@ -122,6 +122,13 @@ func images(o options) []image {
 			Needs:      []string{bin("sandbox-egress-proxy")},
 		},
 		{
+			// The External metrics adapter of pools with autoscaling (the chart's metricsAdapter).
+			Name:       "sandbox-executor-metrics-adapter",
+			Files:      []file{{Path: "/usr/local/bin/sandbox-executor-metrics-adapter", Src: bin("sandbox-executor-metrics-adapter"), Mode: 0o755}},
+			Entrypoint: []string{"/usr/local/bin/sandbox-executor-metrics-adapter"},
+			Needs:      []string{bin("sandbox-executor-metrics-adapter")},
+		},
+		{
 			// gitlab-runner with sandbox-executor as its custom executor; the agent is copied into
 			// job pods whose template does not bake it in, the helper into jobs with cache or
 			// artifacts. sandbox-executor's start-runner registers (with retries) and runs it.

@@ -21,7 +21,7 @@ func fakeInputs(t *testing.T) options {
 	if err := os.MkdirAll(bin, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	for _, name := range []string{"sandbox-executor", "sandbox-executor-agent", "sandbox-egress-proxy"} {
+	for _, name := range []string{"sandbox-executor", "sandbox-executor-agent", "sandbox-egress-proxy", "sandbox-executor-metrics-adapter"} {
 		if err := os.WriteFile(filepath.Join(bin, name), []byte("#!static "+name), 0o755); err != nil {
 			t.Fatal(err)
 		}
@@ -84,8 +84,8 @@ func TestBuildsReproducibleOCIArchives(t *testing.T) {
 		t.Fatal(err)
 	}
 	m := readManifest(t, o.out)
-	if len(m.Images) != 3 || len(m.Skipped) != 1 || !strings.HasPrefix(m.Skipped[0], "sandbox-executor-runner: ") {
-		t.Fatalf("without gitlab-runner binaries: want 3 images and the runner skipped, got %+v", m)
+	if len(m.Images) != 4 || len(m.Skipped) != 1 || !strings.HasPrefix(m.Skipped[0], "sandbox-executor-runner: ") {
+		t.Fatalf("without gitlab-runner binaries: want 4 images and the runner skipped, got %+v", m)
 	}
 	agent := m.Images[0]
 	if agent.Ref != "registry.example.com/se/sandbox-executor-agent:v1.2.3" {

@@ -94,3 +94,17 @@ runAsUser: 65532
 runAsGroup: 65532
 seccompProfile: {type: RuntimeDefault}
 {{- end -}}
+
+{{/* What kube.Observer reads (kube.ObservePermissions), all of it list and watch in the release's
+namespace: the exporter's and the metrics adapter's Roles. Nothing secret. */}}
+{{- define "sandbox-executor.observeRules" -}}
+- apiGroups: ["extensions.agents.x-k8s.io"]
+  resources: ["sandboxwarmpools", "sandboxclaims"]
+  verbs: ["list", "watch"]
+- apiGroups: ["agents.x-k8s.io"]
+  resources: ["sandboxes"]
+  verbs: ["list", "watch"]
+- apiGroups: [""]
+  resources: ["pods"]
+  verbs: ["list", "watch"]
+{{- end -}}
