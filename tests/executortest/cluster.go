@@ -217,7 +217,9 @@ func (fc *Cluster) bindClaims(t testing.TB) {
 			claim.Status.SandboxStatus.Name = Pool + "-abcde"
 		}
 		claim.Status.Conditions = []metav1.Condition{cond}
-		if _, err := fc.Extensions.ExtensionsV1beta1().SandboxClaims(Namespace).UpdateStatus(ctx, claim, metav1.UpdateOptions{}); err != nil {
+		// A claim may be gone by now: prepare can go on from the adoption, before this status
+		// write, and a test may release the claim meanwhile.
+		if _, err := fc.Extensions.ExtensionsV1beta1().SandboxClaims(Namespace).UpdateStatus(ctx, claim, metav1.UpdateOptions{}); err != nil && !apierrors.IsNotFound(err) {
 			t.Errorf("fake controller: %v", err)
 		}
 	}
