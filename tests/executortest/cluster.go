@@ -5,6 +5,7 @@ import (
 	"io"
 	"maps"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -111,8 +112,8 @@ func NewCluster(t testing.TB, objects ...runtime.Object) *Cluster {
 	}
 	stampResourceVersions(&fc.Extensions.Fake, fc.Extensions.Tracker())
 	stampResourceVersions(&fc.Sandboxes.Fake, fc.Sandboxes.Tracker())
-	reconcileOnWatch(&fc.Extensions.Fake, fc.Extensions.Tracker(), claimsGVR, func() { fc.bindClaims(t) })
-	reconcileOnWatch(&fc.Sandboxes.Fake, fc.Sandboxes.Tracker(), sandboxesGVR, func() {
+	reconcileOnWatch(&fc.Extensions.Fake, fc.Extensions.Tracker(), claimsGVR, "SandboxClaim", func() { fc.bindClaims(t) })
+	reconcileOnWatch(&fc.Sandboxes.Fake, fc.Sandboxes.Tracker(), sandboxesGVR, "Sandbox", func() {
 		if fc.ClaimStatusLags {
 			fc.adoptWithoutClaimStatus(t)
 		}
@@ -178,16 +179,75 @@ func stampResourceVersions(fake *k8stesting.Fake, tracker k8stesting.ObjectTrack
 
 // reconcileOnWatch serves watches of gvr from the fake's tracker and runs the fake controller's
 // reconcile alongside each, so that its updates reach the watcher.
-func reconcileOnWatch(fake *k8stesting.Fake, tracker k8stesting.ObjectTracker, gvr schema.GroupVersionResource, reconcile func()) {
+func reconcileOnWatch(fake *k8stesting.Fake, tracker k8stesting.ObjectTracker, gvr schema.GroupVersionResource, kind string, reconcile func()) {
 	fake.PrependWatchReactor(gvr.Resource, func(action k8stesting.Action) (bool, watch.Interface, error) {
 		w, err := tracker.Watch(gvr, action.GetNamespace())
 		if err != nil {
 			return true, nil, err
 		}
+		if wa, ok := action.(k8stesting.WatchAction); ok && wa.GetWatchRestrictions().ResourceVersion == "" {
+			// As the API server starts a watch without a resourceVersion: the objects there
+			// now first, as ADDED events (the fake tracker sends only later changes).
+			if w, err = withInitialEvents(w, tracker, gvr, kind, action.GetNamespace()); err != nil {
+				return true, nil, err
+			}
+		}
 		go reconcile()
 		return true, w, nil
 	})
 }
+
+// withInitialEvents is w preceded by an ADDED event for every object of gvr (of kind) in namespace.
+func withInitialEvents(w watch.Interface, tracker k8stesting.ObjectTracker, gvr schema.GroupVersionResource, kind, namespace string) (watch.Interface, error) {
+	list, err := tracker.List(gvr, gvr.GroupVersion().WithKind(kind), namespace)
+	if err != nil {
+		return nil, err
+	}
+	items, err := meta.ExtractList(list)
+	if err != nil {
+		return nil, err
+	}
+	events := make(chan watch.Event)
+	stop := make(chan struct{})
+	go func() {
+		defer close(events)
+		defer w.Stop()
+		send := func(ev watch.Event) bool {
+			select {
+			case events <- ev:
+				return true
+			case <-stop:
+				return false
+			}
+		}
+		for _, item := range items {
+			if !send(watch.Event{Type: watch.Added, Object: item}) {
+				return
+			}
+		}
+		for {
+			select {
+			case ev, ok := <-w.ResultChan():
+				if !ok || !send(ev) {
+					return
+				}
+			case <-stop:
+				return
+			}
+		}
+	}()
+	return &proxyWatch{events: events, stop: stop}, nil
+}
+
+// proxyWatch is a watch.Interface over a channel that its Stop ends.
+type proxyWatch struct {
+	events   chan watch.Event
+	stop     chan struct{}
+	stopOnce sync.Once
+}
+
+func (p *proxyWatch) ResultChan() <-chan watch.Event { return p.events }
+func (p *proxyWatch) Stop()                          { p.stopOnce.Do(func() { close(p.stop) }) }
 
 // bindClaims makes every unbound claim Ready on a warm sandbox.
 func (fc *Cluster) bindClaims(t testing.TB) {
