@@ -227,7 +227,7 @@ func (c *controller) waitRolledOut(ctx context.Context) error {
 	deployments := c.kube.AppsV1().Deployments(c.namespace)
 	byName := fields.OneTermEqualSelector("metadata.name", c.name).String()
 	var args []string
-	_, err := watchtools.UntilWithSync(ctx, listWatch(func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+	_, err := watchtools.UntilWithSync(ctx, c.listWatch(func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
 		o.FieldSelector = byName
 		return deployments.List(ctx, o)
 	}, func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
@@ -250,7 +250,7 @@ func (c *controller) waitRolledOut(ctx context.Context) error {
 	}
 	if leaderElection(args) {
 		leases := c.kube.CoordinationV1().Leases(c.namespace)
-		_, err = watchtools.UntilWithSync(ctx, listWatch(func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+		_, err = watchtools.UntilWithSync(ctx, c.listWatch(func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
 			return leases.List(ctx, o)
 		}, leases.Watch), &coordinationv1.Lease{}, nil, func(ev watch.Event) (bool, error) {
 			l, ok := ev.Object.(*coordinationv1.Lease)
@@ -264,8 +264,10 @@ func (c *controller) waitRolledOut(ctx context.Context) error {
 	return nil
 }
 
-func listWatch(list func(context.Context, metav1.ListOptions) (runtime.Object, error), watchFn func(context.Context, metav1.ListOptions) (watch.Interface, error)) *cache.ListWatch {
-	return &cache.ListWatch{ListWithContextFunc: list, WatchFuncWithContext: watchFn}
+// listWatch is what UntilWithSync lists and watches; it streams the initial list when the client
+// can (fake clientsets cannot).
+func (c *controller) listWatch(list func(context.Context, metav1.ListOptions) (runtime.Object, error), watchFn func(context.Context, metav1.ListOptions) (watch.Interface, error)) cache.ListerWatcher {
+	return cache.ToListWatcherWithWatchListSemantics(&cache.ListWatch{ListWithContextFunc: list, WatchFuncWithContext: watchFn}, c.kube)
 }
 
 // leaderElection says whether args leave leader election on (its default).
@@ -343,6 +345,39 @@ func (c *controller) metrics(ctx context.Context, pod *corev1.Pod) ([]byte, erro
 		return nil, fmt.Errorf("controller pod %s: no container port named metrics", pod.Name)
 	}
 	return c.kube.CoreV1().Pods(pod.Namespace).ProxyGet("http", pod.Name, port, "metrics", nil).DoRaw(ctx)
+}
+
+// containerState is the ID of the controller's container in pod and the pod's restart count of it.
+func (c *controller) containerState(pod *corev1.Pod) (id string, restarts int32) {
+	for _, s := range pod.Status.ContainerStatuses {
+		if s.Name == pod.Spec.Containers[c.container].Name {
+			return s.ContainerID, s.RestartCount
+		}
+	}
+	return "", 0
+}
+
+// logRestart says why the controller's container restarted: its last state and the end of the
+// previous container's log (the lines it exited with).
+func (c *controller) logRestart(ctx context.Context) {
+	pod, err := c.pod(ctx)
+	if err != nil {
+		logf("the controller restarted during the burst: %v", err)
+		return
+	}
+	name := pod.Spec.Containers[c.container].Name
+	state := "unknown"
+	for _, s := range pod.Status.ContainerStatuses {
+		if t := s.LastTerminationState.Terminated; s.Name == name && t != nil {
+			state = fmt.Sprintf("exit code %d, %s, at %s", t.ExitCode, t.Reason, t.FinishedAt.UTC().Format(time.TimeOnly))
+		}
+	}
+	tail := int64(8)
+	raw, err := c.kube.CoreV1().Pods(pod.Namespace).GetLogs(pod.Name, &corev1.PodLogOptions{Container: name, Previous: true, TailLines: &tail}).DoRaw(ctx)
+	if err != nil {
+		raw = []byte(err.Error())
+	}
+	logf("the controller's container restarted during the burst (%s); its last lines:\n%s", state, raw)
 }
 
 // containerPID finds the main process of the pod's controller container on this node: the

@@ -410,11 +410,13 @@ type result struct {
 	load       string
 	// workers is what the controller said its workers were, after the burst.
 	workers string
+	// controllerRestarted: the controller's container was not the same after the burst.
+	controllerRestarted bool
 }
 
 func (b *bench) round(ctx context.Context, idx, n int, warm bool) (*result, error) {
 	r := &result{warm: warm, n: n}
-	kind := map[bool]string{true: "warm", false: "cold"}[warm]
+	kind := kindName(warm)
 	logf("round %d: %s, %d claims", idx, kind, n)
 	// Fill (or empty) the pool first, and wait until it is Ready.
 	size := 0
@@ -492,6 +494,9 @@ func (b *bench) round(ctx context.Context, idx, n int, warm bool) (*result, erro
 	stopWatch()
 	after := b.snapshot(ctx)
 	r.diff(before, after, b.priorityLevel)
+	if r.controllerRestarted {
+		b.ctrl.logRestart(ctx)
+	}
 
 	seen, late := readyAt()
 	if late > 0 {

@@ -29,8 +29,10 @@ type snapshot struct {
 	pid        map[string]string
 	apiserver  map[string]float64 // selected series of the apiserver's /metrics
 	controller map[string]float64 // selected series of the controller's /metrics
-	// controllerPod is the UID of the pod controller was scraped from, "" if not scraped.
-	controllerPod string
+	// controllerContainer is the controller's container (its ID: a restart makes a new one)
+	// that controller was scraped from, "" if not scraped; restarts is its pod's restart count.
+	controllerContainer string
+	restarts            int32
 }
 
 func (b *bench) snapshot(ctx context.Context) snapshot {
@@ -71,7 +73,7 @@ func (b *bench) snapshot(ctx context.Context) snapshot {
 	if pod != nil {
 		if raw, err := b.ctrl.metrics(ctx, pod); err == nil {
 			s.controller = parseMetrics(bytes.NewReader(raw), "workqueue_queue_duration_seconds_", "workqueue_work_duration_seconds_", "controller_runtime_max_concurrent_reconciles{")
-			s.controllerPod = string(pod.UID)
+			s.controllerContainer, s.restarts = b.ctrl.containerState(pod)
 		} else {
 			logf("no controller metrics in this snapshot: %v", err)
 		}
@@ -173,8 +175,9 @@ func (r *result) diff(before, after snapshot, priorityLevel string) {
 		}
 	}
 	// A controller restarted during the burst starts its counters again: no figures then.
-	if before.controllerPod != after.controllerPod {
+	if before.controllerContainer != after.controllerContainer {
 		before.controller, after.controller = nil, nil
+		r.controllerRestarted = true
 	}
 	r.workers = workers(after.controller)
 	var durSum, durCount float64

@@ -40,7 +40,7 @@ func (b *bench) report() string {
 	s.WriteString("| flags | path | N | n | p50 | p95 | p99 | max | Claim() p50 | Claim() p99 | claims/s | warm hits | errors | pool fill s | cleanup s |\n")
 	s.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, r := range b.rows {
-		kind := map[bool]string{true: "warm", false: "cold"}[r.warm]
+		kind := kindName(r.warm)
 		rate := 0.0
 		if r.wall > 0 {
 			rate = float64(r.ok) / r.wall.Seconds()
@@ -65,7 +65,7 @@ func (b *bench) report() string {
 	s.WriteString(" bench | others | APF wait ms | APF rejected | claim queue ms | claim work ms | sandbox queue ms | pool queue ms | API server ms | writes/claim |\n|")
 	s.WriteString(strings.Repeat("---|", 5+len(components)+10) + "\n")
 	for _, r := range b.rows {
-		kind := map[bool]string{true: "warm", false: "cold"}[r.warm]
+		kind := kindName(r.warm)
 		fmt.Fprintf(&s, "| %s | %s | %d | %.1f | %s |", settingName(r.setting), kind, r.n, r.wall.Seconds(), r.load)
 		ours := 0.0
 		for _, c := range append(slices.Clone(components), "bench") {
@@ -95,7 +95,7 @@ func (b *bench) report() string {
 	}
 	s.WriteString("\nAPI writes per claim during the burst, by resource (refill of the pool included):\n\n")
 	for _, r := range b.rows {
-		kind := map[bool]string{true: "warm", false: "cold"}[r.warm]
+		kind := kindName(r.warm)
 		res := slices.Collect(maps.Keys(r.writes))
 		slices.SortFunc(res, func(a, b string) int { return int(r.writes[b] - r.writes[a]) })
 		var parts []string
@@ -105,6 +105,11 @@ func (b *bench) report() string {
 			}
 		}
 		fmt.Fprintf(&s, "- %s %s N=%d: %s\n", settingName(r.setting), kind, r.n, strings.Join(parts, ", "))
+	}
+	for _, r := range b.rows {
+		if r.controllerRestarted {
+			fmt.Fprintf(&s, "\n%s %s N=%d: the controller's container restarted during the burst: no controller CPU or queue figures.\n", settingName(r.setting), kindName(r.warm), r.n)
+		}
 	}
 	for _, r := range b.rows {
 		if len(r.errs) > 0 {
@@ -130,4 +135,11 @@ func (b *bench) settingWorkers(i int) string {
 		}
 	}
 	return "unknown"
+}
+
+func kindName(warm bool) string {
+	if warm {
+		return "warm"
+	}
+	return "cold"
 }
