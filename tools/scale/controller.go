@@ -120,7 +120,7 @@ func findController(ctx context.Context, kube kubernetes.Interface, namespace, n
 	c.container = slices.IndexFunc(containers, func(ct corev1.Container) bool { return ct.Name == name })
 	if c.container < 0 {
 		if len(containers) != 1 {
-			return nil, fmt.Errorf("Deployment %s/%s: %d containers and none named %s: which one is the controller?", namespace, name, len(containers), name)
+			return nil, fmt.Errorf("controller Deployment %s/%s: %d containers and none named %s: which one is the controller?", namespace, name, len(containers), name)
 		}
 		c.container = 0
 	}
@@ -128,7 +128,7 @@ func findController(ctx context.Context, kube kubernetes.Interface, namespace, n
 	c.serviceAccount = d.Spec.Template.Spec.ServiceAccountName
 	if recorded, ok := d.Annotations[originalArgsAnnotation]; ok {
 		if err := json.Unmarshal([]byte(recorded), &c.original); err != nil {
-			return nil, fmt.Errorf("Deployment %s/%s: annotation %s: %w", namespace, name, originalArgsAnnotation, err)
+			return nil, fmt.Errorf("controller Deployment %s/%s: annotation %s: %w", namespace, name, originalArgsAnnotation, err)
 		}
 		logf("controller %s/%s still has the args of an aborted run: restoring %q", namespace, name, c.original)
 		c.patched = true
@@ -206,7 +206,7 @@ func rolledOut(d *appsv1.Deployment) (bool, error) {
 	}
 	for _, cond := range d.Status.Conditions {
 		if cond.Type == appsv1.DeploymentProgressing && cond.Reason == "ProgressDeadlineExceeded" {
-			return false, fmt.Errorf("Deployment %s/%s: %s", d.Namespace, d.Name, cond.Message)
+			return false, fmt.Errorf("controller Deployment %s/%s: %s", d.Namespace, d.Name, cond.Message)
 		}
 	}
 	want := int32(1)
