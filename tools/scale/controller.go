@@ -140,10 +140,11 @@ func findController(ctx context.Context, kube kubernetes.Interface, namespace, n
 }
 
 // apply rolls the controller out with extra merged into its original args, recording the
-// originals on the Deployment first, and waits until the new pod leads.
+// originals on the Deployment first, and waits until the new pod leads. No extra flags is the
+// args as found: restored if an earlier setting changed them.
 func (c *controller) apply(ctx context.Context, extra []string) error {
 	if len(extra) == 0 {
-		return nil
+		return c.restore(ctx)
 	}
 	recorded, err := json.Marshal(c.original)
 	if err != nil {

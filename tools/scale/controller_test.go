@@ -174,6 +174,24 @@ func TestApplyRecordsTheOriginalArgsAndRestorePutsThemBack(t *testing.T) {
 		t.Fatalf("recorded original args %q", got)
 	}
 
+	// A setting after another replaces it: the flags of the first are gone.
+	if err := c.apply(ctx, []string{"--disable-claim-events"}); err != nil {
+		t.Fatal(err)
+	}
+	if got := deployment(t, kube).Spec.Template.Spec.Containers[0].Args; !slices.Equal(got, []string{"--leader-elect=true", "--extensions", "--disable-claim-events"}) {
+		t.Fatalf("second setting's args %q", got)
+	}
+	// The args as found, as a setting after another, are rolled back out.
+	if err := c.apply(ctx, nil); err != nil {
+		t.Fatal(err)
+	}
+	if got := deployment(t, kube).Spec.Template.Spec.Containers[0].Args; !slices.Equal(got, []string{"--leader-elect=true", "--extensions"}) {
+		t.Fatalf("the args as found after a setting: %q", got)
+	}
+	if err := c.apply(ctx, []string{"--sandbox-claim-concurrent-workers=200"}); err != nil {
+		t.Fatal(err)
+	}
+
 	// An interrupt cancels the run's context; restoring must still happen.
 	cancelled, cancel := context.WithCancel(ctx)
 	cancel()
