@@ -174,12 +174,13 @@ func (r *result) diff(before, after snapshot, priorityLevel string) {
 			r.cpu[c] = v - b
 		}
 	}
+	// Its workers are its args', whichever container reports them.
+	r.workers = workers(after.controller)
 	// A controller restarted during the burst starts its counters again: no figures then.
 	if before.controllerContainer != after.controllerContainer {
 		before.controller, after.controller = nil, nil
 		r.controllerRestarted = true
 	}
-	r.workers = workers(after.controller)
 	var durSum, durCount float64
 	for k, v := range after.apiserver {
 		if !strings.Contains(label(k, "group"), "agents.x-k8s.io") || slices.Contains([]string{"WATCH", "CONNECT"}, label(k, "verb")) {
