@@ -16,6 +16,7 @@ import (
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	flowcontrolv1 "k8s.io/api/flowcontrol/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -52,6 +53,9 @@ type controller struct {
 	patched bool
 	// serviceAccount is the one the controller's pods run as.
 	serviceAccount string
+	// replicaSets are the names of the Deployment's ReplicaSets as found: restoring deletes the
+	// others once they are scaled to 0, the history of the settings' rollouts.
+	replicaSets map[string]bool
 }
 
 // parseDeployment splits "namespace/name".
@@ -126,6 +130,14 @@ func findController(ctx context.Context, kube kubernetes.Interface, namespace, n
 	}
 	c.original = slices.Clone(containers[c.container].Args)
 	c.serviceAccount = d.Spec.Template.Spec.ServiceAccountName
+	sets, err := c.ownReplicaSets(ctx, d)
+	if err != nil {
+		return nil, err
+	}
+	c.replicaSets = map[string]bool{}
+	for _, rs := range sets {
+		c.replicaSets[rs.Name] = true
+	}
 	if recorded, ok := d.Annotations[originalArgsAnnotation]; ok {
 		if err := json.Unmarshal([]byte(recorded), &c.original); err != nil {
 			return nil, fmt.Errorf("controller Deployment %s/%s: annotation %s: %w", namespace, name, originalArgsAnnotation, err)
@@ -182,6 +194,41 @@ func (c *controller) restore(ctx context.Context) error {
 		return fmt.Errorf("restored the controller's args, but: %w", err)
 	}
 	c.patched = false
+	return c.deleteSettingReplicaSets(ctx)
+}
+
+// ownReplicaSets are the ReplicaSets the Deployment d owns.
+func (c *controller) ownReplicaSets(ctx context.Context, d *appsv1.Deployment) ([]appsv1.ReplicaSet, error) {
+	sel, err := metav1.LabelSelectorAsSelector(d.Spec.Selector)
+	if err != nil {
+		return nil, err
+	}
+	list, err := c.kube.AppsV1().ReplicaSets(c.namespace).List(ctx, metav1.ListOptions{LabelSelector: sel.String()})
+	if err != nil {
+		return nil, err
+	}
+	return slices.DeleteFunc(list.Items, func(rs appsv1.ReplicaSet) bool { return !metav1.IsControlledBy(&rs, d) }), nil
+}
+
+// deleteSettingReplicaSets deletes the ReplicaSets the settings' rollouts left, scaled to 0, so
+// the Deployment's history is as found.
+func (c *controller) deleteSettingReplicaSets(ctx context.Context) error {
+	d, err := c.kube.AppsV1().Deployments(c.namespace).Get(ctx, c.name, metav1.GetOptions{})
+	if err != nil {
+		return err
+	}
+	sets, err := c.ownReplicaSets(ctx, d)
+	if err != nil {
+		return err
+	}
+	for _, rs := range sets {
+		if c.replicaSets[rs.Name] || rs.Spec.Replicas == nil || *rs.Spec.Replicas != 0 {
+			continue
+		}
+		if err := c.kube.AppsV1().ReplicaSets(c.namespace).Delete(ctx, rs.Name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+			return fmt.Errorf("deleting ReplicaSet %s/%s of a controller setting: %w", c.namespace, rs.Name, err)
+		}
+	}
 	return nil
 }
 

@@ -122,7 +122,7 @@ func fakeController(annotations map[string]string) *fake.Clientset {
 	labels := map[string]string{"app": "agent-sandbox-controller"}
 	return fake.NewClientset(
 		&appsv1.Deployment{
-			ObjectMeta: metav1.ObjectMeta{Name: "agent-sandbox-controller", Namespace: "agent-sandbox-system", Annotations: annotations},
+			ObjectMeta: metav1.ObjectMeta{Name: "agent-sandbox-controller", Namespace: "agent-sandbox-system", UID: "deployment-uid", Annotations: annotations},
 			Spec: appsv1.DeploymentSpec{
 				Replicas: &one,
 				Selector: &metav1.LabelSelector{MatchLabels: labels},
@@ -137,11 +137,22 @@ func fakeController(annotations map[string]string) *fake.Clientset {
 			ObjectMeta: metav1.ObjectMeta{Name: "agent-sandbox-controller-abc", Namespace: "agent-sandbox-system", Labels: labels},
 			Status:     corev1.PodStatus{Phase: corev1.PodRunning},
 		},
+		replicaSet("agent-sandbox-controller-as-found", 0, labels),
 		&coordinationv1.Lease{
 			ObjectMeta: metav1.ObjectMeta{Name: "a3317529.agent-sandbox.x-k8s.io", Namespace: "agent-sandbox-system"},
 			Spec:       coordinationv1.LeaseSpec{HolderIdentity: new("agent-sandbox-controller-abc_0f1e")},
 		},
 	)
+}
+
+// replicaSet is one of the controller Deployment's ReplicaSets.
+func replicaSet(name string, replicas int32, labels map[string]string) *appsv1.ReplicaSet {
+	return &appsv1.ReplicaSet{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "agent-sandbox-system", Labels: labels, OwnerReferences: []metav1.OwnerReference{{
+			APIVersion: "apps/v1", Kind: "Deployment", Name: "agent-sandbox-controller", UID: "deployment-uid", Controller: new(true),
+		}}},
+		Spec: appsv1.ReplicaSetSpec{Replicas: &replicas},
+	}
 }
 
 func deployment(t *testing.T, kube *fake.Clientset) *appsv1.Deployment {
@@ -191,6 +202,13 @@ func TestApplyRecordsTheOriginalArgsAndRestorePutsThemBack(t *testing.T) {
 	if err := c.apply(ctx, []string{"--sandbox-claim-concurrent-workers=200"}); err != nil {
 		t.Fatal(err)
 	}
+	// What the Deployment controller would leave of the settings' rollouts: their ReplicaSets.
+	labels := map[string]string{"app": "agent-sandbox-controller"}
+	for _, rs := range []*appsv1.ReplicaSet{replicaSet("agent-sandbox-controller-setting", 0, labels), replicaSet("agent-sandbox-controller-current", 1, labels)} {
+		if _, err := kube.AppsV1().ReplicaSets("agent-sandbox-system").Create(ctx, rs, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
 
 	// An interrupt cancels the run's context; restoring must still happen.
 	cancelled, cancel := context.WithCancel(ctx)
@@ -204,6 +222,18 @@ func TestApplyRecordsTheOriginalArgsAndRestorePutsThemBack(t *testing.T) {
 	}
 	if _, ok := d.Annotations[originalArgsAnnotation]; ok {
 		t.Fatal("the record of the original args is left on the Deployment")
+	}
+	sets, err := kube.AppsV1().ReplicaSets("agent-sandbox-system").List(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, rs := range sets.Items {
+		names = append(names, rs.Name)
+	}
+	slices.Sort(names)
+	if want := []string{"agent-sandbox-controller-as-found", "agent-sandbox-controller-current"}; !slices.Equal(names, want) {
+		t.Fatalf("ReplicaSets after restoring %q, want %q (the setting's, scaled to 0, deleted)", names, want)
 	}
 	// Restoring twice (the run's normal end after an earlier restore) writes nothing.
 	before := len(kube.Actions())
