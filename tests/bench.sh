@@ -52,7 +52,15 @@ echo "wrote docs/benchmarks.md" >&2
 if [[ ${BENCH_SCALE:-1} != 0 ]]; then
   scale=$(mktemp)
   tools/scale/run.sh -out "$scale" >&2 || { rm -f "$scale"; echo "bench.sh: the scale bench failed" >&2; exit 1; }
-  { echo; echo "## Control-plane scale (kwok)"; echo; cat "$scale"; } >> docs/benchmarks.md
+  {
+    echo
+    echo "## Control-plane scale (kwok)"
+    echo
+    # The date and commit travel with the tables: a later BENCH_SCALE=0 run keeps them as they are.
+    echo "Measured by \`make bench\` (tools/scale/run.sh, $(date -u +%Y-%m-%dT%H:%MZ), commit $(git rev-parse --short HEAD)); what limits it: [scale.md](scale.md)."
+    echo
+    cat "$scale"
+  } >> docs/benchmarks.md
   rm -f "$scale"
   echo "appended the control-plane scale tables to docs/benchmarks.md" >&2
 elif [[ -n $previous_scale ]]; then

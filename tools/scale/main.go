@@ -14,6 +14,12 @@
 // rounds use a pool of 0: every claim creates its Sandbox and pod, which the real scheduler
 // binds to a kwok node and kwok marks Running.
 //
+// The agent-sandbox controller is the cluster's own, in-cluster Deployment. With -controller-flags
+// the rounds run once per setting: the Deployment's args are changed, the bench waits for the
+// rollout and the new pod's leadership, and the original args are always put back (and waited for)
+// before it exits; they are recorded on the Deployment meanwhile, so a run killed before restoring
+// is undone by the next.
+//
 // The pods carry runtimeClassName gvisor like production pods (the RuntimeClass has no
 // scheduling constraint, and kwok never runs them), so the executor's check passes unchanged.
 // Everything lives in its own namespace, created at start and deleted (and waited for) at the end.
@@ -80,7 +86,11 @@ type options struct {
 	burst        int
 	roundTimeout time.Duration
 	clusterDir   string
-	controller   string
+	// controller is the agent-sandbox controller's Deployment, namespace/name.
+	controller string
+	// settings are the controller flags to run the rounds with, one entry per setting; nil runs
+	// them once with the controller as found.
+	settings [][]string
 }
 
 func main() {
@@ -105,7 +115,12 @@ func parseFlags() (*options, error) {
 	flag.Float64Var(&o.qps, "qps", 10000, "client QPS per claimer connection (high: the client must not be the limit)")
 	flag.IntVar(&o.burst, "burst", 10000, "client burst per claimer connection")
 	flag.DurationVar(&o.roundTimeout, "round-timeout", 15*time.Minute, "limit for each phase of a round (pool fill, claims, cleanup)")
-	flag.StringVar(&o.controller, "controller-metrics", "http://127.0.0.1:18080/metrics", "agent-sandbox controller metrics URL")
+	flag.StringVar(&o.controller, "controller", "agent-sandbox-system/agent-sandbox-controller", "the agent-sandbox controller's Deployment, namespace/name")
+	flag.Func("controller-flags", "run the rounds with these controller flags (--name=value ..., replacing the same flags of its args; '' for the args as found); repeat for several settings, each rolled out in turn, the original args restored at the end", func(v string) error {
+		args, err := parseSetting(v)
+		o.settings = append(o.settings, args)
+		return err
+	})
 	flag.Parse()
 	if flag.NArg() > 0 {
 		return nil, fmt.Errorf("unexpected arguments: %s", strings.Join(flag.Args(), " "))
@@ -114,6 +129,9 @@ func parseFlags() (*options, error) {
 		return nil, err
 	}
 	if o.cold, err = parseCounts("cold", cold); err != nil {
+		return nil, err
+	}
+	if _, _, err := parseDeployment(o.controller); err != nil {
 		return nil, err
 	}
 	if len(o.warm)+len(o.cold) == 0 {
@@ -145,9 +163,11 @@ type bench struct {
 	sbx  sandboxclient.Interface
 	ext  extclient.Interface
 	rows []result
-	// nodes is the number of Ready kwok nodes; controllerArgs the controller's command line.
-	nodes          int
-	controllerArgs string
+	// nodes is the number of Ready kwok nodes.
+	nodes int
+	ctrl  *controller
+	// priorityLevel is the API priority and fairness level of the controller's requests.
+	priorityLevel string
 	// ownNamespace: the namespace is this tool's (labelled by it), so teardown may delete it.
 	ownNamespace bool
 }
@@ -179,13 +199,22 @@ func run() error {
 	if err := b.checkNodes(ctx); err != nil {
 		return err
 	}
-	b.controllerArgs = daemonArgs(o.clusterDir, "agent-sandbox")
+	namespace, name, _ := parseDeployment(o.controller)
+	if b.ctrl, err = findController(ctx, b.kube, namespace, name); err != nil {
+		return err
+	}
 	runErr := b.setup(ctx)
 	if runErr == nil {
-		runErr = b.rounds(ctx)
+		if b.priorityLevel, err = priorityLevel(ctx, cfg, b.kube, namespace, b.ctrl.serviceAccount, o.namespace); err != nil {
+			logf("cannot tell the controller's API priority level: %v", err)
+		}
+		runErr = b.settings(ctx)
 	}
-	// Always leave nothing behind, even after a failed or interrupted round; never touch a
-	// namespace that is not ours.
+	// Always leave the controller as found and nothing behind, even after a failed or
+	// interrupted round; never touch a namespace that is not ours.
+	if err := b.ctrl.restore(ctx); err != nil {
+		runErr = errors.Join(runErr, err)
+	}
 	if !b.ownNamespace {
 		return runErr
 	}
@@ -202,16 +231,40 @@ func run() error {
 	return runErr
 }
 
-func (b *bench) rounds(ctx context.Context) error {
-	i := 0
+// settingList is the controller settings to run: those asked for, or the controller as found.
+func (b *bench) settingList() [][]string {
+	if b.o.settings == nil {
+		return [][]string{nil}
+	}
+	return b.o.settings
+}
+
+// settings runs the rounds once per controller setting.
+func (b *bench) settings(ctx context.Context) error {
+	round := 0
+	for i, extra := range b.settingList() {
+		if err := b.ctrl.apply(ctx, extra); err != nil {
+			return err
+		}
+		if err := b.rounds(ctx, i, &round); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// rounds runs the warm and cold rounds of one controller setting; round numbers the rounds of
+// the whole run (claim names derive from it).
+func (b *bench) rounds(ctx context.Context, setting int, round *int) error {
 	for _, kind := range []struct {
 		warm   bool
 		counts []int
 	}{{true, b.o.warm}, {false, b.o.cold}} {
 		for _, n := range kind.counts {
-			i++
-			r, err := b.round(ctx, i, n, kind.warm)
+			*round++
+			r, err := b.round(ctx, *round, n, kind.warm)
 			if r != nil {
+				r.setting = setting
 				b.rows = append(b.rows, *r)
 			}
 			if err != nil {
@@ -337,6 +390,8 @@ func (b *bench) setPool(ctx context.Context, replicas int) error {
 
 // result is one round.
 type result struct {
+	// setting indexes the controller setting the round ran with.
+	setting            int
 	warm               bool
 	n, ok, warmHits    int
 	errs               []string
@@ -353,11 +408,15 @@ type result struct {
 	// resources (nearly all of them the controller's): what its reconciles wait for, server side.
 	serverMean float64
 	load       string
+	// workers is what the controller said its workers were, after the burst.
+	workers string
+	// controllerRestarted: the controller's container was not the same after the burst.
+	controllerRestarted bool
 }
 
 func (b *bench) round(ctx context.Context, idx, n int, warm bool) (*result, error) {
 	r := &result{warm: warm, n: n}
-	kind := map[bool]string{true: "warm", false: "cold"}[warm]
+	kind := kindName(warm)
 	logf("round %d: %s, %d claims", idx, kind, n)
 	// Fill (or empty) the pool first, and wait until it is Ready.
 	size := 0
@@ -434,7 +493,10 @@ func (b *bench) round(ctx context.Context, idx, n int, warm bool) (*result, erro
 	}
 	stopWatch()
 	after := b.snapshot(ctx)
-	r.diff(before, after)
+	r.diff(before, after, b.priorityLevel)
+	if r.controllerRestarted {
+		b.ctrl.logRestart(ctx)
+	}
 
 	seen, late := readyAt()
 	if late > 0 {
@@ -538,6 +600,9 @@ func waitFor(ctx context.Context, timeout time.Duration, what string, cond func(
 		state = s
 		select {
 		case <-ctx.Done():
+			if errors.Is(ctx.Err(), context.Canceled) {
+				return fmt.Errorf("%s: interrupted (%s)", what, state)
+			}
 			return fmt.Errorf("%s: not done after %s (%s)", what, timeout, state)
 		case <-time.After(time.Second):
 		}

@@ -6,7 +6,6 @@ import (
 	"context"
 	"errors"
 	"io"
-	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
@@ -16,39 +15,68 @@ import (
 
 // Where the time goes during a burst: CPU of each cluster process and the limiters' own metrics.
 
-// components are the cluster's daemons by PID file name (tests/cluster/lib.sh start_daemon).
-var components = []string{"kube-apiserver", "etcd", "agent-sandbox", "kube-scheduler", "kube-controller-manager", "kwok", "kube-router", "kubelet"}
+// components are the cluster's processes: its daemons on this node by PID file name
+// (tests/cluster/lib.sh start_daemon), and the agent-sandbox controller, whose pod runs here.
+var components = []string{"kube-apiserver", "etcd", controllerComponent, "kube-scheduler", "kube-controller-manager", "kwok", "kube-router", "kubelet"}
+
+// controllerComponent is the agent-sandbox controller's column: the process of its container.
+const controllerComponent = "agent-sandbox"
 
 type snapshot struct {
-	cpu        map[string]float64 // CPU seconds per component
+	cpu map[string]float64 // CPU seconds per component
+	// pid is the process each figure of cpu was read from: a figure is compared only with one of
+	// the same process (a restarted daemon or controller starts again from zero).
+	pid        map[string]string
 	apiserver  map[string]float64 // selected series of the apiserver's /metrics
 	controller map[string]float64 // selected series of the controller's /metrics
+	// controllerContainer is the controller's container (its ID: a restart makes a new one)
+	// that controller was scraped from, "" if not scraped; restarts is its pod's restart count.
+	controllerContainer string
+	restarts            int32
 }
 
 func (b *bench) snapshot(ctx context.Context) snapshot {
-	s := snapshot{cpu: map[string]float64{}}
+	s := snapshot{cpu: map[string]float64{}, pid: map[string]string{}}
 	if busy, err := machineBusySeconds(); err == nil {
 		s.cpu[machine] = busy
 	}
+	pod, err := b.ctrl.pod(ctx)
+	if err != nil {
+		logf("no controller figures in this snapshot: %v", err)
+	}
 	for _, c := range append(slices.Clone(components), "bench") {
-		pid := "self"
-		if c != "bench" {
-			var err error
+		var pid string
+		switch {
+		case c == "bench":
+			pid = strconv.Itoa(os.Getpid())
+		case c == controllerComponent:
+			if pod == nil {
+				continue
+			}
+			if pid, err = b.ctrl.containerPID(pod); err != nil {
+				logf("no controller CPU in this snapshot: %v", err)
+				continue
+			}
+		default:
 			if pid, err = daemonPID(b.o.clusterDir, c); err != nil {
 				continue
 			}
 		}
 		if sec, err := cpuSeconds(pid); err == nil {
-			s.cpu[c] = sec
+			s.cpu[c], s.pid[c] = sec, pid
 		}
 	}
 	if raw, err := b.kube.CoreV1().RESTClient().Get().AbsPath("/metrics").DoRaw(ctx); err == nil {
 		s.apiserver = parseMetrics(bytes.NewReader(raw), "apiserver_flowcontrol_request_wait_duration_seconds_", "apiserver_flowcontrol_rejected_requests_total", "apiserver_request_total{",
 			"apiserver_request_duration_seconds_sum{", "apiserver_request_duration_seconds_count{")
 	}
-	if resp, err := http.Get(b.o.controller); err == nil {
-		s.controller = parseMetrics(resp.Body, "workqueue_queue_duration_seconds_", "workqueue_work_duration_seconds_")
-		resp.Body.Close()
+	if pod != nil {
+		if raw, err := b.ctrl.metrics(ctx, pod); err == nil {
+			s.controller = parseMetrics(bytes.NewReader(raw), "workqueue_queue_duration_seconds_", "workqueue_work_duration_seconds_", "controller_runtime_max_concurrent_reconciles{")
+			s.controllerContainer, s.restarts = b.ctrl.containerState(pod)
+		} else {
+			logf("no controller metrics in this snapshot: %v", err)
+		}
 	}
 	return s
 }
@@ -56,22 +84,6 @@ func (b *bench) snapshot(ctx context.Context) snapshot {
 func daemonPID(clusterDir, name string) (string, error) {
 	raw, err := os.ReadFile(filepath.Join(clusterDir, "run", name+".pid"))
 	return strings.TrimSpace(string(raw)), err
-}
-
-// daemonArgs is a cluster daemon's command line without the program and the flags naming local
-// paths, or "unknown".
-func daemonArgs(clusterDir, name string) string {
-	pid, err := daemonPID(clusterDir, name)
-	if err != nil {
-		return "unknown"
-	}
-	raw, err := os.ReadFile("/proc/" + pid + "/cmdline")
-	if err != nil {
-		return "unknown"
-	}
-	args := strings.Split(strings.TrimRight(string(raw), "\x00"), "\x00")[1:]
-	args = slices.DeleteFunc(args, func(a string) bool { return strings.Contains(a, "/") })
-	return strings.Join(args, " ")
 }
 
 // machine is the snapshot key of the whole machine's busy CPU time.
@@ -155,13 +167,19 @@ func sumDelta(before, after map[string]float64, prefix string, labels ...string)
 	return d
 }
 
-func (r *result) diff(before, after snapshot) {
+func (r *result) diff(before, after snapshot, priorityLevel string) {
 	r.cpu = map[string]float64{}
 	for c, v := range after.cpu {
-		// A negative delta: the daemon was restarted during the burst (its PID file moved on).
-		if b, ok := before.cpu[c]; ok && v >= b {
+		if b, ok := before.cpu[c]; ok && before.pid[c] == after.pid[c] {
 			r.cpu[c] = v - b
 		}
+	}
+	// Its workers are its args', whichever container reports them.
+	r.workers = workers(after.controller)
+	// A controller restarted during the burst starts its counters again: no figures then.
+	if before.controllerContainer != after.controllerContainer {
+		before.controller, after.controller = nil, nil
+		r.controllerRestarted = true
 	}
 	var durSum, durCount float64
 	for k, v := range after.apiserver {
@@ -187,9 +205,7 @@ func (r *result) diff(before, after snapshot) {
 		}
 		r.writes[res] += v - before.apiserver[k]
 	}
-	// The controller authenticates as a user outside any system group: API priority and
-	// fairness puts it in the global-default priority level.
-	const pl = `priority_level="global-default"`
+	pl := `priority_level="` + priorityLevel + `"`
 	r.apfWait = sumDelta(before.apiserver, after.apiserver, "apiserver_flowcontrol_request_wait_duration_seconds_sum", pl)
 	r.apfDispatched = sumDelta(before.apiserver, after.apiserver, "apiserver_flowcontrol_request_wait_duration_seconds_count", pl)
 	r.apfReject = sumDelta(before.apiserver, after.apiserver, "apiserver_flowcontrol_rejected_requests_total", pl)
