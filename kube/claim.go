@@ -294,7 +294,19 @@ func (c *Claimer) Find(ctx context.Context, namespace, claimName, binding string
 		return nil, otherJobError("SandboxClaim", namespace, claimName)
 	}
 	if ok, why := claimReady(claim); !ok {
-		return nil, failure.SystemError(nil, "SandboxClaim %s/%s is not Ready: %s", namespace, claimName, why)
+		// Prepare may have gone on from the adoption a status write before the claim's Ready:
+		// the sandbox the claim controls, Ready, is there already (a watch starts with it).
+		watchCtx, cancel := context.WithTimeout(ctx, adoptionLookup)
+		adopted := <-c.watchAdoption(watchCtx, claim)
+		cancel()
+		if adopted == nil {
+			return nil, failure.SystemError(nil, "SandboxClaim %s/%s is not Ready: %s", namespace, claimName, why)
+		}
+		return c.resolveSandbox(ctx, claim, adopted.Name, adopted, runtimeClasses, false)
 	}
 	return c.Resolve(ctx, claim, runtimeClasses)
 }
+
+// adoptionLookup bounds Find's look for an adopted sandbox: the watch's first events are the
+// objects already there, so it answers in one round trip when there is one.
+const adoptionLookup = 2 * time.Second

@@ -242,3 +242,19 @@ func TestClaimGoesOnFromTheAdoption(t *testing.T) {
 		t.Errorf("steps = %q, want the adoption as the second", steps)
 	}
 }
+
+// A stage that finds the job's sandbox by name (no state from prepare) right after a prepare that
+// went on from the adoption finds the same sandbox, before the claim's status names it.
+func TestFindBeforeTheClaimIsReady(t *testing.T) {
+	fc := executortest.NewCluster(t)
+	fc.ClaimStatusLags = true
+	req := testRequest()
+	claimed, err := fc.Claimer().Claim(context.Background(), req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	found, err := fc.Claimer().Find(context.Background(), req.Namespace, claimed.Claim, req.Binding, req.RuntimeClasses)
+	if err != nil || found.Pod != claimed.Pod || found.SandboxName != claimed.SandboxName {
+		t.Errorf("Find = %+v, %v; want the claimed sandbox %s", found, err, claimed.SandboxName)
+	}
+}

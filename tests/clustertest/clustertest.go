@@ -379,6 +379,28 @@ func (j *Job) AgentExecutor(t testing.TB, exec kube.RemoteExecutor) (kube.Remote
 	return agent, state
 }
 
+// SandboxOfClaim names the Sandbox of claim: the one its status names or, before agent-sandbox
+// has written that (prepare goes on from the adoption, a status write earlier), the one the claim
+// controls (the adoption labels it with the claim's UID).
+func SandboxOfClaim(t testing.TB, admin *kube.Clients, claim *extv1beta1.SandboxClaim) string {
+	t.Helper()
+	if name := claim.Status.SandboxStatus.Name; name != "" {
+		return name
+	}
+	list, err := admin.Sandboxes.AgentsV1beta1().Sandboxes(claim.Namespace).List(context.Background(), metav1.ListOptions{
+		LabelSelector: extv1beta1.SandboxIDLabel + "=" + string(claim.UID)})
+	if err != nil {
+		t.Fatalf("the sandboxes of claim %s: %v", claim.Name, err)
+	}
+	for _, sbx := range list.Items {
+		if ref := metav1.GetControllerOf(&sbx); ref != nil && ref.UID == claim.UID {
+			return sbx.Name
+		}
+	}
+	t.Fatalf("claim %s names no sandbox and controls none", claim.Name)
+	return ""
+}
+
 // findPod follows the job's claim (or, for a cold start of unknown_image = "cold", its Sandbox of
 // the claim's name) to its sandbox and pod, with admin rights and without the executor's checks,
 // so that it also finds pods the executor refused.
@@ -389,7 +411,7 @@ func (j *Job) findPod(t testing.TB) {
 	claim, err := j.Admin.Extensions.ExtensionsV1beta1().SandboxClaims(Namespace).Get(ctx, j.ClaimName(), metav1.GetOptions{})
 	switch {
 	case err == nil:
-		sandboxName = claim.Status.SandboxStatus.Name
+		sandboxName = SandboxOfClaim(t, j.Admin, claim)
 	case !apierrors.IsNotFound(err):
 		t.Fatalf("job %d: its claim: %v", j.ID, err)
 	}

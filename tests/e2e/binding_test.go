@@ -42,7 +42,7 @@ func TestClaimBoundToItsJob(t *testing.T) {
 	}
 	second.MustStage(t, 0, "cleanup")
 	kept := first.Claim(t)
-	if kept.UID != made.UID || kept.DeletionTimestamp != nil || kept.Status.SandboxStatus.Name != made.Status.SandboxStatus.Name {
+	if kept.UID != made.UID || kept.DeletionTimestamp != nil || clustertest.SandboxOfClaim(t, first.Admin, kept) != clustertest.SandboxOfClaim(t, first.Admin, made) {
 		t.Fatalf("the second job touched the first job's claim: uid %s→%s, deleting %v", made.UID, kept.UID, kept.DeletionTimestamp)
 	}
 

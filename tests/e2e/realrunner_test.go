@@ -96,9 +96,10 @@ func jobPod(t testing.TB, r *clustertest.Runner, id int64) string {
 	if err != nil {
 		t.Fatalf("job %d: its claim: %v", id, err)
 	}
-	sbx, err := r.Admin.Sandboxes.AgentsV1beta1().Sandboxes(namespace).Get(ctx, claim.Status.SandboxStatus.Name, metav1.GetOptions{})
+	name := clustertest.SandboxOfClaim(t, r.Admin, claim)
+	sbx, err := r.Admin.Sandboxes.AgentsV1beta1().Sandboxes(namespace).Get(ctx, name, metav1.GetOptions{})
 	if err != nil {
-		t.Fatalf("job %d: sandbox %q of its claim: %v", id, claim.Status.SandboxStatus.Name, err)
+		t.Fatalf("job %d: sandbox %q of its claim: %v", id, name, err)
 	}
 	if name := sbx.Annotations[sandboxv1beta1.SandboxPodNameAnnotation]; name != "" {
 		return name

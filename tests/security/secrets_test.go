@@ -71,7 +71,7 @@ func TestJobSecretsStayOutOfClusterRecords(t *testing.T) {
 	pod := j.PodObject(t)
 	records["pod "+pod.Name] = pod
 	records["claim "+j.ClaimName()] = j.Claim(t)
-	sbx, err := c.Admin.Sandboxes.AgentsV1beta1().Sandboxes(clustertest.Namespace).Get(ctx, j.Claim(t).Status.SandboxStatus.Name, metav1.GetOptions{})
+	sbx, err := c.Admin.Sandboxes.AgentsV1beta1().Sandboxes(clustertest.Namespace).Get(ctx, clustertest.SandboxOfClaim(t, c.Admin, j.Claim(t)), metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
