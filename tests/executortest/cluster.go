@@ -5,7 +5,6 @@ import (
 	"io"
 	"maps"
 	"strconv"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -208,7 +207,7 @@ func withInitialEvents(w watch.Interface, tracker k8stesting.ObjectTracker, gvr 
 		return nil, err
 	}
 	events := make(chan watch.Event)
-	stop := make(chan struct{})
+	proxy := watch.NewProxyWatcher(events)
 	go func() {
 		defer close(events)
 		defer w.Stop()
@@ -216,7 +215,7 @@ func withInitialEvents(w watch.Interface, tracker k8stesting.ObjectTracker, gvr 
 			select {
 			case events <- ev:
 				return true
-			case <-stop:
+			case <-proxy.StopChan():
 				return false
 			}
 		}
@@ -231,23 +230,13 @@ func withInitialEvents(w watch.Interface, tracker k8stesting.ObjectTracker, gvr 
 				if !ok || !send(ev) {
 					return
 				}
-			case <-stop:
+			case <-proxy.StopChan():
 				return
 			}
 		}
 	}()
-	return &proxyWatch{events: events, stop: stop}, nil
+	return proxy, nil
 }
-
-// proxyWatch is a watch.Interface over a channel that its Stop ends.
-type proxyWatch struct {
-	events   chan watch.Event
-	stop     chan struct{}
-	stopOnce sync.Once
-}
-
-func (p *proxyWatch) ResultChan() <-chan watch.Event { return p.events }
-func (p *proxyWatch) Stop()                          { p.stopOnce.Do(func() { close(p.stop) }) }
 
 // bindClaims makes every unbound claim Ready on a warm sandbox.
 func (fc *Cluster) bindClaims(t testing.TB) {
