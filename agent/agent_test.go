@@ -22,6 +22,7 @@ import (
 	"github.com/sandbox-executor/sandbox-executor/agent"
 	"github.com/sandbox-executor/sandbox-executor/agent/wire"
 	"github.com/sandbox-executor/sandbox-executor/agentca"
+	"github.com/sandbox-executor/sandbox-executor/tests/executortest"
 )
 
 // asAgent marks the test binary re-executed as the agent: start spawns its stage supervisor by
@@ -186,7 +187,7 @@ func TestServeNetworkRequiresTheAgentCAAndOneJob(t *testing.T) {
 	if code, _, stderr, err := request(jobA, "install", "/tmp/x"); err != nil || code != wire.ExitRefused || !strings.Contains(stderr, "bad arguments") {
 		t.Errorf("a command not served over the network: exit %d, %q, %v", code, stderr, err)
 	}
-	other := testCA(t)
+	other := executortest.AgentCA(t)
 	if _, _, _, err := request(clientConfig(t, other, "job-a", identity), "probe"); err == nil {
 		t.Error("a client certificate of another CA was served")
 	}
@@ -302,21 +303,12 @@ func serveNetwork(t *testing.T, a *agent.Agent) (net.Listener, *agentca.CA, stri
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { ln.Close() })
-	ca := testCA(t)
+	ca := executortest.AgentCA(t)
 	identity, err := a.ServeNetwork(ln, ca.CertificatePEM())
 	if err != nil || !wire.ValidIdentity(identity) {
 		t.Fatalf("ServeNetwork = %q, %v", identity, err)
 	}
 	return ln, ca, identity
-}
-
-func testCA(t *testing.T) *agentca.CA {
-	t.Helper()
-	ca, err := agentca.New("test agent CA", time.Hour)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return ca
 }
 
 func clientConfig(t *testing.T, ca *agentca.CA, job, identity string) *tls.Config {

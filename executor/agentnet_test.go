@@ -27,16 +27,6 @@ import (
 // testJob is the job (its binding) the tests' client certificates are for.
 const testJob = "job-binding-of-the-test"
 
-// testCA is an agent CA made for the tests.
-func testCA(t *testing.T) *agentca.CA {
-	t.Helper()
-	ca, err := agentca.New("test agent CA", time.Hour)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return ca
-}
-
 // networkTransport serves the network path on the host with the agent of local (its stages
 // directory), as the stage daemon does in a pod, and returns the executor's side of it.
 func networkTransport(t *testing.T, local *executortest.Local) *executor.AgentNetwork {
@@ -45,7 +35,7 @@ func networkTransport(t *testing.T, local *executortest.Local) *executor.AgentNe
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { ln.Close() })
-	ca := testCA(t)
+	ca := executortest.AgentCA(t)
 	identity, err := local.Agent.ServeNetwork(ln, ca.CertificatePEM())
 	if err != nil {
 		t.Fatal(err)
@@ -81,7 +71,7 @@ func TestNetworkTransportRunsTheSameStageProtocol(t *testing.T) {
 func TestNetworkTransportRefusesAnotherCA(t *testing.T) {
 	local := executortest.NewLocalWithDaemon(t)
 	a := networkTransport(t, local)
-	foreign, err := testCA(t).ClientConfig(testJob, "sha256:"+strings.Repeat("0", 64))
+	foreign, err := executortest.AgentCA(t).ClientConfig(testJob, "sha256:"+strings.Repeat("0", 64))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -117,7 +107,7 @@ func TestNetworkTransportFallsBackToExecWhenUnreachable(t *testing.T) {
 // identity first, and its stage daemon serves the network path over TLS to the pod's job,
 // running stages in a shell started before the stage was asked for.
 func TestBakedAgentServesTLSToThePinnedIdentity(t *testing.T) {
-	ca := testCA(t)
+	ca := executortest.AgentCA(t)
 	agent := startBakedAgent(t, ca)
 	sbx := &kube.Sandbox{Namespace: "ns", Pod: "job-pod", Container: "job", PodIP: "127.0.0.1", AgentBaked: true}
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
@@ -160,7 +150,7 @@ func TestBakedAgentServesTLSToThePinnedIdentity(t *testing.T) {
 func TestConnectAgentFallsBackToExec(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	ca := testCA(t)
+	ca := executortest.AgentCA(t)
 	agent := startBakedAgent(t, ca)
 	unreachable := &kube.Sandbox{Namespace: "ns", Pod: "job-pod", Container: "job", PodIP: "127.0.0.9", AgentBaked: true}
 	conn, err := executor.ConnectAgent(ctx, agent, unreachable, agent.port, ca, testJob)
