@@ -86,7 +86,7 @@ func (c *Claimer) awaitSandbox(ctx context.Context, claim *extv1beta1.SandboxCla
 			if err == nil {
 				cancel()
 				<-ready
-				return sbx, true, err
+				return sbx, true, nil
 			}
 		}
 		fromClaim = <-ready

@@ -55,8 +55,8 @@ func (c *Claimer) Claim(ctx context.Context, req ClaimRequest) (*Sandbox, error)
 	}
 	c.step(&since, how+", pod %s found and verified (runtime %s, first log line read: %t)", sbx.SandboxName, sbx.Pod, sbx.RuntimeClass, sbx.AgentLogLine != "")
 	if sbx.Launch == LaunchWaited {
-		// The wait as this prepare saw it, from the create to a verified sandbox: finer than the objects
-		// seconds (a retried prepare that adopts its claim sees only its own part).
+		// The wait as this prepare saw it, from the create to a verified sandbox: finer than the
+		// objects' seconds (a retried prepare that adopts its claim sees only its own part).
 		sbx.Waited = waited
 	}
 	return sbx, nil
