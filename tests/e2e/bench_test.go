@@ -10,6 +10,7 @@ import (
 	"regexp"
 	"sort"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -174,36 +175,6 @@ func BenchmarkHelloJob(b *testing.B) {
 	b.ReportMetric(float64(floor.median().Milliseconds()), "floor-ms/job")
 }
 
-// helloBurst hands out k hello jobs at once to k runner processes (one job each) and returns the
-// jobs' durations and the time until the last one finished.
-func helloBurst(b *testing.B, k int, def runner.CustomExecutor) (samples, time.Duration) {
-	gitlab := fakegitlab.New(fakegitlab.WithLongPolling(5 * time.Second))
-	defer gitlab.Close()
-	var ids []int64
-	for i := 0; i < k; i++ {
-		ids = append(ids, gitlab.Enqueue(gitlab.NewJob(fakegitlab.JobSpec{Image: ciImage, GitStrategy: "none", Script: []string{"echo hello"}})))
-	}
-	start := time.Now()
-	for i := 0; i < k; i++ {
-		proc, err := runner.Start(runner.Options{URL: gitlab.URL(), Token: gitlab.RunnerToken(), Executor: def, MaxBuilds: 1, Timeout: 10 * time.Minute})
-		if err != nil {
-			b.Fatal(err)
-		}
-		defer proc.Stop()
-	}
-	var s samples
-	for _, id := range ids {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-		res, err := gitlab.Wait(ctx, id)
-		cancel()
-		if err != nil || res.State != "success" {
-			b.Fatalf("job %d: %v %s\n%s", id, err, res.State, res.Trace)
-		}
-		s = append(s, res.Duration())
-	}
-	return s, time.Since(start)
-}
-
 // summaryLine is the executor's closing job log line: claim, prepare, stage count, stages' cost,
 // scripts.
 var summaryLine = regexp.MustCompile(`(?:claimed|created) in (\d+) ms; executor overhead \d+ ms \(prepare (\d+) ms, (\d+) stages (\d+) ms\); scripts (\d+) ms`)
@@ -213,20 +184,39 @@ func msOf(digits string) time.Duration {
 	return time.Duration(n) * time.Millisecond
 }
 
-// helloJobs runs n hello jobs back to back through the real runner and returns their durations
+// helloJobs runs n hello jobs back to back through one real runner and returns their durations
 // and job logs.
 func helloJobs(b *testing.B, n int, def runner.CustomExecutor, env []string) (samples, []string) {
+	s, traces, _ := helloRound(b, n, 1, def, env)
+	return s, traces
+}
+
+// helloBurst hands out k hello jobs at once to k runner processes (one job each) and returns the
+// jobs' durations and the time until the last one finished.
+func helloBurst(b *testing.B, k int, def runner.CustomExecutor) (samples, time.Duration) {
+	s, _, took := helloRound(b, k, k, def, nil)
+	return s, took
+}
+
+// helloRound enqueues n hello jobs, starts runners runner processes that share them (n/runners
+// jobs each), and returns the jobs' durations and logs, and the time until the last finished.
+func helloRound(b *testing.B, n, runners int, def runner.CustomExecutor, env []string) (samples, []string, time.Duration) {
 	gitlab := fakegitlab.New(fakegitlab.WithLongPolling(5 * time.Second))
 	defer gitlab.Close()
 	var ids []int64
 	for i := 0; i < n; i++ {
 		ids = append(ids, gitlab.Enqueue(gitlab.NewJob(fakegitlab.JobSpec{Image: ciImage, GitStrategy: "none", Script: []string{"echo hello"}})))
 	}
-	proc, err := runner.Start(runner.Options{URL: gitlab.URL(), Token: gitlab.RunnerToken(), Executor: def, Env: env, MaxBuilds: n, Timeout: 10 * time.Minute})
-	if err != nil {
-		b.Fatal(err)
+	start := time.Now()
+	var procs []*runner.Process
+	for i := 0; i < runners; i++ {
+		proc, err := runner.Start(runner.Options{URL: gitlab.URL(), Token: gitlab.RunnerToken(), Executor: def, Env: env, MaxBuilds: n / runners, Timeout: 10 * time.Minute})
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer proc.Stop()
+		procs = append(procs, proc)
 	}
-	defer proc.Stop()
 	var s samples
 	var traces []string
 	for _, id := range ids {
@@ -234,10 +224,14 @@ func helloJobs(b *testing.B, n int, def runner.CustomExecutor, env []string) (sa
 		res, err := gitlab.Wait(ctx, id)
 		cancel()
 		if err != nil || res.State != "success" {
-			b.Fatalf("job %d: %v %s\n%s\nrunner log:\n%s", id, err, res.State, res.Trace, proc.Log())
+			var logs strings.Builder
+			for _, proc := range procs {
+				logs.WriteString(proc.Log())
+			}
+			b.Fatalf("job %d: %v %s\n%s\nrunner logs:\n%s", id, err, res.State, res.Trace, logs.String())
 		}
 		s = append(s, res.Duration())
 		traces = append(traces, res.Trace)
 	}
-	return s, traces
+	return s, traces, time.Since(start)
 }
