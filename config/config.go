@@ -7,6 +7,7 @@ import (
 	"net/url"
 	"os"
 	"path"
+	"path/filepath"
 	"reflect"
 	"slices"
 	"sort"
@@ -109,6 +110,13 @@ type Config struct {
 	// in their SandboxTemplate, from a ConfigMap). See docs/security.md.
 	AgentCACert string `toml:"agent_ca_cert"`
 	AgentCAKey  string `toml:"agent_ca_key"`
+
+	// StageServer is the Unix socket of `sandbox-executor serve`, a long-running process beside
+	// gitlab-runner (same host or container, same user) that keeps the cluster connection and the
+	// Go runtime warm: prepare and cleanup hand their work to it instead of starting cold. Unset:
+	// every stage works in its own process. A socket nobody listens on is the same, with a
+	// warning in the job log.
+	StageServer string `toml:"stage_server"`
 
 	// Reconnects bounds how often one stage re-attaches after its stream drops.
 	Reconnects int `toml:"reconnects"`
@@ -384,6 +392,9 @@ func (c *Config) validate() error {
 	}
 	if c.Reconnects < 0 {
 		return fail("reconnects", "must not be negative")
+	}
+	if c.StageServer != "" && !filepath.IsAbs(c.StageServer) {
+		return fail("stage_server", "%q must be an absolute path", c.StageServer)
 	}
 	return nil
 }

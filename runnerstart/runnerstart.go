@@ -42,14 +42,25 @@ type Options struct {
 	Environ []string
 	Stdout  io.Writer
 	Stderr  io.Writer
+	// StageServer, when set, starts the stage server (sandbox-executor serve) in this process
+	// before gitlab-runner runs and stops it after gitlab-runner has exited: it must see the
+	// runner's files (job JSON, state), and outlive the jobs a graceful stop lets finish.
+	StageServer func() (serve func(context.Context) error, err error)
 }
+
+// StageServerDrain bounds the stages still running when the stage server stops: none should
+// be, since it stops after gitlab-runner.
+const StageServerDrain = 10 * time.Second
+
+// ServeStages listens on a stage server socket and returns its serving loop.
+type ServeStages func(socket string) (serve func(context.Context) error, err error)
 
 // DefaultBackoff tries for about ten minutes before the pod restarts (and the kubelet's own
 // backoff takes over).
 var DefaultBackoff = wait.Backoff{Duration: 5 * time.Second, Factor: 2, Jitter: 0.1, Steps: 8, Cap: 2 * time.Minute}
 
 // Command is the start-runner verb.
-func Command(stdout, stderr io.Writer) *cli.Command {
+func Command(stdout, stderr io.Writer, serveStages ServeStages) *cli.Command {
 	return &cli.Command{
 		Name:  "start-runner",
 		Usage: "runner image entrypoint: gitlab-runner register (retried with backoff), then gitlab-runner run",
@@ -60,11 +71,17 @@ func Command(stdout, stderr io.Writer) *cli.Command {
 			&cli.StringFlag{Name: "config-file", Value: "/home/nonroot/.gitlab-runner/config.toml", Usage: "the config.toml written and run"},
 			&cli.StringFlag{Name: "working-directory", Value: "/home/nonroot", Usage: "gitlab-runner's working directory"},
 			&cli.IntFlag{Name: "register-attempts", Value: DefaultBackoff.Steps, Usage: "registration attempts before giving up"},
+			&cli.StringFlag{Name: "stage-server", Usage: "also serve the executor's stages on this Unix socket (stage_server in the executor's config) while gitlab-runner runs"},
 		},
 		Action: func(c *cli.Context) error {
 			backoff := DefaultBackoff
 			backoff.Steps = c.Int("register-attempts")
+			var stageServer func() (func(context.Context) error, error)
+			if socket := c.String("stage-server"); socket != "" {
+				stageServer = func() (func(context.Context) error, error) { return serveStages(socket) }
+			}
 			return Run(c.Context, Options{
+				StageServer:      stageServer,
 				GitLabRunner:     c.String("gitlab-runner"),
 				GlobalConfig:     c.String("global-config"),
 				Template:         c.String("template-config"),
@@ -134,6 +151,22 @@ func registerOnce(ctx context.Context, o Options) error {
 }
 
 func run(ctx context.Context, o Options) error {
+	if o.StageServer != nil {
+		serve, err := o.StageServer()
+		if err != nil {
+			return failure.PermanentError(err, "start-runner")
+		}
+		// Not ctx: the stages of the jobs that a graceful stop lets finish still need it.
+		serverCtx, stopServer := context.WithCancel(context.WithoutCancel(ctx))
+		served := make(chan error, 1)
+		go func() { served <- serve(serverCtx) }()
+		defer func() {
+			stopServer()
+			if err := <-served; err != nil {
+				fmt.Fprintf(o.Stderr, "start-runner: %s\n", err)
+			}
+		}()
+	}
 	cmd := exec.Command(o.GitLabRunner, "run", "--config", o.ConfigFile, "--working-directory", o.WorkingDirectory)
 	cmd.Env, cmd.Stdout, cmd.Stderr = withoutEnv(o.Environ, TokenEnv), o.Stdout, o.Stderr
 	if err := cmd.Start(); err != nil {

@@ -49,19 +49,28 @@ func Main() {
 	os.Exit(code)
 }
 
-// Deps lets tests replace the cluster connection.
+// Deps lets tests replace the cluster connection, and the stage server run a stage it was handed.
 type Deps struct {
 	Clients func(*config.Config) (*kube.Clients, error)
+	// Environ is the stage's whole environment, handed to the stage server (os.Environ if nil).
+	Environ func() []string
+	// Started is when the stage's process started, if not now (a stage the server runs).
+	Started time.Time
+	// Served: this is the stage server running the stage, which it must not hand on again.
+	Served bool
 }
 
 // Run runs the command line with the given streams and environment and returns the exit code.
 func Run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv func(string) string) int {
-	return RunWith(ctx, args, stdout, stderr, getenv, Deps{Clients: kube.NewClients})
+	return RunWith(ctx, args, stdout, stderr, getenv, Deps{Clients: kube.NewClients, Environ: os.Environ})
 }
 
 // RunWith is Run with replaceable dependencies.
 func RunWith(ctx context.Context, args []string, stdout, stderr io.Writer, getenv func(string) string, deps Deps) int {
-	started := time.Now()
+	started := deps.Started
+	if started.IsZero() {
+		started = time.Now()
+	}
 	runnerEnv := gitlab.RunnerEnvFrom(getenv)
 	newEnv := func(c *cli.Context) (*stages.Env, error) {
 		cfg, err := config.Load(config.ResolvePath(c.String("config"), getenv))
@@ -86,6 +95,9 @@ func RunWith(ctx context.Context, args []string, stdout, stderr io.Writer, geten
 			actionRan = true
 			env, err := newEnv(c)
 			if err != nil {
+				return err
+			}
+			if handled, err := forwardStage(c, env, deps); handled {
 				return err
 			}
 			return fn(c, env)
@@ -134,7 +146,10 @@ func RunWith(ctx context.Context, args []string, stdout, stderr io.Writer, geten
 			gc.Command(stage),
 			doctor.Command(stage),
 			exporter.Command(stage),
-			ran(runnerstart.Command(stdout, stderr)),
+			serveCommand(stage, deps, stderr),
+			ran(runnerstart.Command(stdout, stderr, func(socket string) (func(context.Context) error, error) {
+				return StageServer(socket, runnerstart.StageServerDrain, deps, stderr)
+			})),
 			tlsinit.Command(),
 			{
 				Name:   "cleanup",
@@ -148,6 +163,10 @@ func RunWith(ctx context.Context, args []string, stdout, stderr io.Writer, geten
 		ExitErrHandler: func(*cli.Context, error) {},
 	}
 	err := app.RunContext(ctx, args)
+	var served exitStatus
+	if errors.As(err, &served) {
+		return int(served)
+	}
 	if err != nil && !actionRan {
 		// A misconfigured runner (bad run_args) will not get better by retrying.
 		err = failure.PermanentError(err, "usage")

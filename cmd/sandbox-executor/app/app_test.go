@@ -98,14 +98,27 @@ images = ["ci:*"]
 // run invokes the binary's command line and returns exit code, stdout and stderr.
 func (h *harness) run(args ...string) (int, string, string) {
 	var stdout, stderr bytes.Buffer
-	deps := app.Deps{Clients: func(*config.Config) (*kube.Clients, error) {
-		c := *h.cluster.Clients
-		c.Exec = h.local
-		return &c, nil
-	}}
 	code := app.RunWith(context.Background(), append([]string{"sandbox-executor"}, args...), &stdout, &stderr,
-		func(k string) string { return h.env[k] }, deps)
+		func(k string) string { return h.env[k] }, h.deps())
 	return code, stdout.String(), stderr.String()
+}
+
+// deps connects to the fake cluster and runs commands through the local agent.
+func (h *harness) deps() app.Deps {
+	return app.Deps{
+		Clients: func(*config.Config) (*kube.Clients, error) {
+			c := *h.cluster.Clients
+			c.Exec = h.local
+			return &c, nil
+		},
+		Environ: func() []string {
+			var out []string
+			for k, v := range h.env {
+				out = append(out, k+"="+v)
+			}
+			return out
+		},
+	}
 }
 
 func (h *harness) script(body string) string {

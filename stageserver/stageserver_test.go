@@ -1,0 +1,255 @@
+package stageserver
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// serving starts a server with handler on a socket in a fresh directory and stops it when the
+// test ends; it returns the socket and the server's log.
+func serving(t *testing.T, handler Handler) (string, *syncBuffer) {
+	t.Helper()
+	socket := filepath.Join(t.TempDir(), "run", "stages.sock")
+	ln, err := Listen(socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	log := &syncBuffer{}
+	srv := &Server{Handler: handler, Drain: 5 * time.Second, Log: log}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- srv.Serve(ctx, ln) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Serve: %v", err)
+		}
+	})
+	return socket, log
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+func request(args ...string) Request {
+	return Request{Args: append([]string{"sandbox-executor", "--config", "/etc/x.toml"}, args...), Environ: []string{"A=1", "SECRET=s3cr3t", "A=2"}, Started: time.Unix(1700000000, 5)}
+}
+
+func TestForwardRelaysOutputAndExitCode(t *testing.T) {
+	big := strings.Repeat("x", 3*maxOutput+17) // split into frames
+	var got Request
+	socket, log := serving(t, func(ctx context.Context, req Request, stdout, stderr io.Writer) int {
+		got = req
+		fmt.Fprintln(stdout, "to stdout")
+		fmt.Fprintln(stderr, "to stderr")
+		io.WriteString(stdout, big)
+		return 37
+	})
+	var stdout, stderr bytes.Buffer
+	code, err := Forward(context.Background(), socket, request("prepare"), &stdout, &stderr)
+	if err != nil || code != 37 {
+		t.Fatalf("Forward = %d, %v; want 37, nil", code, err)
+	}
+	if stdout.String() != "to stdout\n"+big || stderr.String() != "to stderr\n" {
+		t.Errorf("stdout %d bytes, stderr %q", stdout.Len(), stderr.String())
+	}
+	if got.Getenv("A") != "2" || got.Getenv("SECRET") != "s3cr3t" || got.Getenv("MISSING") != "" || !got.Started.Equal(time.Unix(1700000000, 5)) {
+		t.Errorf("the server got %+v", got)
+	}
+	if line := log.String(); !strings.Contains(line, "prepare exited 37 in ") || strings.Contains(line, "s3cr3t") {
+		t.Errorf("server log %q: want the stage and its exit, never the environment", line)
+	}
+}
+
+func TestForwardWithoutAServer(t *testing.T) {
+	dir := t.TempDir()
+	if _, err := Forward(context.Background(), filepath.Join(dir, "none.sock"), request("prepare"), io.Discard, io.Discard); !errors.Is(err, ErrUnavailable) {
+		t.Errorf("no socket: %v, want ErrUnavailable", err)
+	}
+	// A socket left by a server that died: nobody listens.
+	stale := filepath.Join(dir, "stale.sock")
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: stale, Net: "unix"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln.SetUnlinkOnClose(false)
+	ln.Close()
+	if _, err := Forward(context.Background(), stale, request("prepare"), io.Discard, io.Discard); !errors.Is(err, ErrUnavailable) {
+		t.Errorf("stale socket: %v, want ErrUnavailable", err)
+	}
+	// Listen replaces it.
+	ln2, err := Listen(stale)
+	if err != nil {
+		t.Fatalf("Listen over a stale socket: %v", err)
+	}
+	ln2.Close()
+}
+
+func TestListenRefusesALiveSocketAndOtherFiles(t *testing.T) {
+	socket, _ := serving(t, func(context.Context, Request, io.Writer, io.Writer) int { return 0 })
+	if _, err := Listen(socket); err == nil || !strings.Contains(err.Error(), "another server is listening") {
+		t.Errorf("second Listen: %v", err)
+	}
+	file := filepath.Join(t.TempDir(), "file")
+	os.WriteFile(file, nil, 0o600)
+	if _, err := Listen(file); err == nil || !strings.Contains(err.Error(), "is not a socket") {
+		t.Errorf("Listen on a file: %v", err)
+	}
+	if _, err := Listen("relative.sock"); err == nil {
+		t.Error("Listen on a relative path succeeded")
+	}
+}
+
+func TestListenKeepsTheSocketPrivate(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "open")
+	os.Mkdir(dir, 0o777)
+	os.Chmod(dir, 0o777)
+	socket := filepath.Join(dir, "stages.sock")
+	ln, err := Listen(socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	for path, want := range map[string]os.FileMode{dir: 0o700, socket: 0o600} {
+		info, err := os.Stat(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := info.Mode().Perm(); got != want {
+			t.Errorf("%s: mode %04o, want %04o", path, got, want)
+		}
+	}
+}
+
+// A cancelled stage (the runner's SIGTERM to the stage process) is cancelled in the server, and
+// what it writes while it stops still reaches the job log, with its exit code.
+func TestCancellingTheClientCancelsTheStage(t *testing.T) {
+	started := make(chan struct{})
+	socket, _ := serving(t, func(ctx context.Context, req Request, stdout, stderr io.Writer) int {
+		close(started)
+		<-ctx.Done()
+		fmt.Fprintln(stderr, "stage cancelled, claim released")
+		return 3
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	go func() { <-started; cancel() }()
+	var stderr bytes.Buffer
+	code, err := Forward(ctx, socket, request("prepare"), io.Discard, &stderr)
+	if err != nil || code != 3 || stderr.String() != "stage cancelled, claim released\n" {
+		t.Errorf("Forward = %d, %v, stderr %q; want the stage's own end", code, err, stderr.String())
+	}
+}
+
+// A server that goes away mid-stage leaves the stage's outcome unknown: an error, never an exit
+// code the runner would take for the stage's.
+func TestAServerLostMidStageIsAnError(t *testing.T) {
+	socket, log := serving(t, func(ctx context.Context, req Request, stdout, stderr io.Writer) int {
+		fmt.Fprintln(stderr, "claiming")
+		panic("boom")
+	})
+	var stderr bytes.Buffer
+	code, err := Forward(context.Background(), socket, request("prepare"), io.Discard, &stderr)
+	if !errors.Is(err, ErrLost) || code != 0 {
+		t.Errorf("Forward = %d, %v; want ErrLost", code, err)
+	}
+	if stderr.String() != "claiming\n" || !strings.Contains(log.String(), "internal error serving a stage: boom") {
+		t.Errorf("stderr %q, server log %q", stderr.String(), log.String())
+	}
+}
+
+func TestBadRequestsAreRefused(t *testing.T) {
+	socket, log := serving(t, func(context.Context, Request, io.Writer, io.Writer) int {
+		t.Error("the handler ran")
+		return 0
+	})
+	var refused *RefusedError
+	if _, err := Forward(context.Background(), socket, Request{Args: []string{"sandbox-executor"}}, io.Discard, io.Discard); !errors.As(err, &refused) || !strings.Contains(refused.Reason, "names no command") {
+		t.Errorf("a request without a command: %v", err)
+	}
+	conn, err := net.Dial("unix", socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	writeFrame(conn, frameRequest, []byte("{not json"))
+	reply, _ := io.ReadAll(conn)
+	conn.Close()
+	if len(reply) == 0 || reply[0] != frameRefused {
+		t.Errorf("a malformed request got %q", reply)
+	}
+	if !strings.Contains(log.String(), "bad request") {
+		t.Errorf("server log %q", log.String())
+	}
+}
+
+// Stopping the server lets a running stage finish within the drain time; a stage past it is
+// cancelled.
+func TestServeDrainsThenCancels(t *testing.T) {
+	socket := filepath.Join(t.TempDir(), "stages.sock")
+	ln, err := Listen(socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	running := make(chan struct{})
+	srv := &Server{Drain: 50 * time.Millisecond, Handler: func(ctx context.Context, req Request, stdout, stderr io.Writer) int {
+		close(running)
+		<-ctx.Done() // a stage that only ends when cancelled
+		return 9
+	}}
+	ctx, cancel := context.WithCancel(context.Background())
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(ctx, ln) }()
+	forwarded := make(chan int, 1)
+	go func() {
+		code, _ := Forward(context.Background(), socket, request("cleanup"), io.Discard, io.Discard)
+		forwarded <- code
+	}()
+	<-running
+	cancel()
+	if err := <-served; err != nil {
+		t.Errorf("Serve: %v", err)
+	}
+	if code := <-forwarded; code != 9 {
+		t.Errorf("the drained stage exited %d, want its own 9", code)
+	}
+	if _, err := os.Stat(socket); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the socket outlived the server: %v", err)
+	}
+}
+
+func TestCommandIndex(t *testing.T) {
+	for args, want := range map[string]int{
+		"x --config c prepare": 3, "x prepare": 1, "x --config=c cleanup a": 2, "x --config": -1,
+	} {
+		if got := commandIndex(strings.Fields(args)); got != want {
+			t.Errorf("commandIndex(%q) = %d, want %d", args, got, want)
+		}
+	}
+}
