@@ -10,25 +10,26 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"go.uber.org/goleak"
+
+	"github.com/sandbox-executor/sandbox-executor/tests/testutil"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 // serving starts a server with handler on a socket in a fresh directory and stops it when the
 // test ends; it returns the socket and the server's log.
-func serving(t *testing.T, handler Handler) (string, *syncBuffer) {
+func serving(t *testing.T, handler Handler) (string, *testutil.LockedBuffer) {
 	t.Helper()
 	socket := filepath.Join(t.TempDir(), "run", "stages.sock")
 	ln, err := Listen(socket)
 	if err != nil {
 		t.Fatal(err)
 	}
-	log := &syncBuffer{}
+	log := &testutil.LockedBuffer{}
 	srv := &Server{Handler: handler, Drain: 5 * time.Second, Log: log}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -40,23 +41,6 @@ func serving(t *testing.T, handler Handler) (string, *syncBuffer) {
 		}
 	})
 	return socket, log
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 func request(args ...string) Request {

@@ -239,8 +239,23 @@ func TestRunnerDeployment(t *testing.T) {
 		t.Errorf("runner pod: ServiceAccount %q with its token mounted, want ci-sandbox-executor", pod.ServiceAccountName)
 	}
 	c := pod.Containers[0]
-	if !slices.Equal(c.Args, []string{"start-runner", "--register-attempts", "5"}) {
-		t.Errorf("runner args %q: want start-runner with 5 registration attempts", c.Args)
+	const socket = "/home/nonroot/.sandbox-executor/stages.sock"
+	if !slices.Equal(c.Args, []string{"start-runner", "--register-attempts", "5", "--stage-server", socket}) {
+		t.Errorf("runner args %q: want start-runner with 5 registration attempts and the stage server", c.Args)
+	}
+	var cm corev1.ConfigMap
+	objs.Decode(t, "ConfigMap", "ci-sandbox-executor-config", &cm)
+	if !strings.Contains(cm.Data["config.toml"], `stage_server = "`+socket+`"`) {
+		t.Errorf("the runner's executor config does not name the stage server's socket:\n%s", cm.Data["config.toml"])
+	}
+	if strings.Contains(cm.Data["gc.toml"], "stage_server") {
+		t.Errorf("gc's config names a stage server:\n%s", cm.Data["gc.toml"])
+	}
+	off := charttest.Render(t, "ci", "ci-sandbox", "runner: {secret: s, registerAttempts: 5, stageServer: false}\n")
+	off.Decode(t, "Deployment", "ci-sandbox-executor-runner", &d)
+	off.Decode(t, "ConfigMap", "ci-sandbox-executor-config", &cm)
+	if args := d.Spec.Template.Spec.Containers[0].Args; slices.Contains(args, "--stage-server") || strings.Contains(cm.Data["config.toml"], "stage_server") {
+		t.Errorf("runner.stageServer false still serves stages: args %q", args)
 	}
 	var token *corev1.EnvVar
 	for i := range c.Env {
@@ -440,6 +455,9 @@ func executorConfig(t *testing.T, objs *charttest.Objects, release string) *conf
 		}
 	}
 	want := []string{`agent_binary = "/usr/local/bin/sandbox-executor-agent"`, `helper_binary = "/usr/bin/gitlab-runner-helper"`}
+	if strings.Contains(cm.Data["config.toml"], "stage_server") {
+		want = append(want, `stage_server = "/home/nonroot/.sandbox-executor/stages.sock"`)
+	}
 	if strings.Contains(cm.Data["config.toml"], "agent_ca_key") {
 		want = append(want, `agent_ca_cert = "/etc/sandbox-executor-agent-ca/tls.crt"`, `agent_ca_key = "/etc/sandbox-executor-agent-ca/tls.key"`, `stage_transport = "network"`)
 	}

@@ -5,16 +5,19 @@
 package clustertest
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -34,6 +37,7 @@ import (
 	"github.com/sandbox-executor/sandbox-executor/tests/fakegitlab"
 	"github.com/sandbox-executor/sandbox-executor/tests/localcluster"
 	"github.com/sandbox-executor/sandbox-executor/tests/runner"
+	"github.com/sandbox-executor/sandbox-executor/tests/testutil"
 )
 
 // The exit codes every stage is told to use, as a runner announces them.
@@ -118,6 +122,8 @@ type Runner struct {
 	// GoneTimeout bounds how long a job's claim, sandbox and pod may take to disappear after
 	// cleanup (WaitGone).
 	GoneTimeout time.Duration
+	// StageServerLog is what the runner's stage server wrote (NewServedRunner), nil without one.
+	StageServerLog *testutil.LockedBuffer
 }
 
 // Pool is a [[pool]] entry of the executor configuration.
@@ -145,6 +151,22 @@ func (c *Cluster) NewRunnerWith(t testing.TB, prefix string, cfg localcluster.Co
 	if err := c.WriteConfig(r.ConfigPath, cfg); err != nil {
 		t.Fatal(err)
 	}
+	return r
+}
+
+// NewServedRunner is NewRunnerWith with a stage server of its own (sandbox-executor serve), as
+// the chart's start-runner runs beside gitlab-runner; it stops when the test ends.
+func (c *Cluster) NewServedRunner(t testing.TB, prefix string, cfg localcluster.Config) *Runner {
+	t.Helper()
+	// A short path: a Unix socket's path is limited to 108 bytes, and test directories are long.
+	dir, err := os.MkdirTemp("", "stages-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	cfg.StageServer = filepath.Join(dir, "stages.sock")
+	r := c.NewRunnerWith(t, prefix, cfg)
+	r.StageServerLog = startStageServer(t, r.Binary(), r.ConfigPath, cfg.StageServer)
 	return r
 }
 
@@ -542,4 +564,36 @@ func ExitCode(err error) int {
 		return ee.ExitCode()
 	}
 	return -1
+}
+
+// startStageServer runs `sandbox-executor serve` for config until the test ends, once it says
+// it listens on socket. At the end it is stopped as systemd or the chart's start-runner stops it
+// (SIGTERM), and must exit 0.
+func startStageServer(t testing.TB, binary, config, socket string) *testutil.LockedBuffer {
+	t.Helper()
+	log := &testutil.LockedBuffer{}
+	cmd := exec.Command(binary, "--config", config, "serve", "--drain", "30s")
+	out, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stdout = log
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	first, err := bufio.NewReader(out).ReadString('\n')
+	log.Write([]byte(first))
+	copied := make(chan struct{})
+	go func() { defer close(copied); _, _ = io.Copy(log, out) }()
+	t.Cleanup(func() {
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		<-copied
+		if err := cmd.Wait(); err != nil {
+			t.Errorf("stage server: %v\n%s", err, log)
+		}
+	})
+	if err != nil || first != "stage server: listening on "+socket+"\n" {
+		t.Fatalf("stage server did not start: %v\n%s", err, log)
+	}
+	return log
 }

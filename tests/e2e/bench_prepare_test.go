@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -136,25 +137,35 @@ func BenchmarkPrepare(b *testing.B) {
 	benchPool(b, c, warm, 2)
 	benchPool(b, c, cold, 0)
 	warmRunner := newRunner(b, c, localcluster.Config{Pools: localcluster.Pools(warm)})
+	// As the chart deploys it: start-runner serves prepare and cleanup (runner.stageServer).
+	servedRunner := c.NewServedRunner(b, "e2e-served", localcluster.Config{Pools: localcluster.Pools(warm)})
 	coldRunner := newRunner(b, c, localcluster.Config{Pools: localcluster.Pools(cold)})
 
-	var rawWarm, ourWarm samples
+	var rawWarm, ownWarm, ourWarm samples
 	for i := 0; i < benchN(30); i++ { // interleaved, each from a full pool
 		waitPoolFull(b, c, warm)
 		rawWarm = append(rawWarm, rawClaim(b, c, warm))
 		waitPoolFull(b, c, warm)
 		took, cleanup := prepareJob(b, warmRunner)
+		ownWarm = append(ownWarm, took)
+		cleanup()
+		waitPoolFull(b, c, warm)
+		took, cleanup = prepareJob(b, servedRunner)
 		ourWarm = append(ourWarm, took)
 		cleanup()
 	}
+	if log := servedRunner.StageServerLog.String(); strings.Count(log, "prepare exited 0") != len(ourWarm) {
+		b.Fatalf("the stage server did not serve every prepare of the served runner:\n%s", log)
+	}
 	report(b, "warm claim->Ready (agent-sandbox)", rawWarm, 0)
-	report(b, "warm prepare (sandbox-executor)", ourWarm, rawWarm.median())
+	report(b, "warm prepare, stage server (sandbox-executor)", ourWarm, rawWarm.median())
+	report(b, "warm prepare, own process (sandbox-executor)", ownWarm, rawWarm.median())
 
 	const concurrent = 10
 	benchPool(b, c, wide, concurrent)
 	rawWide := concurrently(concurrent, func() time.Duration { return rawClaim(b, c, wide) })
 	waitPoolFull(b, c, wide)
-	wideRunner := newRunner(b, c, localcluster.Config{Pools: localcluster.Pools(wide)})
+	wideRunner := c.NewServedRunner(b, "e2e-wide", localcluster.Config{Pools: localcluster.Pools(wide)})
 	var cleanups []func()
 	var mu sync.Mutex
 	ourWide := concurrently(concurrent, func() time.Duration {
@@ -168,7 +179,7 @@ func BenchmarkPrepare(b *testing.B) {
 		cleanup()
 	}
 	report(b, "10 concurrent warm claims (agent-sandbox)", rawWide, 0)
-	report(b, "10 concurrent warm prepares (sandbox-executor)", ourWide, rawWide.median())
+	report(b, "10 concurrent warm prepares, stage server (sandbox-executor)", ourWide, rawWide.median())
 
 	var rawCold, ourCold, plain samples
 	for i := 0; i < benchN(10); i++ {
@@ -181,9 +192,10 @@ func BenchmarkPrepare(b *testing.B) {
 	report(b, "plain gVisor pod to exec-ready", plain, 0)
 	report(b, "cold claim->Ready (agent-sandbox)", rawCold, plain.median())
 	report(b, "cold prepare (sandbox-executor)", ourCold, plain.median())
-	report(b, "warm prepare (sandbox-executor)", ourWarm, plain.median())
+	report(b, "warm prepare, stage server (sandbox-executor)", ourWarm, plain.median())
 	b.ReportMetric(float64(ourWarm.median().Microseconds())/1000, "warm-prepare-ms")
 	b.ReportMetric(float64(ourWarm.median())/float64(rawWarm.median()), "warm-prepare/raw-claim")
+	b.ReportMetric(float64(ownWarm.median().Microseconds())/1000, "warm-prepare-own-process-ms")
 }
 
 func concurrently(n int, f func() time.Duration) samples {

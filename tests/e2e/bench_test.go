@@ -124,7 +124,8 @@ func BenchmarkHelloJob(b *testing.B) {
 	cluster := clustertest.Connect(b)
 	const hello = "bench-hello"
 	benchPool(b, cluster, hello, int32(max(n, burst)))
-	network := newRunner(b, cluster, localcluster.Config{Pools: localcluster.Pools(hello), Extra: `stage_transport = "network"`})
+	// As the chart deploys it: prepare and cleanup through the stage server.
+	network := cluster.NewServedRunner(b, "e2e-hello", localcluster.Config{Pools: localcluster.Pools(hello), Extra: `stage_transport = "network"`})
 	exec := newRunner(b, cluster, localcluster.Config{Pools: localcluster.Pools(hello), Extra: `stage_transport = "exec"`})
 	local := localexecutor.New(b)
 	floor, _ := helloJobs(b, n, local.Definition, local.Env)
@@ -145,7 +146,7 @@ func BenchmarkHelloJob(b *testing.B) {
 	refilled := time.Since(burstStart)
 
 	report(b, "hello job, runner alone", floor, 0)
-	report(b, "hello job, stages over network", overNetwork, floor.median())
+	report(b, "hello job, stages over network (stage server)", overNetwork, floor.median())
 	report(b, "hello job, pool at rest", atRest, floor.median())
 	report(b, "hello job, stages over exec", overExec, floor.median())
 	report(b, fmt.Sprintf("hello job, burst of %d", burst), inBurst, floor.median())

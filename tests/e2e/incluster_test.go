@@ -104,6 +104,12 @@ func TestInClusterInstall(t *testing.T) {
 		}
 	}
 	waitClaimsGone(t, c, ns, kube.LabelJobID+"="+strconv.FormatInt(duo.ID, 10))
+	// The chart's start-runner served prepare and cleanup (runner.stageServer): their lines are
+	// in the runner pod's log, never a stage's fallback to its own process in the trace.
+	mustContain(t, "runner pod log", r.WholeRunnerLog(), "stage server: listening on ", "stage server: prepare exited 0", "stage server: cleanup exited 0")
+	if strings.Contains(res.Trace, "runs in its own process") {
+		t.Errorf("a stage of job %d did not reach the stage server:\n%s", duo.ID, res.Trace)
+	}
 	t.Logf("Duo job %d: %s in %s; %s", duo.ID, res.State, res.Duration().Round(time.Millisecond), sandboxReady.FindString(res.Trace))
 
 	// A failing job: the script's exit code reaches GitLab as a script failure.

@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 
@@ -183,8 +184,13 @@ func (r *Release) Kubectl(args ...string) (string, error) {
 func (r *Release) Fullname() string { return r.Release + "-sandbox-executor" }
 
 // RunnerLog is the end of the runner pod's log, for failure messages.
-func (r *Release) RunnerLog() string {
-	out, _ := r.Kubectl("-n", r.Namespace, "logs", "deploy/"+r.Fullname()+"-runner", "--tail=80")
+func (r *Release) RunnerLog() string { return r.runnerLog(80) }
+
+// WholeRunnerLog is the runner pod's whole log.
+func (r *Release) WholeRunnerLog() string { return r.runnerLog(-1) }
+
+func (r *Release) runnerLog(tail int) string {
+	out, _ := r.Kubectl("-n", r.Namespace, "logs", "deploy/"+r.Fullname()+"-runner", "--tail="+strconv.Itoa(tail))
 	return out
 }
 

@@ -124,6 +124,8 @@ type Config struct {
 	Extra string
 	// Pools are the [[pool]] tables, the first one the default pool; none means Pools(Pool).
 	Pools []PoolConfig
+	// StageServer is the stage server's socket (stage_server); empty: none.
+	StageServer string
 }
 
 // WriteConfig writes an executor configuration for the local cluster to path.
@@ -141,6 +143,9 @@ func (e *Env) WriteConfig(path string, c Config) error {
 	var b strings.Builder
 	fmt.Fprintf(&b, "kubeconfig = %q\nnamespace = %q\nrunner_name = %q\ndefault_pool = %q\nagent_binary = %q\nready_timeout = %q\nagent_ca_cert = %q\nagent_ca_key = %q\n%s\n",
 		c.Kubeconfig, Namespace, c.RunnerName, c.Pools[0].Name, e.AgentBinary(), c.ReadyTimeout, caCert, caKey, c.Extra)
+	if c.StageServer != "" {
+		fmt.Fprintf(&b, "stage_server = %q\n", c.StageServer)
+	}
 	for _, p := range c.Pools {
 		fmt.Fprintf(&b, "\n[[pool]]\nname = %q\n", p.Name)
 		if len(p.Images) > 0 {

@@ -1,7 +1,6 @@
 package app_test
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -17,29 +16,13 @@ import (
 	"github.com/sandbox-executor/sandbox-executor/cmd/sandbox-executor/app"
 	"github.com/sandbox-executor/sandbox-executor/kube"
 	"github.com/sandbox-executor/sandbox-executor/tests/executortest"
+	"github.com/sandbox-executor/sandbox-executor/tests/testutil"
 )
 
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 // startStageServer serves the harness's stages on socket until stop is called.
-func startStageServer(t *testing.T, h *harness, socket string) (log *lockedBuffer, stop func()) {
+func startStageServer(t *testing.T, h *harness, socket string) (log *testutil.LockedBuffer, stop func()) {
 	t.Helper()
-	log = &lockedBuffer{}
+	log = &testutil.LockedBuffer{}
 	serve, err := app.StageServer(socket, time.Second, h.deps(), log)
 	if err != nil {
 		t.Fatal(err)

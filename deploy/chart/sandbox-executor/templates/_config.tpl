@@ -25,6 +25,10 @@ require_fence = {{ $ctx.Values.executor.requireFence }}
 # for jobs with cache: or artifacts:.
 agent_binary = "/usr/local/bin/sandbox-executor-agent"
 helper_binary = {{ $ctx.Values.runner.helperBinary | quote }}
+{{- if $ctx.Values.runner.stageServer }}
+# start-runner serves prepare and cleanup here, with a warm connection to the API server.
+stage_server = {{ include "sandbox-executor.stageServerSocket" $ctx | quote }}
+{{- end }}
 {{- end }}
 ready_timeout = {{ $ctx.Values.executor.readyTimeout | quote }}
 claim_grace = {{ $ctx.Values.executor.claimGrace | quote }}

@@ -108,3 +108,8 @@ namespace: the exporter's and the metrics adapter's Roles. Nothing secret. */}}
   resources: ["pods"]
   verbs: ["list", "watch"]
 {{- end -}}
+
+{{/* The stage server's socket in the runner pod: in its home, which only the runner's user enters. */}}
+{{- define "sandbox-executor.stageServerSocket" -}}
+/home/nonroot/.sandbox-executor/stages.sock
+{{- end }}
