@@ -2,8 +2,10 @@ package runnerstart_test
 
 import (
 	"context"
+	"errors"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -169,5 +171,46 @@ func TestStopIsGraceful(t *testing.T) {
 	}
 	if got := f.calls(t); got[len(got)-1] != "quit" {
 		t.Errorf("calls %q: gitlab-runner did not get SIGQUIT", got)
+	}
+}
+
+// The stage server listens before gitlab-runner runs (no job's stage finds it missing) and stops
+// only after gitlab-runner has exited (the jobs a graceful stop lets finish still use it).
+func TestStageServerOutlivesGitLabRunner(t *testing.T) {
+	f := newFixture(t, 0)
+	record := func(line string) {
+		calls, err := os.OpenFile(filepath.Join(f.dir, "calls"), os.O_APPEND|os.O_WRONLY|os.O_CREATE, 0o644)
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		defer calls.Close()
+		calls.WriteString(line + "\n")
+	}
+	f.opts.StageServer = func() (func(context.Context) error, error) {
+		record("listen")
+		return func(ctx context.Context) error {
+			<-ctx.Done()
+			record("serve stopped")
+			return nil
+		}, nil
+	}
+	if err := runnerstart.Run(context.Background(), f.opts); err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	want := []string{"register token=glrt-secret", "listen", "run token=none", "serve stopped"}
+	if got := f.calls(t); strings.Join(got, "|") != strings.Join(want, "|") {
+		t.Errorf("calls %q, want %q", got, want)
+	}
+
+	f = newFixture(t, 0)
+	f.opts.StageServer = func() (func(context.Context) error, error) {
+		return nil, errors.New("stage server socket /x: another server is listening on it")
+	}
+	if err := runnerstart.Run(context.Background(), f.opts); err == nil || !strings.Contains(err.Error(), "another server is listening") {
+		t.Errorf("Run with a stage server that cannot listen: %v", err)
+	}
+	if got := f.calls(t); slices.Contains(got, "run token=none") {
+		t.Errorf("gitlab-runner ran without its stage server: %q", got)
 	}
 }

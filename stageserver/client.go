@@ -23,18 +23,51 @@ type RefusedError struct{ Reason string }
 
 func (e *RefusedError) Error() string { return "the stage server refused the stage: " + e.Reason }
 
+// Ping asks the server at socket whether it serves, and returns its version.
+func Ping(ctx context.Context, socket string) (string, error) {
+	conn, err := dial(ctx, socket)
+	if err != nil {
+		return "", err
+	}
+	defer conn.Close()
+	stop := context.AfterFunc(ctx, func() { _ = conn.Close() })
+	defer stop()
+	if err := writeFrame(conn, framePing, nil); err != nil {
+		return "", fmt.Errorf("%w (%v)", ErrLost, err)
+	}
+	kind, data, err := readFrame(bufio.NewReader(conn), maxOutput)
+	switch {
+	case err != nil:
+		return "", fmt.Errorf("%w (%v)", ErrLost, err)
+	case kind == frameRefused:
+		return "", &RefusedError{Reason: string(data)}
+	case kind != framePong:
+		return "", fmt.Errorf("%w (unknown frame %q)", ErrLost, kind)
+	}
+	return string(data), nil
+}
+
+// dial connects to the server at socket; ErrUnavailable when nobody listens there.
+func dial(ctx context.Context, socket string) (net.Conn, error) {
+	var dialer net.Dialer
+	conn, err := dialer.DialContext(ctx, "unix", socket)
+	if err == nil {
+		return conn, nil
+	}
+	if errors.Is(err, syscall.ENOENT) || errors.Is(err, syscall.ECONNREFUSED) {
+		return nil, fmt.Errorf("%w on %s", ErrUnavailable, socket)
+	}
+	return nil, fmt.Errorf("stage server %s: %w", socket, err)
+}
+
 // Forward has the server at socket run req, relays its output to stdout and stderr, and returns
 // the stage's exit code. When ctx ends (the runner cancels the stage), the server is told so and
 // the stage there is cancelled; Forward still relays what the stage writes until it ends, as the
 // stage would in this process.
 func Forward(ctx context.Context, socket string, req Request, stdout, stderr io.Writer) (int, error) {
-	var dialer net.Dialer
-	conn, err := dialer.DialContext(ctx, "unix", socket)
+	conn, err := dial(ctx, socket)
 	if err != nil {
-		if errors.Is(err, syscall.ENOENT) || errors.Is(err, syscall.ECONNREFUSED) {
-			return 0, fmt.Errorf("%w on %s", ErrUnavailable, socket)
-		}
-		return 0, fmt.Errorf("stage server %s: %w", socket, err)
+		return 0, err
 	}
 	defer conn.Close()
 	payload, err := encodeRequest(req)

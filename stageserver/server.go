@@ -29,6 +29,9 @@ type Server struct {
 	// Log gets one line per stage served and per connection refused (no job data: the command,
 	// its exit code and how long it took).
 	Log io.Writer
+	// Version is the server's build, which Ping reports: a server started before an upgrade
+	// still runs the old build.
+	Version string
 }
 
 // requestTimeout bounds how long a connection may take to send its request: a stage sends it
@@ -164,6 +167,10 @@ func (s *Server) serveConn(base context.Context, conn net.Conn) {
 	r := bufio.NewReader(conn)
 	_ = conn.SetReadDeadline(time.Now().Add(requestTimeout))
 	kind, payload, err := readFrame(r, maxRequest)
+	if err == nil && kind == framePing {
+		_ = writeFrame(conn, framePong, []byte(s.Version))
+		return
+	}
 	if err == nil && kind != frameRequest {
 		err = fmt.Errorf("expected a request, got frame %q", kind)
 	}

@@ -55,6 +55,9 @@ const (
 	frameExit    byte = 'x'
 	// frameRefused ends a connection the server will not serve, with the reason.
 	frameRefused byte = 'r'
+	// framePing asks a server whether it serves (doctor); framePong answers with its version.
+	framePing byte = 'p'
+	framePong byte = 'P'
 )
 
 // maxRequest bounds a request frame: a job's environment, with all its variables, is far smaller.

@@ -30,7 +30,7 @@ func serving(t *testing.T, handler Handler) (string, *testutil.LockedBuffer) {
 		t.Fatal(err)
 	}
 	log := &testutil.LockedBuffer{}
-	srv := &Server{Handler: handler, Drain: 5 * time.Second, Log: log}
+	srv := &Server{Handler: handler, Drain: 5 * time.Second, Log: log, Version: "v1.2.3"}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- srv.Serve(ctx, ln) }()
@@ -235,5 +235,21 @@ func TestCommandIndex(t *testing.T) {
 		if got := commandIndex(strings.Fields(args)); got != want {
 			t.Errorf("commandIndex(%q) = %d, want %d", args, got, want)
 		}
+	}
+}
+
+func TestPing(t *testing.T) {
+	socket, log := serving(t, func(context.Context, Request, io.Writer, io.Writer) int {
+		t.Error("a ping ran a stage")
+		return 0
+	})
+	if version, err := Ping(context.Background(), socket); err != nil || version != "v1.2.3" {
+		t.Errorf("Ping = %q, %v; want the server's version", version, err)
+	}
+	if log.String() != "" {
+		t.Errorf("a ping was logged: %q", log.String())
+	}
+	if _, err := Ping(context.Background(), filepath.Join(t.TempDir(), "none.sock")); !errors.Is(err, ErrUnavailable) {
+		t.Errorf("Ping without a server: %v", err)
 	}
 }

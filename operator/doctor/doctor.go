@@ -35,6 +35,7 @@ import (
 
 	"github.com/sandbox-executor/sandbox-executor/config"
 	"github.com/sandbox-executor/sandbox-executor/stages"
+	"github.com/sandbox-executor/sandbox-executor/stageserver"
 )
 
 // Status is a check's outcome.
@@ -94,6 +95,8 @@ type Checker struct {
 
 	// HTTP reaches the egress proxies' admin ports; tests replace it.
 	HTTP *http.Client
+	// Version is this build, which the stage server should run too.
+	Version string
 
 	// tolerations of the job pods (templates and RuntimeClasses seen so far): the kubelet check
 	// skips nodes whose taints keep job pods off.
@@ -110,7 +113,7 @@ func Run(ctx context.Context, env *stages.Env, opts Options) error {
 		return err
 	}
 	failed := 0
-	results := (&Checker{Config: env.Config, Clients: clients, Options: opts}).Run(ctx)
+	results := (&Checker{Config: env.Config, Clients: clients, Options: opts, Version: env.Version}).Run(ctx)
 	for _, r := range results {
 		fmt.Fprintln(env.Stdout, r)
 		if r.Status == Fail {
@@ -143,7 +146,33 @@ func (c *Checker) Run(ctx context.Context) []Result {
 	if c.Options.Kubelet {
 		out = append(out, c.checkKubelets(ctx)...)
 	}
+	if c.Config.StageServer != "" {
+		out = append(out, c.checkStageServer(ctx))
+	}
 	return out
+}
+
+// stageServerTimeout bounds the stage server's answer to a ping: it answers at once.
+const stageServerTimeout = 5 * time.Second
+
+// checkStageServer asks the stage server that stage_server names whether it serves, and which
+// build it runs: one started before an upgrade still runs the old one.
+func (c *Checker) checkStageServer(ctx context.Context) Result {
+	const check = "stage server"
+	socket := c.Config.StageServer
+	ctx, cancel := context.WithTimeout(ctx, stageServerTimeout)
+	defer cancel()
+	version, err := stageserver.Ping(ctx, socket)
+	switch {
+	case errors.Is(err, stageserver.ErrUnavailable):
+		return Result{Warn, check, "nobody listens on " + socket + ": prepare and cleanup run in their own processes (slower)",
+			"start sandbox-executor serve as the runner's user (docs/install.md#the-stage-server), or unset stage_server in " + c.Config.Path()}
+	case err != nil:
+		return Result{Fail, check, oneLine(err), "run sandbox-executor serve as the user gitlab-runner runs stages as, with stage_server in " + c.Config.Path() + " naming its socket"}
+	case c.Version != "" && version != c.Version:
+		return Result{Warn, check, fmt.Sprintf("%s runs version %s, this binary is %s", socket, version, c.Version), "restart sandbox-executor serve after an upgrade"}
+	}
+	return Result{OK, check, "listening on " + socket + " (version " + version + ")", ""}
 }
 
 func (c *Checker) checkAPI() Result {

@@ -4,8 +4,10 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"io"
 	"net/http"
 	"net/http/httptest"
+	"path/filepath"
 	"reflect"
 	"strings"
 	"testing"
@@ -36,6 +38,7 @@ import (
 	"github.com/sandbox-executor/sandbox-executor/kube"
 	"github.com/sandbox-executor/sandbox-executor/operator/doctor"
 	"github.com/sandbox-executor/sandbox-executor/stages"
+	"github.com/sandbox-executor/sandbox-executor/stageserver"
 )
 
 const ns = "sandbox-executor"
@@ -547,4 +550,25 @@ func TestEgressProxyReachable(t *testing.T) {
 	expect(t, results, "egress proxy duo-default", doctor.OK, proxy.URL+"/healthz answers")
 	expect(t, results, "egress proxy broken", doctor.Fail, "503", "egressProxy.enabled")
 	expect(t, results, "egress proxy gone", doctor.Fail, "admin port unreachable", "connection refused", "NetworkPolicy admits this runner")
+}
+
+func TestStageServer(t *testing.T) {
+	f := newFixture(t)
+	f.cfg.StageServer = filepath.Join(t.TempDir(), "stages.sock")
+	c := f.checker(t, nil)
+	c.Version = "v2"
+	expect(t, c.Run(context.Background()), "stage server", doctor.Warn, "nobody listens on "+f.cfg.StageServer, "sandbox-executor serve")
+
+	ln, err := stageserver.Listen(f.cfg.StageServer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &stageserver.Server{Version: "v1", Handler: func(context.Context, stageserver.Request, io.Writer, io.Writer) int { return 0 }}
+	ctx, cancel := context.WithCancel(context.Background())
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(ctx, ln) }()
+	defer func() { cancel(); <-served }()
+	expect(t, c.Run(context.Background()), "stage server", doctor.Warn, "runs version v1, this binary is v2", "restart")
+	c.Version = "v1"
+	expect(t, c.Run(context.Background()), "stage server", doctor.OK, "listening on "+f.cfg.StageServer+" (version v1)")
 }

@@ -100,8 +100,9 @@ func StageServer(socket string, drain time.Duration, deps Deps, log io.Writer) (
 	}
 	clients := &sharedClients{connect: deps.Clients}
 	server := &stageserver.Server{
-		Drain: drain,
-		Log:   log,
+		Drain:   drain,
+		Log:     log,
+		Version: Version,
 		Handler: func(ctx context.Context, req stageserver.Request, stdout, stderr io.Writer) int {
 			return RunWith(ctx, req.Args, stdout, stderr, req.Getenv, Deps{Clients: clients.get, Started: req.Started, Served: true})
 		},
