@@ -122,8 +122,8 @@ type Runner struct {
 	// GoneTimeout bounds how long a job's claim, sandbox and pod may take to disappear after
 	// cleanup (WaitGone).
 	GoneTimeout time.Duration
-	// StageServerLog is what the runner's stage server wrote (NewServedRunner), nil without one.
-	StageServerLog *testutil.LockedBuffer
+	// StageServer is the runner's stage server (NewServedRunner), nil without one.
+	StageServer *StageServer
 }
 
 // Pool is a [[pool]] entry of the executor configuration.
@@ -166,7 +166,7 @@ func (c *Cluster) NewServedRunner(t testing.TB, prefix string, cfg localcluster.
 	t.Cleanup(func() { os.RemoveAll(dir) })
 	cfg.StageServer = filepath.Join(dir, "stages.sock")
 	r := c.NewRunnerWith(t, prefix, cfg)
-	r.StageServerLog = startStageServer(t, r.Binary(), r.ConfigPath, cfg.StageServer)
+	r.StageServer = StartStageServer(t, r.Binary(), r.ConfigPath, cfg.StageServer)
 	return r
 }
 
@@ -566,34 +566,65 @@ func ExitCode(err error) int {
 	return -1
 }
 
-// startStageServer runs `sandbox-executor serve` for config until the test ends, once it says
-// it listens on socket. At the end it is stopped as systemd or the chart's start-runner stops it
-// (SIGTERM), and must exit 0.
-func startStageServer(t testing.TB, binary, config, socket string) *testutil.LockedBuffer {
+// StageServer is a runner's `sandbox-executor serve` process.
+type StageServer struct {
+	Socket string
+	// Log is what it wrote.
+	Log    *testutil.LockedBuffer
+	cmd    *exec.Cmd
+	copied chan struct{}
+	waited bool
+	err    error
+}
+
+// StartStageServer runs `sandbox-executor serve` for config on socket until the test ends, and
+// returns once it says it listens. At the end it is stopped as systemd or the chart's
+// start-runner stops it (SIGTERM), and must exit 0, unless the test killed it.
+func StartStageServer(t testing.TB, binary, config, socket string) *StageServer {
 	t.Helper()
-	log := &testutil.LockedBuffer{}
-	cmd := exec.Command(binary, "--config", config, "serve", "--drain", "30s")
-	out, err := cmd.StderrPipe()
+	s := &StageServer{Socket: socket, Log: &testutil.LockedBuffer{}, copied: make(chan struct{})}
+	s.cmd = exec.Command(binary, "--config", config, "serve", "--drain", "30s")
+	out, err := s.cmd.StderrPipe()
 	if err != nil {
 		t.Fatal(err)
 	}
-	cmd.Stdout = log
-	if err := cmd.Start(); err != nil {
+	s.cmd.Stdout = s.Log
+	if err := s.cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
 	first, err := bufio.NewReader(out).ReadString('\n')
-	log.Write([]byte(first))
-	copied := make(chan struct{})
-	go func() { defer close(copied); _, _ = io.Copy(log, out) }()
+	s.Log.Write([]byte(first))
+	go func() { defer close(s.copied); _, _ = io.Copy(s.Log, out) }()
 	t.Cleanup(func() {
-		_ = cmd.Process.Signal(syscall.SIGTERM)
-		<-copied
-		if err := cmd.Wait(); err != nil {
-			t.Errorf("stage server: %v\n%s", err, log)
+		if s.waited {
+			return
+		}
+		_ = s.cmd.Process.Signal(syscall.SIGTERM)
+		if err := s.wait(); err != nil {
+			t.Errorf("stage server: %v\n%s", err, s.Log)
 		}
 	})
 	if err != nil || first != "stage server: listening on "+socket+"\n" {
-		t.Fatalf("stage server did not start: %v\n%s", err, log)
+		t.Fatalf("stage server did not start: %v\n%s", err, s.Log)
 	}
-	return log
+	return s
+}
+
+// Kill SIGKILLs the server, as a crash or the OOM killer would, and waits until it is gone.
+func (s *StageServer) Kill(t testing.TB) {
+	t.Helper()
+	if err := s.cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.wait(); err == nil || !strings.Contains(err.Error(), "killed") {
+		t.Fatalf("stage server: %v after SIGKILL", err)
+	}
+}
+
+func (s *StageServer) wait() error {
+	if !s.waited {
+		<-s.copied
+		s.err, s.waited = s.cmd.Wait(), true
+	}
+	return s.err
 }

@@ -154,7 +154,7 @@ func BenchmarkPrepare(b *testing.B) {
 		ourWarm = append(ourWarm, took)
 		cleanup()
 	}
-	if log := servedRunner.StageServerLog.String(); strings.Count(log, "prepare exited 0") != len(ourWarm) {
+	if log := servedRunner.StageServer.Log.String(); strings.Count(log, "prepare exited 0") != len(ourWarm) {
 		b.Fatalf("the stage server did not serve every prepare of the served runner:\n%s", log)
 	}
 	report(b, "warm claim->Ready (agent-sandbox)", rawWarm, 0)

@@ -1,0 +1,112 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"io"
+	"os/exec"
+	"strings"
+	"testing"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+
+	"github.com/sandbox-executor/sandbox-executor/tests/clustertest"
+	"github.com/sandbox-executor/sandbox-executor/tests/fakegitlab"
+	"github.com/sandbox-executor/sandbox-executor/tests/localcluster"
+)
+
+// A job through gitlab-runner 17.9 with a stage server, as the chart deploys it: prepare and
+// cleanup run in the server (its log says so), run in their own processes, and the job is the
+// same as without one. The job's masked variable never reaches the server's log.
+func TestRealRunnerJobThroughTheStageServer(t *testing.T) {
+	c := clustertest.Connect(t)
+	r := c.NewServedRunner(t, "e2e-served", localcluster.Config{ReadyTimeout: "3m"})
+	gitlab := fakegitlab.New()
+	defer gitlab.Close()
+	const secret = "served-s3cr3t-value-4711"
+	job := gitlab.NewJob(fakegitlab.JobSpec{
+		Image:       ciImage,
+		GitStrategy: "none",
+		Script:      []string{"echo hello from $(uname -r)", `test "$SERVED_SECRET" = ` + secret + ` && echo the secret reached the job`},
+		Variables:   []fakegitlab.Variable{{Key: "SERVED_SECRET", Value: secret, Masked: true}},
+	})
+	res := runJob(t, r, r.Definition(), gitlab, job)
+	if res.State != fakegitlab.StateSuccess {
+		t.Fatalf("job %d: %s (%s)", job.ID, res.State, res.FailureReason)
+	}
+	mustContain(t, "trace", res.Trace, "hello from 4.", "the secret reached the job", "Sandbox ready: pool duo-default", "Sandbox summary: ")
+	if strings.Contains(res.Trace, "runs in its own process") {
+		t.Errorf("a stage did not reach the stage server:\n%s", res.Trace)
+	}
+	log := r.StageServer.Log.String()
+	mustContain(t, "stage server log", log, "prepare exited 0", "cleanup exited 0")
+	if strings.Contains(log, "run exited") || strings.Contains(log, secret) {
+		t.Errorf("the stage server's log has a run stage or the job's secret:\n%s", log)
+	}
+}
+
+// A stage server killed in the middle of prepare (SIGKILL, as a crash or the OOM killer would)
+// fails that prepare as a system failure, which the runner retries, never as success; the retry,
+// through a server started again on the same socket, gets the job its sandbox.
+func TestStageServerKilledMidPrepare(t *testing.T) {
+	c := clustertest.Connect(t)
+	const pool = "e2e-served-drained"
+	benchPool(t, c, pool, 0) // drained: with drained_pool = "wait" prepare waits in the server
+	r := c.NewServedRunner(t, "e2e-killed", localcluster.Config{ReadyTimeout: "3m", Extra: `drained_pool = "wait"`, Pools: localcluster.Pools(pool)})
+	j := newJob(t, r, ciImage)
+	j.MustStage(t, 0, "config")
+
+	prepare := j.Command("prepare")
+	stderr, err := prepare.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := prepare.Start(); err != nil {
+		t.Fatal(err)
+	}
+	// The server is waiting for the pool on this prepare's behalf once its line reaches here.
+	lines := bufio.NewReader(stderr)
+	var seen strings.Builder
+	for !strings.Contains(seen.String(), "is drained (0 of 0 ready): waiting for a warm sandbox") {
+		line, err := lines.ReadString('\n')
+		seen.WriteString(line)
+		if err != nil {
+			t.Fatalf("prepare ended before it waited for the pool: %v\n%s", err, seen.String())
+		}
+	}
+	r.StageServer.Kill(t)
+	rest, _ := io.ReadAll(lines)
+	seen.Write(rest)
+	err = prepare.Wait()
+	var exit *exec.ExitError
+	if !errors.As(err, &exit) || exit.ExitCode() != clustertest.SystemFailure {
+		t.Fatalf("prepare after its stage server was killed: %v, want exit %d (system failure)\n%s", err, clustertest.SystemFailure, seen.String())
+	}
+	mustContain(t, "prepare's output", seen.String(), "the stage server closed the connection before the stage ended")
+	if _, err := c.Admin.Extensions.ExtensionsV1beta1().SandboxClaims(namespace).Get(context.Background(), j.ClaimName(), metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		t.Errorf("claim %s after the killed prepare: %v, want none (prepare was still waiting for the pool)", j.ClaimName(), err)
+	}
+
+	// The runner's retry, once the server is back (on the socket the dead one left) and the
+	// pool has a sandbox.
+	r.StageServer = clustertest.StartStageServer(t, r.Binary(), r.ConfigPath, r.StageServer.Socket)
+	pools := c.Admin.Extensions.ExtensionsV1beta1().SandboxWarmPools(namespace)
+	p, err := pools.Get(context.Background(), pool, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.Spec.Replicas = ptr.To[int32](1)
+	if _, err := pools.Update(context.Background(), p, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitPoolFull(t, c, pool)
+	res := j.Prepare(t)
+	mustContain(t, "retried prepare", res.Output(), "Sandbox ready: pool "+pool)
+	mustContain(t, "stage server log", r.StageServer.Log.String(), "prepare exited 0")
+	j.Cleanup(t)
+}
