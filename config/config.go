@@ -393,8 +393,24 @@ func (c *Config) validate() error {
 	if c.Reconnects < 0 {
 		return fail("reconnects", "must not be negative")
 	}
-	if c.StageServer != "" && !filepath.IsAbs(c.StageServer) {
-		return fail("stage_server", "%q must be an absolute path", c.StageServer)
+	if c.StageServer != "" {
+		if err := c.validateForStageServer(fail); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// validateForStageServer: the stage server reads the config in another process, with another
+// working directory, so every path in it must be absolute.
+func (c *Config) validateForStageServer(fail func(key, format string, args ...any) error) error {
+	for _, f := range []struct{ key, value string }{
+		{"stage_server", c.StageServer}, {"kubeconfig", c.Kubeconfig}, {"agent_ca_cert", c.AgentCACert},
+		{"agent_ca_key", c.AgentCAKey}, {"agent_binary", c.AgentBinary}, {"helper_binary", c.HelperBinary},
+	} {
+		if f.value != "" && !filepath.IsAbs(f.value) {
+			return fail(f.key, "%q must be an absolute path with stage_server set (the stage server has its own working directory)", f.value)
+		}
 	}
 	return nil
 }

@@ -67,6 +67,8 @@ func TestErrorsNameKeyAndFile(t *testing.T) {
 		{"cold empty pattern", cold + "cold_template = \"t\"\ncold_images = [\"\"]\n" + pool, "cold_images: bad image pattern"},
 		{"cold template without the policy", base + "cold_template = \"t\"\n" + pool, "cold_template: is only used with unknown_image = \"cold\""},
 		{"cold images without the policy", base + "cold_images = [\"x:*\"]\n" + pool, "cold_images: is only used with unknown_image = \"cold\""},
+		{"relative stage server", base + "stage_server = \"run/stages.sock\"\n" + pool, "stage_server: \"run/stages.sock\" must be an absolute path"},
+		{"relative kubeconfig with a stage server", base + "stage_server = \"/run/s.sock\"\nkubeconfig = \"kube.yaml\"\n" + pool, "kubeconfig: \"kube.yaml\" must be an absolute path with stage_server set"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := config.Parse("/etc/se.toml", []byte(tc.text))

@@ -9,11 +9,28 @@ import (
 	"io"
 	"net"
 	"syscall"
+	"time"
 )
 
 // ErrUnavailable is a socket nobody listens on (no server started, or it stopped): the stage
 // runs in its own process instead.
 var ErrUnavailable = errors.New("no stage server listening")
+
+// NotServed says whether err means the server did not take the stage at all, so that it can run
+// in its own process: nobody listening, a server of another user (which is handed nothing), or
+// one that refused it before running anything (another build, another user).
+func NotServed(err error) bool {
+	var refused *RefusedError
+	return errors.Is(err, ErrUnavailable) || errors.Is(err, errForeign) || errors.As(err, &refused)
+}
+
+// errForeign is a server of another user on the socket: it is handed nothing.
+var errForeign = errors.New("the stage server is not this user's")
+
+// cancelGrace bounds how long a cancelled stage may take to end in the server before the
+// connection is dropped (ErrLost); the runner kills the stage's process before that anyway
+// (graceful_kill_timeout).
+const cancelGrace = time.Minute
 
 // ErrLost is a server that went away before the stage ended: what the stage did is unknown.
 var ErrLost = errors.New("the stage server closed the connection before the stage ended")
@@ -47,17 +64,22 @@ func Ping(ctx context.Context, socket string) (string, error) {
 	return string(data), nil
 }
 
-// dial connects to the server at socket; ErrUnavailable when nobody listens there.
+// dial connects to the server at socket: ErrUnavailable when nobody listens there, errForeign
+// when the one listening is not of this user.
 func dial(ctx context.Context, socket string) (net.Conn, error) {
 	var dialer net.Dialer
 	conn, err := dialer.DialContext(ctx, "unix", socket)
-	if err == nil {
-		return conn, nil
-	}
 	if errors.Is(err, syscall.ENOENT) || errors.Is(err, syscall.ECONNREFUSED) {
 		return nil, fmt.Errorf("%w on %s", ErrUnavailable, socket)
 	}
-	return nil, fmt.Errorf("stage server %s: %w", socket, err)
+	if err != nil {
+		return nil, fmt.Errorf("stage server %s: %w", socket, err)
+	}
+	if err := checkPeer(conn); err != nil {
+		_ = conn.Close()
+		return nil, fmt.Errorf("%w: %s: %v", errForeign, socket, err)
+	}
+	return conn, nil
 }
 
 // Forward has the server at socket run req, relays its output to stdout and stderr, and returns
@@ -74,13 +96,20 @@ func Forward(ctx context.Context, socket string, req Request, stdout, stderr io.
 	if err != nil {
 		return 0, err
 	}
+	// Closing the write side is the cancellation: the server cancels the stage and sends what it
+	// writes until it returns, then its exit code. A server that does not end it in time is lost.
+	stop := context.AfterFunc(ctx, func() {
+		_ = conn.(*net.UnixConn).CloseWrite()
+		time.AfterFunc(cancelGrace, func() { _ = conn.Close() })
+	})
+	defer stop()
+	_ = conn.SetWriteDeadline(time.Now().Add(requestTimeout))
 	if err := writeFrame(conn, frameRequest, payload); err != nil {
+		if ctx.Err() != nil {
+			return 0, ctx.Err() // nothing reached the server: nothing ran
+		}
 		return 0, fmt.Errorf("%w (sending the stage: %v)", ErrLost, err)
 	}
-	// Closing the write side is the cancellation: the server cancels the stage and sends what it
-	// writes until it returns, then its exit code.
-	stop := context.AfterFunc(ctx, func() { _ = conn.(*net.UnixConn).CloseWrite() })
-	defer stop()
 	r := bufio.NewReader(conn)
 	for {
 		kind, data, err := readFrame(r, maxOutput)

@@ -34,10 +34,6 @@ type Server struct {
 	Version string
 }
 
-// requestTimeout bounds how long a connection may take to send its request: a stage sends it
-// at once.
-const requestTimeout = 10 * time.Second
-
 // Listen makes the server's socket at path: in a directory only this user can enter (made if
 // missing), mode 0600, replacing a socket nobody listens on any more (a server that died).
 func Listen(path string) (*net.UnixListener, error) {
@@ -63,8 +59,9 @@ func Listen(path string) (*net.UnixListener, error) {
 	return ln, nil
 }
 
-// privateDir makes dir if missing and insists that no other user can enter it: the socket's own
-// mode is set only after it is bound.
+// privateDir makes dir (mode 0700) if missing, and otherwise insists that it is this user's and
+// that no other user can enter it: the socket's own mode is set only after it is bound. A
+// directory that is not private is refused, never changed: it may be /tmp or /run.
 func privateDir(dir string) error {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return fmt.Errorf("stage server directory: %w", err)
@@ -73,11 +70,11 @@ func privateDir(dir string) error {
 	if err != nil {
 		return fmt.Errorf("stage server directory: %w", err)
 	}
-	if info.Mode().Perm()&0o077 == 0 {
-		return nil
+	if owner, ok := ownerOf(info); ok && owner != os.Geteuid() {
+		return fmt.Errorf("stage server directory %s belongs to uid %d, not to this user (uid %d): put the socket in a directory of its own", dir, owner, os.Geteuid())
 	}
-	if err := os.Chmod(dir, 0o700); err != nil {
-		return fmt.Errorf("stage server directory %s is open to other users (mode %04o) and cannot be made private (%v): put the socket in a directory of its own", dir, info.Mode().Perm(), errors.Unwrap(err))
+	if perm := info.Mode().Perm(); perm&0o077 != 0 {
+		return fmt.Errorf("stage server directory %s is open to other users (mode %04o): put the socket in a directory of its own (it is made with mode 0700)", dir, perm)
 	}
 	return nil
 }
@@ -114,30 +111,47 @@ func removeStale(path string) error {
 func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	stages, cancelStages := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancelStages()
+	stopAccepting := context.AfterFunc(ctx, func() { _ = ln.Close() })
+	defer stopAccepting()
 	var running sync.WaitGroup
-	accepted := make(chan error, 1)
-	go func() {
-		for {
-			conn, err := ln.Accept()
-			if err != nil {
-				accepted <- err
-				return
-			}
-			running.Add(1)
-			go func() {
-				defer running.Done()
-				s.serveConn(stages, conn)
-			}()
-		}
-	}()
+	var mu sync.Mutex
+	open := map[net.Conn]bool{}
 	var err error
-	select {
-	case <-ctx.Done():
-		_ = ln.Close()
-		<-accepted
-	case err = <-accepted:
-		err = fmt.Errorf("stage server: %w", err)
+	delay := time.Duration(0)
+	for {
+		conn, acceptErr := ln.Accept()
+		if acceptErr != nil {
+			if ctx.Err() != nil {
+				break
+			}
+			if errors.Is(acceptErr, net.ErrClosed) {
+				err = fmt.Errorf("stage server: %w", acceptErr)
+				break
+			}
+			// Out of file descriptors, say: stages queue on the socket meanwhile, so try again
+			// rather than leave a socket that nobody serves.
+			delay = min(max(2*delay, 5*time.Millisecond), time.Second)
+			s.logf("stage server: accepting a connection: %v; trying again in %s", acceptErr, delay)
+			select {
+			case <-ctx.Done():
+			case <-time.After(delay):
+			}
+			continue
+		}
+		delay = 0
+		mu.Lock()
+		open[conn] = true
+		mu.Unlock()
+		running.Add(1)
+		go func() {
+			defer running.Done()
+			s.serveConn(stages, conn)
+			mu.Lock()
+			delete(open, conn)
+			mu.Unlock()
+		}()
 	}
+	_ = ln.Close()
 	done := make(chan struct{})
 	go func() { running.Wait(); close(done) }()
 	select {
@@ -145,10 +159,24 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	case <-time.After(s.Drain):
 		s.logf("stage server: stages still running after %s: cancelling them", s.Drain)
 		cancelStages()
-		<-done
+		select {
+		case <-done:
+		case <-time.After(stopGrace):
+			// A stage stuck writing to a client that does not read ends with its connection.
+			s.logf("stage server: stages still running %s after their cancellation: closing their connections", stopGrace)
+			mu.Lock()
+			for conn := range open {
+				_ = conn.Close()
+			}
+			mu.Unlock()
+			<-done
+		}
 	}
 	return err
 }
+
+// stopGrace is how long cancelled stages get to write their end before the server stops.
+const stopGrace = 10 * time.Second
 
 // serveConn runs the one stage a connection asks for.
 func (s *Server) serveConn(base context.Context, conn net.Conn) {
@@ -177,6 +205,9 @@ func (s *Server) serveConn(base context.Context, conn net.Conn) {
 	var req Request
 	if err == nil {
 		req, err = decodeRequest(payload)
+	}
+	if err == nil && req.Version != s.Version {
+		err = fmt.Errorf("the stage is of build %s, this server of build %s: restart the server after an upgrade", req.Version, s.Version)
 	}
 	if err != nil {
 		s.logf("stage server: bad request: %v", err)

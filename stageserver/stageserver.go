@@ -33,6 +33,9 @@ type Request struct {
 	Environ []string `json:"environ"`
 	// Started is when the stage's process started: the start of what the stage costs the job.
 	Started time.Time `json:"started"`
+	// Version is the stage's build: a server of another build refuses the stage, which then runs
+	// in its own process (a server started before an upgrade runs the old code).
+	Version string `json:"version"`
 }
 
 // Getenv looks a variable up in the request's environment.
@@ -60,21 +63,24 @@ const (
 	framePong byte = 'P'
 )
 
+// requestTimeout bounds sending and receiving the request: a stage sends it at once, and a
+// server reads it at once.
+const requestTimeout = 10 * time.Second
+
 // maxRequest bounds a request frame: a job's environment, with all its variables, is far smaller.
 const maxRequest = 16 << 20
 
 // maxOutput bounds one output frame (writes are split to fit).
 const maxOutput = 64 << 10
 
-// writeFrame writes one frame: kind, big-endian length, payload.
+// writeFrame writes one frame: kind, big-endian length, payload, in one write (a peer that
+// answers a frame and closes must not make a second write of the same frame fail).
 func writeFrame(w io.Writer, kind byte, payload []byte) error {
-	var head [5]byte
-	head[0] = kind
-	binary.BigEndian.PutUint32(head[1:], uint32(len(payload)))
-	if _, err := w.Write(head[:]); err != nil {
-		return err
-	}
-	_, err := w.Write(payload)
+	frame := make([]byte, 5+len(payload))
+	frame[0] = kind
+	binary.BigEndian.PutUint32(frame[1:5], uint32(len(payload)))
+	copy(frame[5:], payload)
+	_, err := w.Write(frame)
 	return err
 }
 

@@ -44,7 +44,7 @@ func serving(t *testing.T, handler Handler) (string, *testutil.LockedBuffer) {
 }
 
 func request(args ...string) Request {
-	return Request{Args: append([]string{"sandbox-executor", "--config", "/etc/x.toml"}, args...), Environ: []string{"A=1", "SECRET=s3cr3t", "A=2"}, Started: time.Unix(1700000000, 5)}
+	return Request{Args: append([]string{"sandbox-executor", "--config", "/etc/x.toml"}, args...), Environ: []string{"A=1", "SECRET=s3cr3t", "A=2"}, Started: time.Unix(1700000000, 5), Version: "v1.2.3"}
 }
 
 func TestForwardRelaysOutputAndExitCode(t *testing.T) {
@@ -75,11 +75,12 @@ func TestForwardRelaysOutputAndExitCode(t *testing.T) {
 
 func TestForwardWithoutAServer(t *testing.T) {
 	dir := t.TempDir()
-	if _, err := Forward(context.Background(), filepath.Join(dir, "none.sock"), request("prepare"), io.Discard, io.Discard); !errors.Is(err, ErrUnavailable) {
+	if _, err := Forward(context.Background(), filepath.Join(dir, "none.sock"), request("prepare"), io.Discard, io.Discard); !errors.Is(err, ErrUnavailable) || !NotServed(err) {
 		t.Errorf("no socket: %v, want ErrUnavailable", err)
 	}
 	// A socket left by a server that died: nobody listens.
-	stale := filepath.Join(dir, "stale.sock")
+	stale := filepath.Join(dir, "run", "stale.sock")
+	os.Mkdir(filepath.Dir(stale), 0o700)
 	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: stale, Net: "unix"})
 	if err != nil {
 		t.Fatal(err)
@@ -102,7 +103,9 @@ func TestListenRefusesALiveSocketAndOtherFiles(t *testing.T) {
 	if _, err := Listen(socket); err == nil || !strings.Contains(err.Error(), "another server is listening") {
 		t.Errorf("second Listen: %v", err)
 	}
-	file := filepath.Join(t.TempDir(), "file")
+	dir := filepath.Join(t.TempDir(), "run")
+	os.Mkdir(dir, 0o700)
+	file := filepath.Join(dir, "file")
 	os.WriteFile(file, nil, 0o600)
 	if _, err := Listen(file); err == nil || !strings.Contains(err.Error(), "is not a socket") {
 		t.Errorf("Listen on a file: %v", err)
@@ -112,10 +115,19 @@ func TestListenRefusesALiveSocketAndOtherFiles(t *testing.T) {
 	}
 }
 
+// The socket's directory is made private, or must be: one open to others (/tmp, /run) is
+// refused and left as it is.
 func TestListenKeepsTheSocketPrivate(t *testing.T) {
-	dir := filepath.Join(t.TempDir(), "open")
-	os.Mkdir(dir, 0o777)
-	os.Chmod(dir, 0o777)
+	open := filepath.Join(t.TempDir(), "open")
+	os.Mkdir(open, 0o777)
+	os.Chmod(open, 0o777)
+	if _, err := Listen(filepath.Join(open, "stages.sock")); err == nil || !strings.Contains(err.Error(), "is open to other users (mode 0777)") {
+		t.Errorf("Listen in a directory open to all: %v", err)
+	}
+	if info, _ := os.Stat(open); info.Mode().Perm() != 0o777 {
+		t.Errorf("the open directory was changed to %v", info.Mode())
+	}
+	dir := filepath.Join(t.TempDir(), "new", "run")
 	socket := filepath.Join(dir, "stages.sock")
 	ln, err := Listen(socket)
 	if err != nil {
@@ -175,8 +187,14 @@ func TestBadRequestsAreRefused(t *testing.T) {
 		return 0
 	})
 	var refused *RefusedError
-	if _, err := Forward(context.Background(), socket, Request{Args: []string{"sandbox-executor"}}, io.Discard, io.Discard); !errors.As(err, &refused) || !strings.Contains(refused.Reason, "names no command") {
+	if _, err := Forward(context.Background(), socket, Request{Args: []string{"sandbox-executor"}, Version: "v1.2.3"}, io.Discard, io.Discard); !errors.As(err, &refused) || !strings.Contains(refused.Reason, "names no command") || !NotServed(err) {
 		t.Errorf("a request without a command: %v", err)
+	}
+	// A stage of another build: the server was started before an upgrade.
+	upgraded := request("prepare")
+	upgraded.Version = "v1.3.0"
+	if _, err := Forward(context.Background(), socket, upgraded, io.Discard, io.Discard); !errors.As(err, &refused) || !strings.Contains(refused.Reason, "the stage is of build v1.3.0, this server of build v1.2.3: restart the server") || !NotServed(err) {
+		t.Errorf("a stage of another build: %v", err)
 	}
 	conn, err := net.Dial("unix", socket)
 	if err != nil {
@@ -196,13 +214,13 @@ func TestBadRequestsAreRefused(t *testing.T) {
 // Stopping the server lets a running stage finish within the drain time; a stage past it is
 // cancelled.
 func TestServeDrainsThenCancels(t *testing.T) {
-	socket := filepath.Join(t.TempDir(), "stages.sock")
+	socket := filepath.Join(t.TempDir(), "run", "stages.sock")
 	ln, err := Listen(socket)
 	if err != nil {
 		t.Fatal(err)
 	}
 	running := make(chan struct{})
-	srv := &Server{Drain: 50 * time.Millisecond, Handler: func(ctx context.Context, req Request, stdout, stderr io.Writer) int {
+	srv := &Server{Drain: 50 * time.Millisecond, Version: "v1.2.3", Handler: func(ctx context.Context, req Request, stdout, stderr io.Writer) int {
 		close(running)
 		<-ctx.Done() // a stage that only ends when cancelled
 		return 9
@@ -244,7 +262,7 @@ func TestPing(t *testing.T) {
 		return 0
 	})
 	if version, err := Ping(context.Background(), socket); err != nil || version != "v1.2.3" {
-		t.Errorf("Ping = %q, %v; want the server's version", version, err)
+		t.Errorf("Ping = %q, %v; want the server's version\n%s", version, err, log)
 	}
 	if log.String() != "" {
 		t.Errorf("a ping was logged: %q", log.String())

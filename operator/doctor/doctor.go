@@ -170,7 +170,7 @@ func (c *Checker) checkStageServer(ctx context.Context) Result {
 	case err != nil:
 		return Result{Fail, check, oneLine(err), "run sandbox-executor serve as the user gitlab-runner runs stages as, with stage_server in " + c.Config.Path() + " naming its socket"}
 	case c.Version != "" && version != c.Version:
-		return Result{Warn, check, fmt.Sprintf("%s runs version %s, this binary is %s", socket, version, c.Version), "restart sandbox-executor serve after an upgrade"}
+		return Result{Warn, check, fmt.Sprintf("%s runs version %s, this binary is %s: it refuses this build's stages, which run in their own processes (slower)", socket, version, c.Version), "restart sandbox-executor serve after an upgrade"}
 	}
 	return Result{OK, check, "listening on " + socket + " (version " + version + ")", ""}
 }

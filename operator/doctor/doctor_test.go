@@ -554,7 +554,7 @@ func TestEgressProxyReachable(t *testing.T) {
 
 func TestStageServer(t *testing.T) {
 	f := newFixture(t)
-	f.cfg.StageServer = filepath.Join(t.TempDir(), "stages.sock")
+	f.cfg.StageServer = filepath.Join(t.TempDir(), "run", "stages.sock")
 	c := f.checker(t, nil)
 	c.Version = "v2"
 	expect(t, c.Run(context.Background()), "stage server", doctor.Warn, "nobody listens on "+f.cfg.StageServer, "sandbox-executor serve")

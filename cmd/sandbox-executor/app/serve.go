@@ -46,17 +46,17 @@ func forwardStage(c *cli.Context, env *stages.Env, deps Deps) (handled bool, err
 		environ = os.Environ
 	}
 	args := append([]string{c.App.Name, "--config", configPath, c.Command.Name}, c.Args().Slice()...)
-	req := stageserver.Request{Args: args, Environ: environ(), Started: env.Started}
+	req := stageserver.Request{Args: args, Environ: environ(), Started: env.Started, Version: env.Version}
 	code, err := stageserver.Forward(c.Context, socket, req, env.Stdout, env.Stderr)
-	var refused *stageserver.RefusedError
 	switch {
 	case err == nil:
 		return true, exitStatus(code)
-	case errors.Is(err, stageserver.ErrUnavailable):
-		env.Log().Warnf("%s: %s runs in its own process (slower); start `sandbox-executor serve` or unset stage_server in %s", err, c.Command.Name, env.Config.Path())
+	case errors.Is(err, context.Canceled) && c.Context.Err() != nil:
+		return true, failure.SystemError(err, "%s cancelled before it started", c.Command.Name)
+	case stageserver.NotServed(err):
+		// Nothing ran there: the stage runs here, as without a server.
+		env.Log().Warnf("%s: %s runs in its own process (slower); see sandbox-executor doctor", failure.OneLine(err.Error()), c.Command.Name)
 		return false, nil
-	case errors.As(err, &refused):
-		return true, failure.PermanentError(err, "stage server %s", socket)
 	default:
 		// What the stage did there is unknown: the runner retries, and prepare and cleanup are
 		// idempotent.
@@ -111,15 +111,25 @@ func StageServer(socket string, drain time.Duration, deps Deps, log io.Writer) (
 }
 
 // sharedClients connects once per cluster (kubeconfig and context) and hands every stage the
-// same clients: one HTTP/2 connection to the API server, kept warm between jobs.
+// same clients: one HTTP/2 connection to the API server, kept warm between jobs. A kubeconfig
+// that changes (new credentials, another server) is a new cluster.
 type sharedClients struct {
 	connect func(*config.Config) (*kube.Clients, error)
 	mu      sync.Mutex
-	byKey   map[[2]string]*kube.Clients
+	byKey   map[clientsKey]*kube.Clients
+}
+
+type clientsKey struct {
+	kubeconfig, context string
+	modified            time.Time
+	size                int64
 }
 
 func (s *sharedClients) get(cfg *config.Config) (*kube.Clients, error) {
-	key := [2]string{cfg.Kubeconfig, cfg.Context}
+	key := clientsKey{kubeconfig: cfg.Kubeconfig, context: cfg.Context}
+	if info, err := os.Stat(cfg.Kubeconfig); cfg.Kubeconfig != "" && err == nil {
+		key.modified, key.size = info.ModTime(), info.Size()
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if c, ok := s.byKey[key]; ok {
@@ -130,7 +140,12 @@ func (s *sharedClients) get(cfg *config.Config) (*kube.Clients, error) {
 		return nil, err
 	}
 	if s.byKey == nil {
-		s.byKey = map[[2]string]*kube.Clients{}
+		s.byKey = map[clientsKey]*kube.Clients{}
+	}
+	for old := range s.byKey {
+		if old.kubeconfig == key.kubeconfig && old.context == key.context {
+			delete(s.byKey, old) // the kubeconfig changed since
+		}
 	}
 	s.byKey[key] = c
 	return c, nil
