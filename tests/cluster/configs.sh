@@ -34,14 +34,19 @@ check_runsc_platform() {
 }
 
 # platform_failure EXIT_CODE RUNSC_OUTPUT: why the platform failed, in one line. For kvm runsc
-# only says the sandbox died ("waiting for sandbox to start: EOF"), so the node's KVM is named.
+# only says the sandbox died ("waiting for sandbox to start: EOF"), or hangs with its vCPU
+# faulting (PVM without 5-level paging), so the node's KVM is named either way.
 platform_failure() {
-  if (($1 == 124)); then
-    echo "\`runsc do true\` did not finish within 60 s"
-  elif [[ $RUNSC_PLATFORM == kvm && ! -e /dev/kvm ]]; then
-    echo "no /dev/kvm (the node has no hardware virtualisation, or it is not exposed to it)"
+  local node=""
+  if [[ $RUNSC_PLATFORM == kvm && ! -e /dev/kvm ]]; then
+    node="no /dev/kvm (the node has no hardware virtualisation, or it is not exposed to it)"
   elif [[ $RUNSC_PLATFORM == kvm && -d /sys/module/kvm_pvm ]]; then
-    echo "/dev/kvm is PVM (kvm_pvm), which runs only PVM-aware guest kernels, not gVisor's; use systrap (docs/performance.md)"
+    node="/dev/kvm is PVM (kvm_pvm), which runs only PVM-aware guest kernels, not gVisor's; use systrap (docs/performance.md)"
+  fi
+  if (($1 == 124)); then
+    echo "\`runsc do true\` did not finish within 60 s${node:+: $node}"
+  elif [[ -n $node ]]; then
+    echo "$node"
   else
     tail -n 1 <<<"$2"
   fi
