@@ -53,7 +53,14 @@ func (c *Claimer) Claim(ctx context.Context, req ClaimRequest) (*Sandbox, error)
 	if adopted {
 		how = "Sandbox %s adopted by the claim and Ready"
 	}
-	c.step(&since, how+", pod %s found and verified (runtime %s, first log line read: %t)", sbx.SandboxName, sbx.Pod, sbx.RuntimeClass, sbx.AgentLogLine != "")
+	logLine := "not read yet"
+	switch {
+	case sbx.agentLogAhead:
+		logLine = "read ahead"
+	case sbx.AgentLogLine != "":
+		logLine = "read with the pod"
+	}
+	c.step(&since, how+", pod %s found and verified (runtime %s, first log line %s)", sbx.SandboxName, sbx.Pod, sbx.RuntimeClass, logLine)
 	if sbx.Launch == LaunchWaited {
 		// The wait as this prepare saw it, from the create to a verified sandbox: finer than the
 		// objects' seconds (a retried prepare that adopts its claim sees only its own part).
@@ -140,7 +147,9 @@ func (c *Claimer) resolveSandbox(ctx context.Context, claim *extv1beta1.SandboxC
 	// Nothing is sent to the pod; the line counts only once the pod is verified below.
 	var logLine string
 	logged := make(chan struct{})
-	if agentLog {
+	// Read ahead by the stage server: taken below if the pod shows the same container instance.
+	ahead := agentLog && c.clients.AgentLines != nil && c.clients.AgentLines.has(name)
+	if agentLog && !ahead {
 		go func() {
 			defer close(logged)
 			logLine, _ = headLogLine(ctx, c.clients.Kube, ns, name)
@@ -171,6 +180,10 @@ func (c *Claimer) resolveSandbox(ctx context.Context, claim *extv1beta1.SandboxC
 	}
 	if out.Pod == name {
 		out.AgentLogLine = logLine
+		if ahead {
+			// A miss leaves it empty: the agent's connection reads it then (FirstLogLine).
+			out.AgentLogLine, out.agentLogAhead = c.clients.AgentLines.Lookup(guess.pod)
+		}
 	}
 	out.Claim = claim.Name
 	out.Pool = claim.Spec.WarmPoolRef.Name

@@ -20,6 +20,8 @@ type Clients struct {
 	Sandboxes  sandboxclient.Interface
 	Extensions extclient.Interface
 	Exec       RemoteExecutor
+	// AgentLines, when set (the stage server), has the agents' identity lines read ahead.
+	AgentLines *AgentLines
 }
 
 // RESTConfig builds the client config: kubeconfig and context from the config file, else the

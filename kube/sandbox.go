@@ -34,6 +34,8 @@ type Sandbox struct {
 	// AgentLogLine is the job container's first log line, read with the pod at prepare when the
 	// claim asked for it (ClaimRequest.AgentLog); not kept in the job's state.
 	AgentLogLine string
+	// agentLogAhead: AgentLogLine was read ahead (AgentLines), for the debug line.
+	agentLogAhead bool
 	// Restarts is the job container's restart count when the job took the pod. A restart
 	// (a memory or fork bomb ending the container, say) loses the job's processes, files and
 	// the agent that runs its stages: a higher count ends the job at once.

@@ -148,7 +148,14 @@ func RunWith(ctx context.Context, args []string, stdout, stderr io.Writer, geten
 			exporter.Command(stage),
 			serveCommand(stage, deps, stderr),
 			ran(runnerstart.Command(stdout, stderr, func(socket string) (func(context.Context) error, error) {
-				return StageServer(socket, runnerstart.StageServerDrain, deps, stderr)
+				// The executor config the runner's stages use (SANDBOX_EXECUTOR_CONFIG in the
+				// chart), to connect ahead of the first job; without it, at the first stage.
+				warm, err := config.Load(config.ResolvePath("", getenv))
+				if err != nil {
+					fmt.Fprintf(stderr, "start-runner: stage server: %s; it connects at the first stage\n", failure.OneLine(err.Error()))
+					warm = nil
+				}
+				return StageServer(socket, runnerstart.StageServerDrain, deps, stderr, warm)
 			})),
 			tlsinit.Command(),
 			{

@@ -81,7 +81,7 @@ func serveCommand(stage func(func(*cli.Context, *stages.Env) error) cli.ActionFu
 			if socket == "" {
 				return failure.PermanentError(nil, "serve: no socket: set stage_server in %s or pass --socket", env.Config.Path())
 			}
-			serve, err := StageServer(socket, c.Duration("drain"), deps, stderr)
+			serve, err := StageServer(socket, c.Duration("drain"), deps, stderr, env.Config)
 			if err != nil {
 				return err
 			}
@@ -92,61 +92,101 @@ func serveCommand(stage func(func(*cli.Context, *stages.Env) error) cli.ActionFu
 }
 
 // StageServer listens on socket and returns the loop that serves stages there until its context
-// ends; the stages share one connection to each cluster they name.
-func StageServer(socket string, drain time.Duration, deps Deps, log io.Writer) (func(context.Context) error, error) {
+// ends; the stages share one connection to each cluster they name, and the identity lines of
+// the pods they may be handed, read ahead (kube.AgentLines). With warm, the cluster of that
+// config is connected to at the start, so that the first job finds its lines read too.
+func StageServer(socket string, drain time.Duration, deps Deps, log io.Writer, warm *config.Config) (func(context.Context) error, error) {
 	ln, err := stageserver.Listen(socket)
 	if err != nil {
 		return nil, failure.PermanentError(nil, "%s", err)
 	}
-	clients := &sharedClients{connect: deps.Clients}
-	server := &stageserver.Server{
-		Drain:   drain,
-		Log:     log,
-		Version: Version,
-		Handler: func(ctx context.Context, req stageserver.Request, stdout, stderr io.Writer) int {
-			return RunWith(ctx, req.Args, stdout, stderr, req.Getenv, Deps{Clients: clients.get, Started: req.Started, Served: true})
-		},
-	}
-	return func(ctx context.Context) error { return server.Serve(ctx, ln) }, nil
+	return func(ctx context.Context) error {
+		clients := &sharedClients{connect: deps.Clients, background: ctx}
+		defer clients.wait()
+		if warm != nil {
+			if _, err := clients.get(warm); err != nil {
+				fmt.Fprintf(log, "stage server: connecting to the cluster ahead of the first stage: %s\n", failure.OneLine(err.Error()))
+			}
+		}
+		server := &stageserver.Server{
+			Drain:   drain,
+			Log:     log,
+			Version: Version,
+			Handler: func(ctx context.Context, req stageserver.Request, stdout, stderr io.Writer) int {
+				return RunWith(ctx, req.Args, stdout, stderr, req.Getenv, Deps{Clients: clients.get, Started: req.Started, Served: true})
+			},
+		}
+		return server.Serve(ctx, ln)
+	}, nil
 }
 
-// sharedClients connects once per cluster (kubeconfig and context) and hands every stage the
-// same clients: one HTTP/2 connection to the API server, kept warm between jobs. A kubeconfig
-// that changes (new credentials, another server) is a new cluster.
+// sharedClients connects once per cluster and namespace (kubeconfig, context, namespace) and
+// hands every stage the same clients: one HTTP/2 connection to the API server, kept warm between
+// jobs, and with the network transport the identity lines of the namespace's pods, read ahead. A
+// kubeconfig that changes (new credentials, another server) is a new cluster.
 type sharedClients struct {
 	connect func(*config.Config) (*kube.Clients, error)
-	mu      sync.Mutex
-	byKey   map[clientsKey]*kube.Clients
+	// background is the server's life: the identity lines are followed until it ends.
+	background context.Context
+	running    sync.WaitGroup
+	mu         sync.Mutex
+	byKey      map[clientsKey]*sharedCluster
 }
 
 type clientsKey struct {
-	kubeconfig, context string
-	modified            time.Time
-	size                int64
+	kubeconfig, context, namespace string
+	modified                       time.Time
+	size                           int64
+}
+
+type sharedCluster struct {
+	clients *kube.Clients
+	stop    context.CancelFunc
 }
 
 func (s *sharedClients) get(cfg *config.Config) (*kube.Clients, error) {
-	key := clientsKey{kubeconfig: cfg.Kubeconfig, context: cfg.Context}
+	key := clientsKey{kubeconfig: cfg.Kubeconfig, context: cfg.Context, namespace: cfg.Namespace}
 	if info, err := os.Stat(cfg.Kubeconfig); cfg.Kubeconfig != "" && err == nil {
 		key.modified, key.size = info.ModTime(), info.Size()
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if c, ok := s.byKey[key]; ok {
-		return c, nil
+		return c.clients, nil
 	}
-	c, err := s.connect(cfg)
+	connected, err := s.connect(cfg)
 	if err != nil {
 		return nil, err
 	}
 	if s.byKey == nil {
-		s.byKey = map[clientsKey]*kube.Clients{}
+		s.byKey = map[clientsKey]*sharedCluster{}
 	}
-	for old := range s.byKey {
-		if old.kubeconfig == key.kubeconfig && old.context == key.context {
-			delete(s.byKey, old) // the kubeconfig changed since
+	for old, c := range s.byKey {
+		if old.kubeconfig == key.kubeconfig && old.context == key.context && old.namespace == key.namespace {
+			c.stop() // the kubeconfig changed since
+			delete(s.byKey, old)
 		}
 	}
-	s.byKey[key] = c
-	return c, nil
+	clients := *connected
+	ctx, stop := context.WithCancel(s.background)
+	if cfg.StageTransport == config.TransportNetwork {
+		clients.AgentLines = kube.NewAgentLines(&clients, cfg.Namespace)
+		s.running.Add(1)
+		go func() {
+			defer s.running.Done()
+			clients.AgentLines.Run(ctx)
+		}()
+	}
+	s.byKey[key] = &sharedCluster{clients: &clients, stop: stop}
+	return &clients, nil
+}
+
+// wait stops what the shared clients follow and waits for it, once the server has stopped.
+func (s *sharedClients) wait() {
+	s.mu.Lock()
+	for _, c := range s.byKey {
+		c.stop()
+	}
+	s.mu.Unlock()
+	s.running.Wait()
 }

@@ -23,7 +23,7 @@ import (
 func startStageServer(t *testing.T, h *harness, socket string) (log *testutil.LockedBuffer, stop func()) {
 	t.Helper()
 	log = &testutil.LockedBuffer{}
-	serve, err := app.StageServer(socket, time.Second, h.deps(), log)
+	serve, err := app.StageServer(socket, time.Second, h.deps(), log, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
