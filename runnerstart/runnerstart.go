@@ -74,6 +74,10 @@ func Command(stdout, stderr io.Writer, serveStages ServeStages) *cli.Command {
 			&cli.StringFlag{Name: "stage-server", Usage: "also serve the executor's stages on this Unix socket (stage_server in the executor's config) while gitlab-runner runs"},
 		},
 		Action: func(c *cli.Context) error {
+			if c.NArg() > 0 {
+				// A flag after an argument is not parsed: refuse rather than run without it.
+				return failure.PermanentError(nil, "start-runner takes no arguments, got %q: flags go before anything else (the runner image's entrypoint already names start-runner)", c.Args().Slice())
+			}
 			backoff := DefaultBackoff
 			backoff.Steps = c.Int("register-attempts")
 			var stageServer func() (func(context.Context) error, error)
@@ -158,13 +162,17 @@ func run(ctx context.Context, o Options) error {
 		}
 		// Not ctx: the stages of the jobs that a graceful stop lets finish still need it.
 		serverCtx, stopServer := context.WithCancel(context.WithoutCancel(ctx))
-		served := make(chan error, 1)
-		go func() { served <- serve(serverCtx) }()
+		served := make(chan struct{})
+		go func() {
+			defer close(served)
+			if err := serve(serverCtx); err != nil {
+				// At once, not at the end: until then stages run in their own processes.
+				fmt.Fprintf(o.Stderr, "start-runner: the stage server stopped: %s; stages run in their own processes\n", err)
+			}
+		}()
 		defer func() {
 			stopServer()
-			if err := <-served; err != nil {
-				fmt.Fprintf(o.Stderr, "start-runner: %s\n", err)
-			}
+			<-served
 		}()
 	}
 	cmd := exec.Command(o.GitLabRunner, "run", "--config", o.ConfigFile, "--working-directory", o.WorkingDirectory)

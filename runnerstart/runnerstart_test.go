@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/urfave/cli/v2"
 	"k8s.io/apimachinery/pkg/util/wait"
 	clocktesting "k8s.io/utils/clock/testing"
 
@@ -212,5 +213,16 @@ func TestStageServerOutlivesGitLabRunner(t *testing.T) {
 	}
 	if got := f.calls(t); slices.Contains(got, "run token=none") {
 		t.Errorf("gitlab-runner ran without its stage server: %q", got)
+	}
+}
+
+// Flags after an argument are not parsed (`start-runner start-runner --stage-server ...`, the
+// verb given again after the image's entrypoint): refused in one line, never run without them.
+func TestArgumentsAreRefused(t *testing.T) {
+	var stderr testutil.LockedBuffer
+	app := &cli.App{Commands: []*cli.Command{runnerstart.Command(&stderr, &stderr, nil)}, ExitErrHandler: func(*cli.Context, error) {}}
+	err := app.Run([]string{"sandbox-executor", "start-runner", "start-runner", "--stage-server", "/run/s.sock"})
+	if err == nil || !strings.Contains(err.Error(), `start-runner takes no arguments, got ["start-runner" "--stage-server" "/run/s.sock"]`) {
+		t.Errorf("start-runner with arguments: %v", err)
 	}
 }

@@ -240,8 +240,10 @@ func TestRunnerDeployment(t *testing.T) {
 	}
 	c := pod.Containers[0]
 	const socket = "/home/nonroot/.sandbox-executor/stages.sock"
-	if !slices.Equal(c.Args, []string{"start-runner", "--register-attempts", "5", "--stage-server", socket}) {
-		t.Errorf("runner args %q: want start-runner with 5 registration attempts and the stage server", c.Args)
+	// The runner image's entrypoint is `sandbox-executor start-runner` (tools/images): the args
+	// are its flags, not the verb again, which would end flag parsing there.
+	if !slices.Equal(c.Args, []string{"--register-attempts", "5", "--stage-server", socket}) {
+		t.Errorf("runner args %q: want start-runner's flags, 5 registration attempts and the stage server", c.Args)
 	}
 	var cm corev1.ConfigMap
 	objs.Decode(t, "ConfigMap", "ci-sandbox-executor-config", &cm)

@@ -85,7 +85,6 @@ func serveCommand(stage func(func(*cli.Context, *stages.Env) error) cli.ActionFu
 			if err != nil {
 				return err
 			}
-			fmt.Fprintf(stderr, "stage server: listening on %s\n", socket)
 			return serve(c.Context)
 		}),
 	}
@@ -100,6 +99,7 @@ func StageServer(socket string, drain time.Duration, deps Deps, log io.Writer, w
 	if err != nil {
 		return nil, failure.PermanentError(nil, "%s", err)
 	}
+	fmt.Fprintf(log, "stage server: listening on %s\n", socket)
 	return func(ctx context.Context) error {
 		clients := &sharedClients{connect: deps.Clients, background: ctx}
 		defer clients.wait()
