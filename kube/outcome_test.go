@@ -35,6 +35,7 @@ func TestReleaseRecordsTheOutcomeBeforeTheDelete(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
+			fc.WaitClaimStatus(t, sbx.Claim)
 			// The fake API server gives objects no UID; the real one always does.
 			claims := fc.Extensions.ExtensionsV1beta1().SandboxClaims(sbx.Namespace)
 			claim, err := claims.Get(ctx, sbx.Claim, metav1.GetOptions{})

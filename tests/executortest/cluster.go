@@ -20,6 +20,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/apimachinery/pkg/watch"
 	kubefake "k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
@@ -370,5 +371,19 @@ func (fc *Cluster) startSandboxes(t testing.TB) {
 		if _, err := sandboxes.UpdateStatus(ctx, sbx, metav1.UpdateOptions{}); err != nil {
 			t.Errorf("fake controller: %v", err)
 		}
+	}
+}
+
+// WaitClaimStatus waits until the fake controller has written the named claim's status. Claim
+// goes on from the adoption, which the fake controller makes just before that write: a test that
+// counts the calls after a Claim must not count the controller's.
+func (fc *Cluster) WaitClaimStatus(t testing.TB, name string) {
+	t.Helper()
+	claims := fc.Extensions.ExtensionsV1beta1().SandboxClaims(Namespace)
+	if err := wait.PollUntilContextTimeout(context.Background(), time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		claim, err := claims.Get(ctx, name, metav1.GetOptions{})
+		return err == nil && len(claim.Status.Conditions) > 0, nil
+	}); err != nil {
+		t.Fatalf("the fake controller wrote no status on claim %s", name)
 	}
 }

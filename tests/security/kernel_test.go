@@ -15,6 +15,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/dynamic"
 
 	"github.com/sandbox-executor/sandbox-executor/agent/wire"
@@ -163,5 +164,15 @@ func createPool(t *testing.T, c *clustertest.Cluster, name, runtimeClass string)
 				t.Errorf("deleting %s %s: %v", gvr.Resource, name, err)
 			}
 		})
+	}
+	// Until the controller has a sandbox of the pool Ready, its cache may not have the pool yet,
+	// and a claim made then is refused as WarmPoolNotFound: the test is about a warm pool's pod.
+	ctx, cancel := context.WithTimeout(ctx, 3*time.Minute)
+	defer cancel()
+	if err := wait.PollUntilContextCancel(ctx, 100*time.Millisecond, true, func(ctx context.Context) (bool, error) {
+		got, err := c.Admin.Extensions.ExtensionsV1beta1().SandboxWarmPools(clustertest.Namespace).Get(ctx, name, metav1.GetOptions{})
+		return err == nil && got.Status.ReadyReplicas >= 1, nil
+	}); err != nil {
+		t.Fatalf("pool %s: no Ready sandbox after 3 minutes", name)
 	}
 }
