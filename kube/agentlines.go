@@ -64,26 +64,23 @@ func (a *AgentLines) watchOnce(ctx context.Context, reads *sync.WaitGroup) {
 	if err != nil {
 		return
 	}
-	ok := false
 	defer w.Stop()
 	for {
 		var ev watch.Event
 		select {
 		case <-ctx.Done():
 			return
-		case ev, ok = <-w.ResultChan():
-			if !ok {
+		case e, open := <-w.ResultChan():
+			if !open {
 				return
 			}
+			ev = e
 		}
 		sbx, ok := ev.Object.(*sandboxv1beta1.Sandbox)
 		if !ok {
 			continue
 		}
-		pod := sbx.Annotations[sandboxv1beta1.SandboxPodNameAnnotation]
-		if pod == "" {
-			pod = sbx.Name
-		}
+		pod := PodNameOf(sbx)
 		if ev.Type == watch.Deleted || sbx.DeletionTimestamp != nil {
 			a.forget(pod)
 			continue
@@ -109,7 +106,7 @@ func (a *AgentLines) watchOnce(ctx context.Context, reads *sync.WaitGroup) {
 // prepare reads the pod, so its new line is never taken for the old one's.
 func (a *AgentLines) read(ctx context.Context, name string) {
 	pod, err := a.clients.Kube.CoreV1().Pods(a.namespace).Get(ctx, name, metav1.GetOptions{})
-	if err != nil || pod.Status.Phase != corev1.PodRunning || len(pod.Spec.Containers) == 0 {
+	if err != nil || pod.Status.Phase != corev1.PodRunning {
 		return
 	}
 	id := containerID(pod)
@@ -138,8 +135,8 @@ func (a *AgentLines) Lookup(pod *corev1.Pod) (string, bool) {
 	return got.line, true
 }
 
-// Len is how many lines are kept.
-func (a *AgentLines) Len() int {
+// kept is how many lines are kept.
+func (a *AgentLines) kept() int {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	return len(a.lines)

@@ -80,15 +80,15 @@ func TestAgentLinesReadsReadySandboxesAhead(t *testing.T) {
 	if n := podReads(kube, "booting-1"); n != 0 {
 		t.Errorf("a booting sandbox's pod was read %d times", n)
 	}
-	if a.Len() != 0 {
-		t.Errorf("%d lines kept from a log without a complete first line", a.Len())
+	if a.kept() != 0 {
+		t.Errorf("%d lines kept from a log without a complete first line", a.kept())
 	}
 	a.mu.Lock()
 	a.lines["ready-1"] = agentLine{podUID: "uid-1", containerID: "containerd://aaa", line: "identity\n"}
 	a.mu.Unlock()
 	events.Delete(sandbox("ready-1", metav1.ConditionTrue))
 	if err := wait.PollUntilContextTimeout(ctx, 5*time.Millisecond, 30*time.Second, true, func(context.Context) (bool, error) {
-		return a.Len() == 0, nil
+		return a.kept() == 0, nil
 	}); err != nil {
 		t.Error("the line of a deleted sandbox was kept")
 	}

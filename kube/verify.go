@@ -25,10 +25,7 @@ type podRead struct {
 // names), refuses it unless verifyPod passes, and describes it.
 func (c *Claimer) verifiedSandbox(ctx context.Context, sbx *sandboxv1beta1.Sandbox, ahead *podRead, owner podOwner, runtimeClasses []string) (*Sandbox, error) {
 	ns := sbx.Namespace
-	podName := sbx.Annotations[sandboxv1beta1.SandboxPodNameAnnotation]
-	if podName == "" {
-		podName = sbx.Name
-	}
+	podName := PodNameOf(sbx)
 	var pod *corev1.Pod
 	var err error
 	if ahead != nil && podName == sbx.Name {
@@ -57,6 +54,15 @@ func (c *Claimer) verifiedSandbox(ctx context.Context, sbx *sandboxv1beta1.Sandb
 		out.Restarts = cs.RestartCount
 	}
 	return out, nil
+}
+
+// PodNameOf is the name of the Sandbox's pod: the one its annotation names, else the Sandbox's own
+// (agent-sandbox names the pod after the Sandbox unless it adopted a pod of another name).
+func PodNameOf(sbx *sandboxv1beta1.Sandbox) string {
+	if name := sbx.Annotations[sandboxv1beta1.SandboxPodNameAnnotation]; name != "" {
+		return name
+	}
+	return sbx.Name
 }
 
 // agentBaked: the job container runs the agent the template baked in (its "serve").

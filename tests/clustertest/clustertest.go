@@ -28,7 +28,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
-	sandboxv1beta1 "sigs.k8s.io/agent-sandbox/api/v1beta1"
 	extv1beta1 "sigs.k8s.io/agent-sandbox/extensions/api/v1beta1"
 
 	"github.com/sandbox-executor/sandbox-executor/agentca"
@@ -441,11 +440,7 @@ func (j *Job) findPod(t testing.TB) {
 	if err != nil {
 		t.Fatalf("job %d: its sandbox %s (no claim: a cold start): %v", j.ID, sandboxName, err)
 	}
-	name := sbx.Annotations[sandboxv1beta1.SandboxPodNameAnnotation]
-	if name == "" {
-		name = sbx.Name
-	}
-	pod, err := j.Admin.Kube.CoreV1().Pods(Namespace).Get(ctx, name, metav1.GetOptions{})
+	pod, err := j.Admin.Kube.CoreV1().Pods(Namespace).Get(ctx, kube.PodNameOf(sbx), metav1.GetOptions{})
 	if err != nil {
 		t.Fatalf("job %d: pod of sandbox %s: %v", j.ID, sbx.Name, err)
 	}

@@ -153,7 +153,6 @@ func RunWith(ctx context.Context, args []string, stdout, stderr io.Writer, geten
 				warm, err := config.Load(config.ResolvePath("", getenv))
 				if err != nil {
 					fmt.Fprintf(stderr, "start-runner: stage server: %s; it connects at the first stage\n", failure.OneLine(err.Error()))
-					warm = nil
 				}
 				return StageServer(socket, runnerstart.StageServerDrain, deps, stderr, warm)
 			})),
