@@ -34,7 +34,7 @@ PROMTOOL := $(TOOLS)/promtool-$(PROMTOOL_VERSION)
 # go test through gotestsum, with its output format; tests/check.sh sets TEST_JSON to keep the
 # events it counts.
 gotest = $(GOTESTSUM) --format $(1) $(if $(TEST_JSON),--jsonfile $(TEST_JSON)) --
-LDFLAGS := -s -w -X github.com/sandbox-executor/sandbox-executor/cmd/sandbox-executor/app.Version=$(VERSION)
+LDFLAGS := -s -w -X github.com/sandbox-executor/sandbox-executor/buildinfo.Version=$(VERSION)
 # Static binaries: the agent is copied into job pods of any image.
 GOBUILD := CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)'
 
@@ -70,8 +70,9 @@ helm-path: $(HELM)
 	@echo $(HELM)
 
 # sandbox-executor-metrics-adapter is a binary of its own: it links k8s.io/apiserver, which the
-# executor the runner starts for every stage must not carry.
-COMMANDS := sandbox-executor sandbox-executor-agent sandbox-egress-proxy sandbox-executor-metrics-adapter
+# executor the runner starts for every stage must not carry. sandbox-executor-stage, the stage
+# launcher, links none of client-go: it hands prepare and cleanup to the stage server.
+COMMANDS := sandbox-executor sandbox-executor-stage sandbox-executor-agent sandbox-egress-proxy sandbox-executor-metrics-adapter
 
 build: modules
 	@for cmd in $(COMMANDS); do echo "$(GOBUILD) -o $(BIN)/$$cmd ./cmd/$$cmd"; $(GOBUILD) -o $(BIN)/$$cmd ./cmd/$$cmd || exit 1; done

@@ -88,3 +88,14 @@ func WithoutPath(err error) error {
 	}
 	return err
 }
+
+// Line is err as the one line a job log shows: an error that adds no message of its own shows
+// its cause's.
+func Line(err error) string {
+	msg := err.Error()
+	var ee *Error
+	if errors.As(err, &ee) && ee.Msg == "" && ee.Err != nil {
+		msg = ee.Err.Error()
+	}
+	return OneLine(strings.TrimSuffix(msg, ": "))
+}

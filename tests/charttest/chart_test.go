@@ -253,11 +253,26 @@ func TestRunnerDeployment(t *testing.T) {
 	if strings.Contains(cm.Data["gc.toml"], "stage_server") {
 		t.Errorf("gc's config names a stage server:\n%s", cm.Data["gc.toml"])
 	}
+	// prepare and cleanup start the stage launcher, which hands them to the server; the other
+	// stages start the executor.
+	var runnerCM corev1.ConfigMap
+	objs.Decode(t, "ConfigMap", "ci-sandbox-executor-runner", &runnerCM)
+	template := runnerCM.Data["runner-template.toml"]
+	for _, line := range []string{`prepare_exec = "/usr/local/bin/sandbox-executor-stage"`, `cleanup_exec = "/usr/local/bin/sandbox-executor-stage"`,
+		`run_exec = "/usr/local/bin/sandbox-executor"`, `config_exec = "/usr/local/bin/sandbox-executor"`} {
+		if !strings.Contains(template, line) {
+			t.Errorf("the runner's [runners.custom] lacks %s:\n%s", line, template)
+		}
+	}
 	off := charttest.Render(t, "ci", "ci-sandbox", "runner: {secret: s, registerAttempts: 5, stageServer: false}\n")
 	off.Decode(t, "Deployment", "ci-sandbox-executor-runner", &d)
 	off.Decode(t, "ConfigMap", "ci-sandbox-executor-config", &cm)
 	if args := d.Spec.Template.Spec.Containers[0].Args; slices.Contains(args, "--stage-server") || strings.Contains(cm.Data["config.toml"], "stage_server") {
 		t.Errorf("runner.stageServer false still serves stages: args %q", args)
+	}
+	off.Decode(t, "ConfigMap", "ci-sandbox-executor-runner", &runnerCM)
+	if template := runnerCM.Data["runner-template.toml"]; strings.Contains(template, "sandbox-executor-stage") {
+		t.Errorf("runner.stageServer false still starts the stage launcher:\n%s", template)
 	}
 	var token *corev1.EnvVar
 	for i := range c.Env {

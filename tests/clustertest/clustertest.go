@@ -33,6 +33,7 @@ import (
 	"github.com/sandbox-executor/sandbox-executor/agentca"
 	"github.com/sandbox-executor/sandbox-executor/config"
 	"github.com/sandbox-executor/sandbox-executor/executor"
+	"github.com/sandbox-executor/sandbox-executor/stageserver"
 	"github.com/sandbox-executor/sandbox-executor/tests/fakegitlab"
 	"github.com/sandbox-executor/sandbox-executor/tests/localcluster"
 	"github.com/sandbox-executor/sandbox-executor/tests/runner"
@@ -170,8 +171,15 @@ func (c *Cluster) NewServedRunner(t testing.TB, prefix string, cfg localcluster.
 }
 
 // Definition is the [runners.custom] section of a real runner that runs our binary with this
-// runner's configuration.
-func (r *Runner) Definition() runner.CustomExecutor { return r.CustomExecutor(r.ConfigPath) }
+// runner's configuration; with a stage server, prepare and cleanup start the stage launcher, as
+// the chart configures them.
+func (r *Runner) Definition() runner.CustomExecutor {
+	def := r.CustomExecutor(r.ConfigPath)
+	if r.StageServer != nil {
+		def.PrepareExec, def.CleanupExec = r.StageLauncher(), r.StageLauncher()
+	}
+	return def
+}
 
 // Clients connects to the cluster as the executor with this runner's configuration does.
 func (r *Runner) Clients(t testing.TB) *kube.Clients {
@@ -258,7 +266,11 @@ func (j *Job) ExitCodeFile() string { return filepath.Join(j.Dir, "build-exit-co
 
 // Command is one stage of our binary with the job's environment, not started.
 func (j *Job) Command(args ...string) *exec.Cmd {
-	cmd := exec.Command(j.Binary(), append([]string{"--config", j.ConfigPath}, args...)...)
+	bin := j.Binary()
+	if j.StageServer != nil && len(args) > 0 && stageserver.Serves(args[0]) {
+		bin = j.StageLauncher()
+	}
+	cmd := exec.Command(bin, append([]string{"--config", j.ConfigPath}, args...)...)
 	cmd.Env = j.env
 	return cmd
 }

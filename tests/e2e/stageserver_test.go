@@ -50,6 +50,42 @@ func TestRealRunnerJobThroughTheStageServer(t *testing.T) {
 	}
 }
 
+// With the stage server down, the stage launcher that prepare_exec and cleanup_exec name becomes
+// the executor (execve, the same arguments and environment): the job succeeds as without a
+// server, and its log says once per stage why it was slower.
+func TestRealRunnerJobWithTheStageServerDown(t *testing.T) {
+	c := clustertest.Connect(t)
+	r := c.NewServedRunner(t, "e2e-down", localcluster.Config{ReadyTimeout: "3m"})
+	r.StageServer.Kill(t) // leaves its socket behind, as a crash does: nobody listens on it
+	gitlab := fakegitlab.New()
+	defer gitlab.Close()
+	job := gitlab.NewJob(fakegitlab.JobSpec{Image: ciImage, GitStrategy: "none", Script: []string{"echo hello from $(uname -r)"}})
+	def := r.Definition()
+	if def.PrepareExec != r.StageLauncher() || def.CleanupExec != r.StageLauncher() {
+		t.Fatalf("prepare_exec %s, cleanup_exec %s: want the stage launcher", def.PrepareExec, def.CleanupExec)
+	}
+	gitlab.Enqueue(job)
+	proc := startRunner(t, gitlab, def)
+	res := waitJob(t, gitlab, proc, job.ID)
+	if res.State != fakegitlab.StateSuccess {
+		t.Fatalf("job %d with its stage server down: %s (%s)", job.ID, res.State, res.FailureReason)
+	}
+	// cleanup runs after the trace is final: its warning is in the runner's own log, whole once
+	// the runner has exited (one job and it stops).
+	ctx, cancel := context.WithTimeout(context.Background(), realRunnerTimeout)
+	defer cancel()
+	if _, err := proc.Wait(ctx); err != nil {
+		t.Fatal(err)
+	}
+	r.WaitJobGone(t, job.ID)
+	mustContain(t, "trace", res.Trace, "hello from 4.", "Sandbox ready: pool duo-default",
+		"no stage server listening on "+r.StageServer.Socket+": prepare runs in its own process")
+	mustContain(t, "runner log", proc.Log(), "no stage server listening on "+r.StageServer.Socket+": cleanup runs in its own process")
+	if n := strings.Count(res.Trace, "runs in its own process"); n != 1 {
+		t.Errorf("%d fallback warnings for prepare, want one:\n%s", n, res.Trace)
+	}
+}
+
 // A stage server killed in the middle of prepare (SIGKILL, as a crash or the OOM killer would)
 // fails that prepare as a system failure, which the runner retries, never as success; the retry,
 // through a server started again on the same socket, gets the job its sandbox.

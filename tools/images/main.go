@@ -137,11 +137,12 @@ func images(o options) []image {
 				{Path: "/usr/bin/gitlab-runner", Src: runner("gitlab-runner"), Mode: 0o755},
 				{Path: "/usr/bin/gitlab-runner-helper", Src: runner("gitlab-runner-helper"), Mode: 0o755},
 				{Path: "/usr/local/bin/sandbox-executor", Src: bin("sandbox-executor"), Mode: 0o755},
+				{Path: "/usr/local/bin/sandbox-executor-stage", Src: bin("sandbox-executor-stage"), Mode: 0o755},
 				{Path: "/usr/local/bin/sandbox-executor-agent", Src: bin("sandbox-executor-agent"), Mode: 0o755},
 				{Path: "/home/nonroot/.gitlab-runner", Mode: 0o755, UID: nonRootUID},
 			},
 			Entrypoint: []string{"/usr/local/bin/sandbox-executor", "start-runner"},
-			Needs:      []string{runner("gitlab-runner"), runner("gitlab-runner-helper"), bin("sandbox-executor"), bin("sandbox-executor-agent")},
+			Needs:      []string{runner("gitlab-runner"), runner("gitlab-runner-helper"), bin("sandbox-executor"), bin("sandbox-executor-stage"), bin("sandbox-executor-agent")},
 		},
 	}
 }

@@ -21,7 +21,7 @@ func fakeInputs(t *testing.T) options {
 	if err := os.MkdirAll(bin, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	for _, name := range []string{"sandbox-executor", "sandbox-executor-agent", "sandbox-egress-proxy", "sandbox-executor-metrics-adapter"} {
+	for _, name := range []string{"sandbox-executor", "sandbox-executor-stage", "sandbox-executor-agent", "sandbox-egress-proxy", "sandbox-executor-metrics-adapter"} {
 		if err := os.WriteFile(filepath.Join(bin, name), []byte("#!static "+name), 0o755); err != nil {
 			t.Fatal(err)
 		}

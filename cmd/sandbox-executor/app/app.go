@@ -10,10 +10,10 @@ import (
 	"io"
 	"os"
 	"os/signal"
-	"strings"
 	"syscall"
 	"time"
 
+	"github.com/sandbox-executor/sandbox-executor/buildinfo"
 	"github.com/sandbox-executor/sandbox-executor/failure"
 	"github.com/sandbox-executor/sandbox-executor/gitlab"
 	"github.com/sandbox-executor/sandbox-executor/kube"
@@ -36,9 +36,6 @@ import (
 	"github.com/sandbox-executor/sandbox-executor/stages/prepare"
 	"github.com/sandbox-executor/sandbox-executor/stages/run"
 )
-
-// Version is set at build time (-ldflags "-X .../app.Version=...").
-var Version = "dev"
 
 // Main runs the command line and exits.
 func Main() {
@@ -80,7 +77,7 @@ func RunWith(ctx context.Context, args []string, stdout, stderr io.Writer, geten
 		return &stages.Env{
 			Config:  cfg,
 			Runner:  runnerEnv,
-			Version: Version,
+			Version: buildinfo.Version,
 			Stdout:  stdout,
 			Stderr:  stderr,
 			Getenv:  getenv,
@@ -115,7 +112,7 @@ func RunWith(ctx context.Context, args []string, stdout, stderr io.Writer, geten
 	app := &cli.App{
 		Name:      "sandbox-executor",
 		Usage:     "GitLab Runner custom executor: every job in a gVisor pod claimed from an agent-sandbox warm pool",
-		Version:   Version,
+		Version:   buildinfo.Version,
 		Writer:    stdout,
 		ErrWriter: stderr,
 		Flags: []cli.Flag{
@@ -177,33 +174,7 @@ func RunWith(ctx context.Context, args []string, stdout, stderr io.Writer, geten
 		// A misconfigured runner (bad run_args) will not get better by retrying.
 		err = failure.PermanentError(err, "usage")
 	}
-	if err != nil && failure.KindOf(err) != failure.KindBuild {
-		fmt.Fprintf(stderr, "sandbox-executor: ERROR: %s\n", oneLine(err))
-	}
-	return ExitCode(err, runnerEnv)
-}
-
-// ExitCode maps a stage's outcome onto the runner's protocol: script failures and permanent
-// errors are build failures (not retried), everything else is a system failure (retried).
-func ExitCode(err error, env gitlab.RunnerEnv) int {
-	if err == nil {
-		return 0
-	}
-	switch failure.KindOf(err) {
-	case failure.KindBuild, failure.KindPermanent:
-		return env.BuildFailureExitCode
-	default:
-		return env.SystemFailureExitCode
-	}
-}
-
-func oneLine(err error) string {
-	msg := err.Error()
-	var ee *failure.Error
-	if errors.As(err, &ee) && ee.Msg == "" && ee.Err != nil {
-		msg = ee.Err.Error()
-	}
-	return failure.OneLine(strings.TrimSuffix(msg, ": "))
+	return runnerEnv.Report(stderr, err)
 }
 
 // silenceClientLogs keeps client-go's own log lines (klog) out of job logs: what matters reaches

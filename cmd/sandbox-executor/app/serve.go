@@ -2,7 +2,6 @@ package app
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -12,17 +11,13 @@ import (
 
 	"github.com/urfave/cli/v2"
 
+	"github.com/sandbox-executor/sandbox-executor/buildinfo"
 	"github.com/sandbox-executor/sandbox-executor/config"
 	"github.com/sandbox-executor/sandbox-executor/failure"
 	"github.com/sandbox-executor/sandbox-executor/kube"
 	"github.com/sandbox-executor/sandbox-executor/stages"
 	"github.com/sandbox-executor/sandbox-executor/stageserver"
 )
-
-// servedStages are the stages that go through the stage server when one is configured: the
-// ones that talk to the API server, where a warm connection saves most. run talks to the pod's
-// agent and keeps its own process.
-var servedStages = map[string]bool{"prepare": true, "cleanup": true}
 
 // exitStatus is a stage's exit code as the stage server reported it: the code is the runner's
 // answer already, not an error to classify again.
@@ -31,10 +26,10 @@ type exitStatus int
 func (e exitStatus) Error() string { return fmt.Sprintf("the stage exited %d", int(e)) }
 
 // forwardStage hands the stage to the stage server when the config names one; handled is false
-// when the stage must run here (no server configured, or none listening).
+// when the stage must run here (no server configured, or none took it).
 func forwardStage(c *cli.Context, env *stages.Env, deps Deps) (handled bool, err error) {
 	socket := env.Config.StageServer
-	if socket == "" || deps.Served || !servedStages[c.Command.Name] {
+	if socket == "" || deps.Served || !stageserver.Serves(c.Command.Name) {
 		return false, nil
 	}
 	configPath, err := filepath.Abs(env.Config.Path())
@@ -45,23 +40,17 @@ func forwardStage(c *cli.Context, env *stages.Env, deps Deps) (handled bool, err
 	if environ == nil {
 		environ = os.Environ
 	}
-	args := append([]string{c.App.Name, "--config", configPath, c.Command.Name}, c.Args().Slice()...)
-	req := stageserver.Request{Args: args, Environ: environ(), Started: env.Started, Version: env.Version}
-	code, err := stageserver.Forward(c.Context, socket, req, env.Stdout, env.Stderr)
+	stage := stageserver.Stage{Config: configPath, Name: c.Command.Name, Args: c.Args().Slice(), Environ: environ(), Started: env.Started}
+	code, err := stageserver.Hand(c.Context, socket, stage, env.Stdout, env.Stderr)
 	switch {
-	case err == nil:
-		return true, exitStatus(code)
-	case errors.Is(err, context.Canceled) && c.Context.Err() != nil:
-		return true, failure.SystemError(err, "%s cancelled before it started", c.Command.Name)
 	case stageserver.NotServed(err):
 		// Nothing ran there: the stage runs here, as without a server.
 		env.Log().Warnf("%s: %s runs in its own process (slower); see sandbox-executor doctor", failure.OneLine(err.Error()), c.Command.Name)
 		return false, nil
-	default:
-		// What the stage did there is unknown: the runner retries, and prepare and cleanup are
-		// idempotent.
-		return true, failure.SystemError(err, "stage server %s", socket)
+	case err != nil:
+		return true, err
 	}
+	return true, exitStatus(code)
 }
 
 // serveCommand is the serve verb: the stage server, until SIGTERM.
@@ -111,7 +100,7 @@ func StageServer(socket string, drain time.Duration, deps Deps, log io.Writer, w
 		server := &stageserver.Server{
 			Drain:   drain,
 			Log:     log,
-			Version: Version,
+			Version: buildinfo.Version,
 			Handler: func(ctx context.Context, req stageserver.Request, stdout, stderr io.Writer) int {
 				return RunWith(ctx, req.Args, stdout, stderr, req.Getenv, Deps{Clients: clients.get, Started: req.Started, Served: true})
 			},

@@ -113,3 +113,8 @@ namespace: the exporter's and the metrics adapter's Roles. Nothing secret. */}}
 {{- define "sandbox-executor.stageServerSocket" -}}
 /home/nonroot/.sandbox-executor/stages.sock
 {{- end }}
+
+{{/* The binary prepare and cleanup start: the stage launcher when the stage server runs. */}}
+{{- define "sandbox-executor.servedStageExec" -}}
+{{- if .Values.runner.stageServer }}sandbox-executor-stage{{ else }}sandbox-executor{{ end }}
+{{- end }}

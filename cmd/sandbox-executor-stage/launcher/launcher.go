@@ -1,0 +1,122 @@
+// Package launcher is the stage launcher: what the runner starts for prepare and cleanup when a
+// stage server runs beside it. Starting sandbox-executor costs about 10 ms before its first line
+// runs (Go's initialisation of client-go's API schemes and the rest of a 50 MB binary), on every
+// stage, and a stage the server runs needs none of it. The launcher links only the config, the
+// socket's protocol and the exit codes: it reads the config, hands the stage over and relays it.
+// Whenever it cannot hand the stage over (no stage_server, nobody listening, a config it cannot
+// read, a verb or flag it does not know), it becomes sandbox-executor with the same arguments
+// and environment (execve), so the stage behaves, fails and warns exactly as without it.
+package launcher
+
+import (
+	"context"
+	"io"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/sandbox-executor/sandbox-executor/config"
+	"github.com/sandbox-executor/sandbox-executor/failure"
+	"github.com/sandbox-executor/sandbox-executor/gitlab"
+	"github.com/sandbox-executor/sandbox-executor/stageserver"
+)
+
+// Executor is the binary the launcher becomes when it does not hand the stage over: the one of
+// this name next to it.
+const Executor = "sandbox-executor"
+
+// Main launches the stage and exits.
+func Main() {
+	started := time.Now()
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	code := Launch(ctx, Process{Args: os.Args, Environ: os.Environ(), Started: started, Stdout: os.Stdout, Stderr: os.Stderr, Exec: syscall.Exec})
+	stop()
+	os.Exit(code)
+}
+
+// Process is the launcher's process as the runner started it, and how it becomes the executor.
+type Process struct {
+	Args, Environ  []string
+	Started        time.Time
+	Stdout, Stderr io.Writer
+	// Exec replaces the process (syscall.Exec); it returns only on failure.
+	Exec func(path string, argv, envv []string) error
+	// Self is the launcher's own path (os.Executable if empty): the executor is next to it.
+	Self string
+}
+
+// Launch hands the stage to the stage server and returns its exit code, or becomes the executor.
+func Launch(ctx context.Context, p Process) int {
+	getenv := lookup(p.Environ)
+	socket, stage, ok := served(p.Args[1:], getenv)
+	if !ok {
+		return p.becomeExecutor(getenv)
+	}
+	stage.Environ, stage.Started = p.Environ, p.Started
+	code, err := stageserver.Hand(ctx, socket, stage, p.Stdout, p.Stderr)
+	if stageserver.NotServed(err) {
+		// The executor tries the server again and says in the job log why it runs the stage.
+		return p.becomeExecutor(getenv)
+	}
+	if err != nil {
+		return gitlab.RunnerEnvFrom(getenv).Report(p.Stderr, err)
+	}
+	return code
+}
+
+// served reads the command line the runner gave ([--config PATH] STAGE) and the config it names,
+// and returns the stage server's socket and the stage to hand it; ok is false for anything else,
+// which the executor handles as it always does (its usage errors, its config errors).
+func served(args []string, getenv func(string) string) (socket string, stage stageserver.Stage, ok bool) {
+	var configFlag string
+	for len(args) > 0 && strings.HasPrefix(args[0], "-") {
+		name, value, hasValue := strings.Cut(strings.TrimLeft(args[0], "-"), "=")
+		if name != "config" {
+			return "", stage, false
+		}
+		if !hasValue {
+			if len(args) < 2 {
+				return "", stage, false
+			}
+			value, args = args[1], args[1:]
+		}
+		configFlag, args = value, args[1:]
+	}
+	if len(args) != 1 || !stageserver.Serves(args[0]) {
+		return "", stage, false
+	}
+	cfg, err := config.Load(config.ResolvePath(configFlag, getenv))
+	if err != nil || cfg.StageServer == "" {
+		return "", stage, false
+	}
+	path, err := filepath.Abs(cfg.Path())
+	if err != nil {
+		return "", stage, false
+	}
+	return cfg.StageServer, stageserver.Stage{Config: path, Name: args[0]}, true
+}
+
+// becomeExecutor execs sandbox-executor with the launcher's arguments and environment, and
+// returns only if it cannot: a broken install, which retrying does not mend.
+func (p Process) becomeExecutor(getenv func(string) string) int {
+	self := p.Self
+	if self == "" {
+		var err error
+		if self, err = os.Executable(); err != nil {
+			return gitlab.RunnerEnvFrom(getenv).Report(p.Stderr, failure.PermanentError(err, "the stage launcher cannot find itself"))
+		}
+	}
+	executor := filepath.Join(filepath.Dir(self), Executor)
+	err := p.Exec(executor, append([]string{executor}, p.Args[1:]...), p.Environ)
+	return gitlab.RunnerEnvFrom(getenv).Report(p.Stderr, failure.PermanentError(nil,
+		"the stage launcher cannot start %s: %v (install %s next to %s)", executor, failure.WithoutPath(err), Executor, filepath.Base(self)))
+}
+
+// lookup is getenv over environ: the last of duplicates wins, as in os/exec.
+func lookup(environ []string) func(string) string {
+	req := stageserver.Request{Environ: environ}
+	return req.Getenv
+}

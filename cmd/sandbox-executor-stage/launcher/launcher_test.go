@@ -1,0 +1,174 @@
+package launcher
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/sandbox-executor/sandbox-executor/buildinfo"
+	"github.com/sandbox-executor/sandbox-executor/stageserver"
+	"github.com/sandbox-executor/sandbox-executor/tests/testutil"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// install lays out a launcher next to an executor and a config naming socket as its stage
+// server ("": none), and returns the launcher's path and the config's.
+func install(t *testing.T, socket string) (self, cfg string) {
+	t.Helper()
+	dir := t.TempDir()
+	cfg = filepath.Join(dir, "config.toml")
+	text := "namespace = \"ci\"\nrunner_name = \"r1\"\n"
+	if socket != "" {
+		text += fmt.Sprintf("stage_server = %q\n", socket)
+	}
+	text += "[[pool]]\nname = \"duo\"\nimages = [\"*\"]\n"
+	if err := os.WriteFile(cfg, []byte(text), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return filepath.Join(dir, "bin", "sandbox-executor-stage"), cfg
+}
+
+// server serves stages on a socket of its own with handler, until the test ends.
+func server(t *testing.T, handler stageserver.Handler) (string, *testutil.LockedBuffer) {
+	t.Helper()
+	socket := filepath.Join(t.TempDir(), "run", "stages.sock")
+	ln, err := stageserver.Listen(socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	log := &testutil.LockedBuffer{}
+	srv := &stageserver.Server{Handler: handler, Drain: 5 * time.Second, Log: log, Version: buildinfo.Version}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- srv.Serve(ctx, ln) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Serve: %v", err)
+		}
+	})
+	return socket, log
+}
+
+// execCall is what the launcher tried to become.
+type execCall struct {
+	path       string
+	argv, envv []string
+}
+
+// launch runs the launcher as the runner would, recording an exec instead of doing it.
+func launch(t *testing.T, self string, args, environ []string) (code int, stdout, stderr string, exec *execCall) {
+	t.Helper()
+	var out, errOut bytes.Buffer
+	p := Process{
+		Args: append([]string{self}, args...), Environ: environ, Started: time.Unix(1700000000, 0),
+		Stdout: &out, Stderr: &errOut, Self: self,
+		Exec: func(path string, argv, envv []string) error {
+			exec = &execCall{path, argv, envv}
+			return errors.New("exec recorded")
+		},
+	}
+	code = Launch(context.Background(), p)
+	return code, out.String(), errOut.String(), exec
+}
+
+var runnerEnv = []string{"BUILD_FAILURE_EXIT_CODE=11", "SYSTEM_FAILURE_EXIT_CODE=12", "CUSTOM_ENV_CI_JOB_ID=7"}
+
+// prepare and cleanup go to the stage server as the executor itself would hand them over: the
+// config's absolute path, the stage's whole environment, its start; the launcher relays the
+// output and exits with the stage's code, and never starts the executor.
+func TestHandsTheStageToTheServer(t *testing.T) {
+	var got []stageserver.Request
+	socket, _ := server(t, func(_ context.Context, req stageserver.Request, stdout, stderr io.Writer) int {
+		got = append(got, req)
+		fmt.Fprintln(stdout, "Sandbox ready")
+		fmt.Fprintln(stderr, "warning")
+		return 3
+	})
+	self, cfg := install(t, socket)
+	for _, args := range [][]string{{"--config", cfg, "prepare"}, {"-config=" + cfg, "cleanup"}} {
+		code, stdout, stderr, exec := launch(t, self, args, runnerEnv)
+		if code != 3 || stdout != "Sandbox ready\n" || stderr != "warning\n" || exec != nil {
+			t.Errorf("%v: exit %d, stdout %q, stderr %q, exec %+v; want the server's stage", args, code, stdout, stderr, exec)
+		}
+	}
+	environ := append([]string{"SANDBOX_EXECUTOR_CONFIG=" + cfg}, runnerEnv...)
+	if code, _, _, exec := launch(t, self, []string{"prepare"}, environ); code != 3 || exec != nil {
+		t.Errorf("config from $SANDBOX_EXECUTOR_CONFIG: exit %d, exec %+v", code, exec)
+	}
+	if len(got) != 3 {
+		t.Fatalf("the server ran %d stages, want 3", len(got))
+	}
+	want := []string{"sandbox-executor", "--config", cfg, "prepare"}
+	if strings.Join(got[0].Args, " ") != strings.Join(want, " ") || got[1].Args[3] != "cleanup" {
+		t.Errorf("args %q, %q; want %q", got[0].Args, got[1].Args, want)
+	}
+	if got[0].Getenv("CUSTOM_ENV_CI_JOB_ID") != "7" || got[0].Version != buildinfo.Version || !got[0].Started.Equal(time.Unix(1700000000, 0)) {
+		t.Errorf("request %+v: want the stage's environment, build and start", got[0])
+	}
+}
+
+// Whatever the launcher cannot hand over, the executor runs: the same arguments and environment,
+// the executor next to the launcher, and nothing sent to any server.
+func TestBecomesTheExecutorForAnythingElse(t *testing.T) {
+	var served int
+	socket, _ := server(t, func(context.Context, stageserver.Request, io.Writer, io.Writer) int { served++; return 0 })
+	self, cfg := install(t, socket)
+	_, noServer := install(t, "")
+	_, nobodyListening := install(t, filepath.Join(t.TempDir(), "stages.sock"))
+	broken := filepath.Join(t.TempDir(), "broken.toml")
+	if err := os.WriteFile(broken, []byte("stage_server = 1\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for name, args := range map[string][]string{
+		"run":                     {"--config", cfg, "run", "/tmp/script", "build_script"},
+		"config":                  {"--config", cfg, "config"},
+		"a flag it does not know": {"--config", cfg, "prepare", "--debug"},
+		"help":                    {"--help"},
+		"no stage":                {"--config", cfg},
+		"no stage_server":         {"--config", noServer, "prepare"},
+		"nobody listening":        {"--config", nobodyListening, "prepare"},
+		"a broken config":         {"--config", broken, "prepare"},
+		"a missing config":        {"--config", "/nonexistent.toml", "cleanup"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			code, stdout, stderr, exec := launch(t, self, args, runnerEnv)
+			wantPath := filepath.Join(filepath.Dir(self), "sandbox-executor")
+			if exec == nil || exec.path != wantPath || strings.Join(exec.argv, " ") != strings.Join(append([]string{wantPath}, args...), " ") ||
+				strings.Join(exec.envv, " ") != strings.Join(runnerEnv, " ") {
+				t.Fatalf("exec %+v; want %s with the same arguments and environment", exec, wantPath)
+			}
+			// The recorded exec "failed": that is a broken install, in one line, not retried.
+			if code != 11 || stdout != "" || !strings.HasPrefix(stderr, "sandbox-executor: ERROR: the stage launcher cannot start "+wantPath+": exec recorded (install sandbox-executor next to sandbox-executor-stage)") {
+				t.Errorf("exit %d, stdout %q, stderr %q", code, stdout, stderr)
+			}
+		})
+	}
+	if served != 0 {
+		t.Errorf("the server ran %d stages, want none", served)
+	}
+}
+
+// A server that goes away mid-stage is a system failure, which the runner retries: the stage
+// never exits as if it had succeeded or as the script's failure.
+func TestAServerLostMidStageIsASystemFailure(t *testing.T) {
+	socket, _ := server(t, func(_ context.Context, _ stageserver.Request, _, stderr io.Writer) int {
+		fmt.Fprintln(stderr, "claiming")
+		panic("lost")
+	})
+	self, cfg := install(t, socket)
+	code, _, stderr, exec := launch(t, self, []string{"--config", cfg, "prepare"}, runnerEnv)
+	if code != 12 || exec != nil || !strings.Contains(stderr, "claiming\nsandbox-executor: ERROR: stage server "+socket+": the stage server closed the connection before the stage ended") {
+		t.Errorf("exit %d, exec %+v, stderr %q; want a system failure naming the server", code, exec, stderr)
+	}
+}

@@ -1,0 +1,47 @@
+package stageserver
+
+import (
+	"context"
+	"errors"
+	"io"
+	"time"
+
+	"github.com/sandbox-executor/sandbox-executor/buildinfo"
+	"github.com/sandbox-executor/sandbox-executor/failure"
+)
+
+// Serves says whether stage may go through the stage server: the stages that talk to the API
+// server, where a warm connection saves most. run talks to the pod's agent and keeps its own
+// process.
+func Serves(stage string) bool { return stage == "prepare" || stage == "cleanup" }
+
+// Stage is a stage to hand to the server, as the runner started it.
+type Stage struct {
+	// Config is the executor config's absolute path: the server has its own working directory.
+	Config string
+	// Name is the verb (prepare, cleanup) and Args its arguments.
+	Name string
+	Args []string
+	// Environ is the stage's whole environment; Started, when its process started.
+	Environ []string
+	Started time.Time
+}
+
+// Hand has the server at socket run the stage, relays its output, and returns its exit code, or
+// the failure that ends the stage. For an error that NotServed reports, nothing ran: the caller
+// runs the stage itself. Every other error is a system failure, which the runner retries: a
+// stage cancelled before it started, or a server lost mid-stage (what the stage did there is
+// unknown, and prepare and cleanup are idempotent).
+func Hand(ctx context.Context, socket string, s Stage, stdout, stderr io.Writer) (int, error) {
+	args := append([]string{"sandbox-executor", "--config", s.Config, s.Name}, s.Args...)
+	req := Request{Args: args, Environ: s.Environ, Started: s.Started, Version: buildinfo.Version}
+	code, err := Forward(ctx, socket, req, stdout, stderr)
+	switch {
+	case err == nil || NotServed(err):
+		return code, err
+	case errors.Is(err, context.Canceled) && ctx.Err() != nil:
+		return 0, failure.SystemError(err, "%s cancelled before it started", s.Name)
+	default:
+		return 0, failure.SystemError(err, "stage server %s", socket)
+	}
+}
