@@ -67,24 +67,40 @@ var ErrAgentUnreachable = errors.New("stage agent unreachable over the pod netwo
 
 // exec sends one agent command with stdin; req.Stdin is not read.
 func (a *AgentNetwork) exec(ctx context.Context, req kube.ExecRequest, stdin []byte) error {
+	conn, err := a.connect(ctx)
+	if err != nil {
+		return err
+	}
+	return a.send(ctx, conn, req, stdin)
+}
+
+// connect makes a TLS connection to the agent, the handshake done (its key checked, this
+// executor's certificate presented) and nothing sent: ErrAgentUnreachable when it cannot.
+func (a *AgentNetwork) connect(ctx context.Context) (*tls.Conn, error) {
 	raw, err := a.dialer.DialContext(ctx, "tcp", a.Addr)
 	if err != nil {
 		if ctx.Err() != nil {
-			return ctx.Err()
+			return nil, ctx.Err()
 		}
-		return fmt.Errorf("%w: %v", ErrAgentUnreachable, err)
+		return nil, fmt.Errorf("%w: %v", ErrAgentUnreachable, err)
 	}
 	conn := tls.Client(raw, a.TLS)
+	if err := conn.HandshakeContext(ctx); err != nil {
+		conn.Close()
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		// Not the pod's agent (another key), or not an agent at all: nothing was sent.
+		return nil, fmt.Errorf("%w: TLS with %s: %v", ErrAgentUnreachable, a.Addr, err)
+	}
+	return conn, nil
+}
+
+// send sends one agent command with stdin on conn, which it closes, and relays the answer.
+func (a *AgentNetwork) send(ctx context.Context, conn *tls.Conn, req kube.ExecRequest, stdin []byte) error {
 	defer conn.Close()
 	stop := context.AfterFunc(ctx, func() { conn.Close() })
 	defer stop()
-	if err := conn.HandshakeContext(ctx); err != nil {
-		if ctx.Err() != nil {
-			return ctx.Err()
-		}
-		// Not the pod's agent (another key), or not an agent at all: nothing was sent.
-		return fmt.Errorf("%w: TLS with %s: %v", ErrAgentUnreachable, a.Addr, err)
-	}
 	if _, err := io.WriteString(conn, wire.RequestHeader(req.Command[1:], len(stdin))); err != nil {
 		return err
 	}

@@ -112,7 +112,7 @@ func TestBakedAgentServesTLSToThePinnedIdentity(t *testing.T) {
 	sbx := &kube.Sandbox{Namespace: "ns", Pod: "job-pod", Container: "job", PodIP: "127.0.0.1", AgentBaked: true}
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	conn, err := executor.ConnectAgent(ctx, agent, sbx, agent.port, ca, testJob)
+	conn, err := executor.ConnectAgent(ctx, agent, sbx, agent.port, ca, testJob, nil)
 	if err != nil || conn.Probe == nil || conn.Probe.Shell == "" || !conn.Transport.Network() || conn.Fallback != "" {
 		t.Fatalf("ConnectAgent = %+v, %v; want the agent probed over the network", conn, err)
 	}
@@ -139,7 +139,7 @@ func TestBakedAgentServesTLSToThePinnedIdentity(t *testing.T) {
 	}
 
 	// Another job meets this pod (a claim of the same name, say): refused, not run.
-	_, err = executor.ConnectAgent(ctx, agent, sbx, agent.port, ca, "another-job")
+	_, err = executor.ConnectAgent(ctx, agent, sbx, agent.port, ca, "another-job", nil)
 	if failure.KindOf(err) != failure.KindSystem || !strings.Contains(err.Error(), "belongs to another job") {
 		t.Errorf("another job's ConnectAgent: %v; want a system failure saying the pod is another job's", err)
 	}
@@ -153,16 +153,16 @@ func TestConnectAgentFallsBackToExec(t *testing.T) {
 	ca := executortest.AgentCA(t)
 	agent := startBakedAgent(t, ca)
 	unreachable := &kube.Sandbox{Namespace: "ns", Pod: "job-pod", Container: "job", PodIP: "127.0.0.9", AgentBaked: true}
-	conn, err := executor.ConnectAgent(ctx, agent, unreachable, agent.port, ca, testJob)
+	conn, err := executor.ConnectAgent(ctx, agent, unreachable, agent.port, ca, testJob, nil)
 	if err != nil || conn.Probe == nil || conn.Transport.Network() || !strings.Contains(conn.Fallback, "cannot reach") || len(agent.exec.Commands()) == 0 {
 		t.Fatalf("unreachable pod: ConnectAgent = %+v, %v (exec calls %v); want the probe over exec and the reason", conn, err, agent.exec.Commands())
 	}
 	noCA := startBakedAgent(t, nil)
-	conn, err = executor.ConnectAgent(ctx, noCA, &kube.Sandbox{Pod: "job-pod", PodIP: "127.0.0.1", AgentBaked: true}, noCA.port, ca, testJob)
+	conn, err = executor.ConnectAgent(ctx, noCA, &kube.Sandbox{Pod: "job-pod", PodIP: "127.0.0.1", AgentBaked: true}, noCA.port, ca, testJob, nil)
 	if err != nil || conn.Transport.Network() || !strings.Contains(conn.Fallback, wire.ClientCAEnv) {
 		t.Fatalf("a pod without the agent CA: ConnectAgent = %+v, %v; want exec and the reason naming %s", conn, err, wire.ClientCAEnv)
 	}
-	conn, err = executor.ConnectAgent(ctx, agent, &kube.Sandbox{Pod: "job-pod", PodIP: "127.0.0.1", AgentBaked: true}, agent.port, nil, testJob)
+	conn, err = executor.ConnectAgent(ctx, agent, &kube.Sandbox{Pod: "job-pod", PodIP: "127.0.0.1", AgentBaked: true}, agent.port, nil, testJob, nil)
 	if err != nil || conn.Transport.Network() || conn.Fallback != "" {
 		t.Fatalf("a runner without an agent CA: ConnectAgent = %+v, %v; want exec, silently", conn, err)
 	}
@@ -229,4 +229,62 @@ func startBakedAgent(t *testing.T, ca *agentca.CA) *bakedAgent {
 		_ = serve.Wait()
 	})
 	return b
+}
+
+// identityOf is the identity the baked agent logged.
+func (b *bakedAgent) identityOf(t *testing.T) string {
+	t.Helper()
+	line, err := b.FirstLogLine(context.Background(), nil, 10*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	identity, _, ok := wire.ParseFirstLogLine(line)
+	if !ok || identity == "" {
+		t.Fatalf("first log line %q: no identity", line)
+	}
+	return identity
+}
+
+// The stage server knows the pod's address and identity line before the pod is verified:
+// prepare makes the TLS handshake meanwhile, and the probe goes on that connection once the
+// verified pod shows the same address and identity. A connection made ahead to anything else is
+// dropped without a byte sent, and one never used binds the pod to no job.
+func TestConnectionMadeAhead(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	ca := executortest.AgentCA(t)
+	agent := startBakedAgent(t, ca)
+	identity := agent.identityOf(t)
+	sbx := &kube.Sandbox{Namespace: "ns", Pod: "job-pod", Container: "job", PodIP: "127.0.0.1", AgentBaked: true}
+
+	// Made ahead for another job and never used: nothing was sent, so the pod is nobody's yet.
+	executor.DialAhead(ctx, "127.0.0.1", agent.port, ca, "another-job", identity).Close()
+
+	// Ahead to another address (the pod of the name was replaced meanwhile): not used.
+	other := executor.DialAhead(ctx, "localhost", agent.port, ca, testJob, identity)
+	conn, err := executor.ConnectAgent(ctx, agent, sbx, agent.port, ca, testJob, other)
+	if err != nil || !conn.Transport.Network() || conn.Ahead {
+		t.Fatalf("ahead to another address: ConnectAgent = %+v, %v; want its own connection", conn, err)
+	}
+	// Ahead pinning another key (the line read ahead was not this agent's): the handshake fails
+	// there, and prepare connects itself.
+	wrongKey := executor.DialAhead(ctx, "127.0.0.1", agent.port, ca, testJob, "sha256:"+strings.Repeat("0", 64))
+	conn, err = executor.ConnectAgent(ctx, agent, sbx, agent.port, ca, testJob, wrongKey)
+	if err != nil || !conn.Transport.Network() || conn.Ahead {
+		t.Fatalf("ahead pinning another key: ConnectAgent = %+v, %v; want its own connection", conn, err)
+	}
+	// Ahead to the verified pod's address and identity: the probe goes on it.
+	ahead := executor.DialAhead(ctx, "127.0.0.1", agent.port, ca, testJob, identity)
+	conn, err = executor.ConnectAgent(ctx, agent, sbx, agent.port, ca, testJob, ahead)
+	if err != nil || !conn.Transport.Network() || !conn.Ahead || conn.Probe == nil || conn.Probe.Identity != identity {
+		t.Fatalf("ahead to the pod: ConnectAgent = %+v, %v; want the probe on the connection made ahead", conn, err)
+	}
+	if len(agent.exec.Commands()) != 0 {
+		t.Errorf("connecting used exec: %v", agent.exec.Commands())
+	}
+	// The pod is this job's now: another job's connection made ahead gets nothing run.
+	late := executor.DialAhead(ctx, "127.0.0.1", agent.port, ca, "another-job", identity)
+	if _, err := executor.ConnectAgent(ctx, agent, sbx, agent.port, ca, "another-job", late); !strings.Contains(fmt.Sprint(err), "belongs to another job") {
+		t.Errorf("another job's connection made ahead: %v; want the pod refused as another job's", err)
+	}
 }

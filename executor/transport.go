@@ -3,6 +3,7 @@ package executor
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -63,6 +64,8 @@ type Connection struct {
 	// Fallback says why stages go over exec although the runner has an agent CA ("" when they
 	// do not, or when they go over the network).
 	Fallback string
+	// Ahead: the probe went on a connection made ahead (DialAhead).
+	Ahead bool
 }
 
 // identityWait bounds the wait for a baked-in agent's first log line. The agent writes it before
@@ -79,7 +82,8 @@ const probeAnswer = 3 * time.Second
 // network) and the agent is probed over TLS at the pod's address and port: the job's first connection
 // binds the pod to it. Without ca, or when the pod serves no network path or cannot be reached,
 // the probe goes over exec and so will the stages.
-func ConnectAgent(ctx context.Context, cluster AgentCluster, sbx *kube.Sandbox, port int, ca *agentca.CA, job string) (Connection, error) {
+func ConnectAgent(ctx context.Context, cluster AgentCluster, sbx *kube.Sandbox, port int, ca *agentca.CA, job string, ahead *AgentDial) (Connection, error) {
+	defer ahead.Close()
 	var fallback string
 	if ca != nil && sbx.PodIP != "" {
 		line, err := cluster.FirstLogLine(ctx, sbx, identityWait)
@@ -96,7 +100,7 @@ func ConnectAgent(ctx context.Context, cluster AgentCluster, sbx *kube.Sandbox, 
 			case identity == "":
 				fallback = "pod " + sbx.Pod + ": " + off
 			default:
-				conn, err := ConnectNetwork(ctx, sbx, port, ca, job, identity)
+				conn, err := connectNetwork(ctx, sbx, port, ca, job, identity, ahead.take(agentAddr(sbx.PodIP, port), identity))
 				if err != nil || conn.Fallback == "" {
 					return conn, err
 				}
@@ -114,18 +118,31 @@ func ConnectAgent(ctx context.Context, cluster AgentCluster, sbx *kube.Sandbox, 
 // network (policy, CNI) or something else answers there; an error when the agent answered but
 // not as it should (another job's pod).
 func ConnectNetwork(ctx context.Context, sbx *kube.Sandbox, port int, ca *agentca.CA, job, identity string) (Connection, error) {
+	return connectNetwork(ctx, sbx, port, ca, job, identity, nil)
+}
+
+// connectNetwork is ConnectNetwork, on conn when the connection was made ahead (DialAhead).
+func connectNetwork(ctx context.Context, sbx *kube.Sandbox, port int, ca *agentca.CA, job, identity string, conn *tls.Conn) (Connection, error) {
 	if sbx.PodIP == "" {
+		if conn != nil {
+			conn.Close()
+		}
 		return Connection{Fallback: "pod " + sbx.Pod + " has no IP address"}, nil
 	}
-	config, err := ca.ClientConfig(job, identity)
-	if err != nil {
-		return Connection{}, failure.SystemError(err, "the stage's client certificate: %v", err)
-	}
-	daemon := NewAgentNetwork(sbx.PodIP, port, config, nil)
 	attempt, cancel := context.WithTimeout(ctx, probeAnswer)
 	defer cancel()
 	var stdout bytes.Buffer
-	err = daemon.exec(attempt, kube.ExecRequest{Command: wire.ProbeArgs(), Stdout: &stdout, Stderr: io.Discard}, nil)
+	probe := kube.ExecRequest{Command: wire.ProbeArgs(), Stdout: &stdout, Stderr: io.Discard}
+	daemon := NewAgentNetwork(sbx.PodIP, port, nil, nil)
+	var err error
+	if conn != nil {
+		err = daemon.send(attempt, conn, probe, nil) // the handshake was made ahead, as below
+	} else {
+		if daemon.TLS, err = ca.ClientConfig(job, identity); err != nil {
+			return Connection{}, failure.SystemError(err, "the stage's client certificate: %v", err)
+		}
+		err = daemon.exec(attempt, probe, nil)
+	}
 	if err != nil && ctx.Err() == nil && attempt.Err() != nil {
 		// Something at the pod's address took the connection but never answered: not our
 		// agent, or a wedged one. Exec still reaches the pod.
@@ -137,7 +154,7 @@ func ConnectNetwork(ctx context.Context, sbx *kube.Sandbox, port int, ca *agentc
 		if err != nil {
 			return Connection{}, err
 		}
-		return Connection{Transport: Transport{AgentIdentity: identity}, Probe: probe}, nil
+		return Connection{Transport: Transport{AgentIdentity: identity}, Probe: probe, Ahead: conn != nil}, nil
 	case errors.Is(err, ErrAgentUnreachable):
 		return Connection{Fallback: "the runner cannot reach the agent of pod " + sbx.Pod + ": " + failure.OneLine(err.Error())}, nil
 	case ctx.Err() != nil:

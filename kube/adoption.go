@@ -82,6 +82,7 @@ func (c *Claimer) awaitSandbox(ctx context.Context, claim *extv1beta1.SandboxCla
 	select {
 	case adopted := <-adoption:
 		if adopted != nil {
+			c.announce(req, adopted)
 			sbx, err := c.resolveSandbox(ctx, claim, adopted.Name, adopted, req.RuntimeClasses, req.AgentLog)
 			if err == nil {
 				cancel()
@@ -99,4 +100,15 @@ func (c *Claimer) awaitSandbox(ctx context.Context, claim *extv1beta1.SandboxCla
 	}
 	sbx, err := c.resolve(ctx, fromClaim.claim, req.RuntimeClasses, req.AgentLog)
 	return sbx, false, err
+}
+
+// announce tells req.Ahead the adopted sandbox's pod address and identity line, when the stage
+// server has read them ahead.
+func (c *Claimer) announce(req ClaimRequest, sbx *sandboxv1beta1.Sandbox) {
+	if req.Ahead == nil || !req.AgentLog || c.clients.AgentLines == nil {
+		return
+	}
+	if podIP, line, ok := c.clients.AgentLines.candidate(PodNameOf(sbx)); ok {
+		req.Ahead(podIP, line)
+	}
 }

@@ -39,6 +39,7 @@ const agentLinesReads = 4
 type agentLine struct {
 	podUID      types.UID
 	containerID string
+	podIP       string
 	line        string
 }
 
@@ -119,7 +120,7 @@ func (a *AgentLines) read(ctx context.Context, name string) {
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	a.lines[name] = agentLine{podUID: pod.UID, containerID: id, line: line}
+	a.lines[name] = agentLine{podUID: pod.UID, containerID: id, podIP: pod.Status.PodIP, line: line}
 }
 
 // Lookup is the first log line of pod's job container if it was read from this very container
@@ -133,6 +134,16 @@ func (a *AgentLines) Lookup(pod *corev1.Pod) (string, bool) {
 		return "", false
 	}
 	return got.line, true
+}
+
+// candidate is the line read for the pod of this name and the address that pod had, whichever
+// pod of the name it was: enough to start connecting (ClaimRequest.Ahead), never to trust, which
+// takes Lookup.
+func (a *AgentLines) candidate(name string) (podIP, line string, ok bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	got, ok := a.lines[name]
+	return got.podIP, got.line, ok && got.podIP != ""
 }
 
 // kept is how many lines are kept.

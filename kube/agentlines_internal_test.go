@@ -114,3 +114,34 @@ func logReads(kube *kubefake.Clientset) int {
 	}
 	return n
 }
+
+// A sandbox seen adopted is announced to prepare with the address and line read ahead for its
+// pod, for the TLS handshake to start while the pod is verified; without a line read ahead (or
+// its pod's address), or without the network transport, nothing is announced.
+func TestAdoptionAnnouncesTheLineReadAhead(t *testing.T) {
+	lines := NewAgentLines(&Clients{}, "ns")
+	lines.lines["pool-1"] = agentLine{podUID: "uid-1", containerID: "containerd://aaa", podIP: "10.0.0.5", line: "identity\n"}
+	lines.lines["pool-2"] = agentLine{podUID: "uid-2", containerID: "containerd://bbb", line: "identity\n"}
+	sandbox := func(name string) *sandboxv1beta1.Sandbox {
+		return &sandboxv1beta1.Sandbox{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "ns"}}
+	}
+	for name, tc := range map[string]struct {
+		lines    *AgentLines
+		agentLog bool
+		sandbox  string
+		want     string
+	}{
+		"a line read ahead":           {lines, true, "pool-1", "10.0.0.5 identity\n"},
+		"a line without its address":  {lines, true, "pool-2", ""},
+		"a pod not read ahead":        {lines, true, "pool-3", ""},
+		"the exec transport":          {lines, false, "pool-1", ""},
+		"no stage server read it all": {nil, true, "pool-1", ""},
+	} {
+		var got string
+		c := &Claimer{clients: &Clients{AgentLines: tc.lines}}
+		c.announce(ClaimRequest{AgentLog: tc.agentLog, Ahead: func(ip, line string) { got += ip + " " + line }}, sandbox(tc.sandbox))
+		if got != tc.want {
+			t.Errorf("%s: announced %q, want %q", name, got, tc.want)
+		}
+	}
+}

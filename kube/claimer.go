@@ -26,6 +26,12 @@ type ClaimRequest struct {
 	// the network transport pins the agent's key from it, and reading it here saves prepare a
 	// round trip after the claim.
 	AgentLog bool
+	// Ahead, if set, is told the claim's sandbox as soon as it is seen adopted, before its pod is
+	// read and verified: the address its pod had and the identity line read ahead for it (the
+	// stage server's AgentLines), so that prepare can connect to the agent meanwhile
+	// (executor.DialAhead). Neither is trusted: nothing may be sent to the pod before Claim
+	// returns it verified, with the line it verified.
+	Ahead func(podIP, agentLine string)
 }
 
 // Job is what the cluster is told of a job: who it is (labels), its image (cold starts) and its

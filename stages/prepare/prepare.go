@@ -39,6 +39,10 @@ func Run(ctx context.Context, env *stages.Env) error {
 	if err != nil {
 		return err
 	}
+	ca, err := env.AgentCA()
+	if err != nil {
+		return err
+	}
 	req := kube.ClaimRequest{
 		Namespace:      env.Config.Namespace,
 		Pool:           placement.Pool,
@@ -49,6 +53,17 @@ func Run(ctx context.Context, env *stages.Env) error {
 		RuntimeClasses: env.Config.RuntimeClasses,
 		Binding:        env.Binding(job),
 		AgentLog:       env.Config.StageTransport == config.TransportNetwork,
+	}
+	// With the identity line read ahead (the stage server), the TLS handshake with the agent
+	// overlaps the read and verification of its pod; nothing is sent before both are done.
+	var ahead *executor.AgentDial
+	defer func() { ahead.Close() }()
+	if ca != nil {
+		req.Ahead = func(podIP, line string) {
+			if identity, _, ok := wire.ParseFirstLogLine(line); ok && identity != "" && ahead == nil {
+				ahead = executor.DialAhead(ctx, podIP, wire.NetworkPort, ca, req.Binding, identity)
+			}
+		}
 	}
 	var sbx *kube.Sandbox
 	var endSection func()
@@ -66,15 +81,10 @@ func Run(ctx context.Context, env *stages.Env) error {
 	}
 	claimed := env.Clock.Since(start)
 	log.Debugf("Sandbox acquired %s after prepare started", gitlab.Millis(claimed))
-	ca, err := env.AgentCA()
-	if err != nil {
-		endSection()
-		return err
-	}
 	var conn executor.Connection
 	agentStart := env.Clock.Now()
 	if sbx.AgentBaked {
-		conn, err = executor.ConnectAgent(ctx, cluster, sbx, wire.NetworkPort, ca, req.Binding)
+		conn, err = executor.ConnectAgent(ctx, cluster, sbx, wire.NetworkPort, ca, req.Binding, ahead)
 	} else {
 		conn, err = installAgent(ctx, env, cluster, sbx, ca, req.Binding)
 	}
@@ -83,7 +93,7 @@ func Run(ctx context.Context, env *stages.Env) error {
 		return err
 	}
 	transport, probe := conn.Transport, conn.Probe
-	log.Debugf("Stage agent ready (baked in: %t) in %s", sbx.AgentBaked, gitlab.Millis(env.Clock.Since(agentStart)))
+	log.Debugf("Stage agent ready (baked in: %t, TLS made ahead: %t) in %s", sbx.AgentBaked, conn.Ahead, gitlab.Millis(env.Clock.Since(agentStart)))
 	if err := checkFence(ctx, env, cluster, sbx, transport, ca, req, probe.Fence); err != nil {
 		endSection()
 		return err

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -170,5 +171,27 @@ func TestAServerLostMidStageIsASystemFailure(t *testing.T) {
 	code, _, stderr, exec := launch(t, self, []string{"--config", cfg, "prepare"}, runnerEnv)
 	if code != 12 || exec != nil || !strings.Contains(stderr, "claiming\nsandbox-executor: ERROR: stage server "+socket+": the stage server closed the connection before the stage ended") {
 		t.Errorf("exit %d, exec %+v, stderr %q; want a system failure naming the server", code, exec, stderr)
+	}
+}
+
+// What makes the launcher fast is what it does not link: client-go (its API schemes are most of
+// the executor's start-up) and the executor's stages.
+func TestLinksNoClientGo(t *testing.T) {
+	root, err := testutil.ModuleRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	list := exec.Command("go", "list", "-deps", "./cmd/sandbox-executor-stage")
+	list.Dir = root
+	out, err := list.Output()
+	if err != nil {
+		t.Fatalf("go list -deps: %v", err)
+	}
+	const module = "github.com/sandbox-executor/sandbox-executor/"
+	for _, pkg := range strings.Fields(string(out)) {
+		if strings.HasPrefix(pkg, "k8s.io/client-go/") || strings.HasPrefix(pkg, "k8s.io/api/") ||
+			pkg == module+"stages" || strings.HasPrefix(pkg, module+"stages/") || pkg == module+"kube" {
+			t.Errorf("the stage launcher links %s", pkg)
+		}
 	}
 }
