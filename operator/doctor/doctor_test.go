@@ -39,6 +39,7 @@ import (
 	"github.com/sandbox-executor/sandbox-executor/operator/doctor"
 	"github.com/sandbox-executor/sandbox-executor/stages"
 	"github.com/sandbox-executor/sandbox-executor/stageserver"
+	"github.com/sandbox-executor/sandbox-executor/tests/stageservertest"
 )
 
 const ns = "sandbox-executor"
@@ -559,15 +560,7 @@ func TestStageServer(t *testing.T) {
 	c.Version = "v2"
 	expect(t, c.Run(context.Background()), "stage server", doctor.Warn, "nobody listens on "+f.cfg.StageServer, "sandbox-executor serve")
 
-	ln, err := stageserver.Listen(f.cfg.StageServer)
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := &stageserver.Server{Version: "v1", Handler: func(context.Context, stageserver.Request, io.Writer, io.Writer) int { return 0 }}
-	ctx, cancel := context.WithCancel(context.Background())
-	served := make(chan error, 1)
-	go func() { served <- srv.Serve(ctx, ln) }()
-	defer func() { cancel(); <-served }()
+	stageservertest.Serve(t, f.cfg.StageServer, "v1", func(context.Context, stageserver.Request, io.Writer, io.Writer) int { return 0 })
 	expect(t, c.Run(context.Background()), "stage server", doctor.Warn, "runs version v1, this binary is v2", "restart")
 	c.Version = "v1"
 	expect(t, c.Run(context.Background()), "stage server", doctor.OK, "listening on "+f.cfg.StageServer+" (version v1)")

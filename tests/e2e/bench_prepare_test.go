@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"regexp"
 	"strconv"
 	"strings"
 	"sync"
@@ -113,13 +114,21 @@ func rawClaim(b *testing.B, c *clustertest.Cluster, pool string) time.Duration {
 // prepareJob runs our prepare as the runner would and returns its duration and the cleanup.
 func prepareJob(b *testing.B, r *clustertest.Runner) (time.Duration, func()) {
 	b.Helper()
+	took, _, cleanup := prepareJobLog(b, r)
+	return took, cleanup
+}
+
+// prepareJobLog is prepareJob, with prepare's output.
+func prepareJobLog(b *testing.B, r *clustertest.Runner) (time.Duration, string, func()) {
+	b.Helper()
 	j := newJob(b, r, ciImage)
 	start := time.Now()
-	if out, err := j.Command("prepare").CombinedOutput(); err != nil {
+	out, err := j.Command("prepare").CombinedOutput()
+	if err != nil {
 		b.Fatalf("prepare: %v\n%s", err, out)
 	}
 	took := time.Since(start)
-	return took, func() {
+	return took, string(out), func() {
 		if out, err := j.Command("cleanup").CombinedOutput(); err != nil {
 			b.Errorf("cleanup: %v\n%s", err, out)
 		}
@@ -137,11 +146,13 @@ func BenchmarkPrepare(b *testing.B) {
 	benchPool(b, c, warm, 2)
 	benchPool(b, c, cold, 0)
 	warmRunner := newRunner(b, c, localcluster.Config{Pools: localcluster.Pools(warm)})
-	// As the chart deploys it: start-runner serves prepare and cleanup (runner.stageServer).
-	servedRunner := c.NewServedRunner(b, "e2e-served", localcluster.Config{Pools: localcluster.Pools(warm)})
+	// As the chart deploys it: start-runner serves prepare and cleanup (runner.stageServer). Its
+	// debug lines break each prepare down (preparedSteps).
+	servedRunner := c.NewServedRunner(b, "e2e-served", localcluster.Config{Pools: localcluster.Pools(warm), Extra: "debug = true"})
 	coldRunner := newRunner(b, c, localcluster.Config{Pools: localcluster.Pools(cold)})
 
 	var rawWarm, ownWarm, ourWarm samples
+	var steps preparedSteps
 	for i := 0; i < benchN(30); i++ { // interleaved, each from a full pool
 		waitPoolFull(b, c, warm)
 		rawWarm = append(rawWarm, rawClaim(b, c, warm))
@@ -150,8 +161,9 @@ func BenchmarkPrepare(b *testing.B) {
 		ownWarm = append(ownWarm, took)
 		cleanup()
 		waitPoolFull(b, c, warm)
-		took, cleanup = prepareJob(b, servedRunner)
+		took, log, cleanup := prepareJobLog(b, servedRunner)
 		ourWarm = append(ourWarm, took)
+		steps.add(b, log)
 		cleanup()
 	}
 	if log := servedRunner.StageServer.Log.String(); strings.Count(log, "prepare exited 0") != len(ourWarm) {
@@ -160,6 +172,7 @@ func BenchmarkPrepare(b *testing.B) {
 	report(b, "warm claim->Ready (agent-sandbox)", rawWarm, 0)
 	report(b, "warm prepare, stage server (sandbox-executor)", ourWarm, rawWarm.median())
 	report(b, "warm prepare, own process (sandbox-executor)", ownWarm, rawWarm.median())
+	steps.report(b)
 
 	const concurrent = 10
 	benchPool(b, c, wide, concurrent)
@@ -196,6 +209,47 @@ func BenchmarkPrepare(b *testing.B) {
 	b.ReportMetric(float64(ourWarm.median().Microseconds())/1000, "warm-prepare-ms")
 	b.ReportMetric(float64(ourWarm.median())/float64(rawWarm.median()), "warm-prepare/raw-claim")
 	b.ReportMetric(float64(ownWarm.median().Microseconds())/1000, "warm-prepare-own-process-ms")
+}
+
+// preparedSteps are the served prepares' steps, from their debug lines: the claim's create,
+// the sandbox acquired (adopted, its pod verified), the agent (TLS, probe, fence check), and
+// how often the stage server's read-aheads served (the identity line, the TLS handshake).
+type preparedSteps struct {
+	created, acquired, agent samples
+	lineAhead, tlsAhead, n   int
+}
+
+var (
+	claimCreated    = regexp.MustCompile(`SandboxClaim \S+ created in (\d+) ms`)
+	sandboxAcquired = regexp.MustCompile(`Sandbox acquired (\d+) ms after prepare started`)
+	agentReady      = regexp.MustCompile(`Stage agent ready \(baked in: true, TLS made ahead: (true|false)\) in (\d+) ms`)
+)
+
+func (p *preparedSteps) add(b *testing.B, log string) {
+	b.Helper()
+	created, acquired, agent := claimCreated.FindStringSubmatch(log), sandboxAcquired.FindStringSubmatch(log), agentReady.FindStringSubmatch(log)
+	if created == nil || acquired == nil || agent == nil {
+		b.Fatalf("prepare's debug lines lack its steps:\n%s", log)
+	}
+	p.created = append(p.created, msOf(created[1]))
+	p.acquired = append(p.acquired, msOf(acquired[1]))
+	p.agent = append(p.agent, msOf(agent[2]))
+	p.n++
+	if strings.Contains(log, "first log line read ahead") {
+		p.lineAhead++
+	}
+	if agent[1] == "true" {
+		p.tlsAhead++
+	}
+}
+
+func (p *preparedSteps) report(b *testing.B) {
+	report(b, "  of which claim created", p.created, 0)
+	report(b, "  of which sandbox acquired", p.acquired, 0)
+	report(b, "  of which agent ready", p.agent, 0)
+	line := fmt.Sprintf("  identity line read ahead in %d of %d, TLS made ahead in %d of %d", p.lineAhead, p.n, p.tlsAhead, p.n)
+	b.Log(line)
+	fmt.Fprintln(os.Stderr, "BENCH", line)
 }
 
 func concurrently(n int, f func() time.Duration) samples {

@@ -17,6 +17,7 @@ import (
 
 	"github.com/sandbox-executor/sandbox-executor/buildinfo"
 	"github.com/sandbox-executor/sandbox-executor/stageserver"
+	"github.com/sandbox-executor/sandbox-executor/tests/stageservertest"
 	"github.com/sandbox-executor/sandbox-executor/tests/testutil"
 )
 
@@ -40,25 +41,11 @@ func install(t *testing.T, socket string) (self, cfg string) {
 }
 
 // server serves stages on a socket of its own with handler, until the test ends.
-func server(t *testing.T, handler stageserver.Handler) (string, *testutil.LockedBuffer) {
+func server(t *testing.T, handler stageserver.Handler) string {
 	t.Helper()
 	socket := filepath.Join(t.TempDir(), "run", "stages.sock")
-	ln, err := stageserver.Listen(socket)
-	if err != nil {
-		t.Fatal(err)
-	}
-	log := &testutil.LockedBuffer{}
-	srv := &stageserver.Server{Handler: handler, Drain: 5 * time.Second, Log: log, Version: buildinfo.Version}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- srv.Serve(ctx, ln) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("Serve: %v", err)
-		}
-	})
-	return socket, log
+	stageservertest.Serve(t, socket, buildinfo.Version, handler)
+	return socket
 }
 
 // execCall is what the launcher tried to become.
@@ -90,7 +77,7 @@ var runnerEnv = []string{"BUILD_FAILURE_EXIT_CODE=11", "SYSTEM_FAILURE_EXIT_CODE
 // output and exits with the stage's code, and never starts the executor.
 func TestHandsTheStageToTheServer(t *testing.T) {
 	var got []stageserver.Request
-	socket, _ := server(t, func(_ context.Context, req stageserver.Request, stdout, stderr io.Writer) int {
+	socket := server(t, func(_ context.Context, req stageserver.Request, stdout, stderr io.Writer) int {
 		got = append(got, req)
 		fmt.Fprintln(stdout, "Sandbox ready")
 		fmt.Fprintln(stderr, "warning")
@@ -123,7 +110,7 @@ func TestHandsTheStageToTheServer(t *testing.T) {
 // the executor next to the launcher, and nothing sent to any server.
 func TestBecomesTheExecutorForAnythingElse(t *testing.T) {
 	var served int
-	socket, _ := server(t, func(context.Context, stageserver.Request, io.Writer, io.Writer) int { served++; return 0 })
+	socket := server(t, func(context.Context, stageserver.Request, io.Writer, io.Writer) int { served++; return 0 })
 	self, cfg := install(t, socket)
 	_, noServer := install(t, "")
 	_, nobodyListening := install(t, filepath.Join(t.TempDir(), "stages.sock"))
@@ -163,7 +150,7 @@ func TestBecomesTheExecutorForAnythingElse(t *testing.T) {
 // A server that goes away mid-stage is a system failure, which the runner retries: the stage
 // never exits as if it had succeeded or as the script's failure.
 func TestAServerLostMidStageIsASystemFailure(t *testing.T) {
-	socket, _ := server(t, func(_ context.Context, _ stageserver.Request, _, stderr io.Writer) int {
+	socket := server(t, func(_ context.Context, _ stageserver.Request, _, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "claiming")
 		panic("lost")
 	})
