@@ -1,16 +1,10 @@
 package executor_test
 
 import (
-	"bufio"
 	"context"
 	"fmt"
-	"io"
 	"net"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -18,7 +12,6 @@ import (
 	"github.com/sandbox-executor/sandbox-executor/kube"
 
 	"github.com/sandbox-executor/sandbox-executor/agent/wire"
-	"github.com/sandbox-executor/sandbox-executor/agentca"
 	"github.com/sandbox-executor/sandbox-executor/executor"
 	"github.com/sandbox-executor/sandbox-executor/tests/executortest"
 	"github.com/sandbox-executor/sandbox-executor/tests/testutil"
@@ -108,25 +101,25 @@ func TestNetworkTransportFallsBackToExecWhenUnreachable(t *testing.T) {
 // running stages in a shell started before the stage was asked for.
 func TestBakedAgentServesTLSToThePinnedIdentity(t *testing.T) {
 	ca := executortest.AgentCA(t)
-	agent := startBakedAgent(t, ca)
+	agent := executortest.StartBakedAgent(t, ca)
 	sbx := &kube.Sandbox{Namespace: "ns", Pod: "job-pod", Container: "job", PodIP: "127.0.0.1", AgentBaked: true}
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	conn, err := executor.ConnectAgent(ctx, agent, sbx, agent.port, ca, testJob, nil)
+	conn, err := executor.ConnectAgent(ctx, agent, sbx, agent.Port, ca, testJob, nil)
 	if err != nil || conn.Probe == nil || conn.Probe.Shell == "" || !conn.Transport.Network() || conn.Fallback != "" {
 		t.Fatalf("ConnectAgent = %+v, %v; want the agent probed over the network", conn, err)
 	}
-	if len(agent.exec.Commands()) != 0 {
-		t.Errorf("connecting used exec: %v", agent.exec.Commands())
+	if len(agent.Local.Commands()) != 0 {
+		t.Errorf("connecting used exec: %v", agent.Local.Commands())
 	}
-	daemon, err := conn.Transport.Executor(sbx, agent.exec, ca, testJob)
+	daemon, err := conn.Transport.Executor(sbx, agent.Exec(), ca, testJob)
 	if err != nil {
 		t.Fatal(err)
 	}
-	daemon.(*executor.AgentNetwork).Addr = fmt.Sprintf("127.0.0.1:%d", agent.port)
+	daemon.(*executor.AgentNetwork).Addr = fmt.Sprintf("127.0.0.1:%d", agent.Port)
 	var stdout, log testutil.LockedBuffer
 	r := newStageRunner(daemon, &log, "")
-	r.StagesDir = agent.stages
+	r.StagesDir = agent.Stages
 	code, err := r.Run(ctx, "build_script", []byte("set -e\necho \"ran by $0\"\nfalse\necho not-reached\n"), &stdout, &stdout)
 	if err != nil || code != 1 {
 		t.Fatalf("Run = %d, %v; want 1 (errexit applies in the sourced script)", code, err)
@@ -134,12 +127,12 @@ func TestBakedAgentServesTLSToThePinnedIdentity(t *testing.T) {
 	if got := stdout.String(); strings.Contains(got, "/script") || !strings.HasPrefix(got, "ran by ") || strings.Contains(got, "not-reached") {
 		t.Errorf("output %q: want the stage run by the spare shell (its $0 is the shell, not the script)", got)
 	}
-	if len(agent.exec.Commands()) != 0 {
-		t.Errorf("the stage used exec: %v", agent.exec.Commands())
+	if len(agent.Local.Commands()) != 0 {
+		t.Errorf("the stage used exec: %v", agent.Local.Commands())
 	}
 
 	// Another job meets this pod (a claim of the same name, say): refused, not run.
-	_, err = executor.ConnectAgent(ctx, agent, sbx, agent.port, ca, "another-job", nil)
+	_, err = executor.ConnectAgent(ctx, agent, sbx, agent.Port, ca, "another-job", nil)
 	if failure.KindOf(err) != failure.KindSystem || !strings.Contains(err.Error(), "belongs to another job") {
 		t.Errorf("another job's ConnectAgent: %v; want a system failure saying the pod is another job's", err)
 	}
@@ -151,98 +144,21 @@ func TestConnectAgentFallsBackToExec(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	ca := executortest.AgentCA(t)
-	agent := startBakedAgent(t, ca)
+	agent := executortest.StartBakedAgent(t, ca)
 	unreachable := &kube.Sandbox{Namespace: "ns", Pod: "job-pod", Container: "job", PodIP: "127.0.0.9", AgentBaked: true}
-	conn, err := executor.ConnectAgent(ctx, agent, unreachable, agent.port, ca, testJob, nil)
-	if err != nil || conn.Probe == nil || conn.Transport.Network() || !strings.Contains(conn.Fallback, "cannot reach") || len(agent.exec.Commands()) == 0 {
-		t.Fatalf("unreachable pod: ConnectAgent = %+v, %v (exec calls %v); want the probe over exec and the reason", conn, err, agent.exec.Commands())
+	conn, err := executor.ConnectAgent(ctx, agent, unreachable, agent.Port, ca, testJob, nil)
+	if err != nil || conn.Probe == nil || conn.Transport.Network() || !strings.Contains(conn.Fallback, "cannot reach") || len(agent.Local.Commands()) == 0 {
+		t.Fatalf("unreachable pod: ConnectAgent = %+v, %v (exec calls %v); want the probe over exec and the reason", conn, err, agent.Local.Commands())
 	}
-	noCA := startBakedAgent(t, nil)
-	conn, err = executor.ConnectAgent(ctx, noCA, &kube.Sandbox{Pod: "job-pod", PodIP: "127.0.0.1", AgentBaked: true}, noCA.port, ca, testJob, nil)
+	noCA := executortest.StartBakedAgent(t, nil)
+	conn, err = executor.ConnectAgent(ctx, noCA, &kube.Sandbox{Pod: "job-pod", PodIP: "127.0.0.1", AgentBaked: true}, noCA.Port, ca, testJob, nil)
 	if err != nil || conn.Transport.Network() || !strings.Contains(conn.Fallback, wire.ClientCAEnv) {
 		t.Fatalf("a pod without the agent CA: ConnectAgent = %+v, %v; want exec and the reason naming %s", conn, err, wire.ClientCAEnv)
 	}
-	conn, err = executor.ConnectAgent(ctx, agent, &kube.Sandbox{Pod: "job-pod", PodIP: "127.0.0.1", AgentBaked: true}, agent.port, nil, testJob, nil)
+	conn, err = executor.ConnectAgent(ctx, agent, &kube.Sandbox{Pod: "job-pod", PodIP: "127.0.0.1", AgentBaked: true}, agent.Port, nil, testJob, nil)
 	if err != nil || conn.Transport.Network() || conn.Fallback != "" {
 		t.Fatalf("a runner without an agent CA: ConnectAgent = %+v, %v; want exec, silently", conn, err)
 	}
-}
-
-// bakedAgent is the agent's "serve" (the baked-in agent's command) running on the host, as a
-// job container would, and the cluster around it: its log and an exec into its "pod".
-type bakedAgent struct {
-	port   int
-	stages string
-	first  chan string
-	exec   *executortest.Local
-}
-
-func (b *bakedAgent) Exec() kube.RemoteExecutor { return b.exec }
-
-// FirstLogLine is the first line of the agent's stdout, as the kubelet keeps it for the pod's
-// log.
-func (b *bakedAgent) FirstLogLine(ctx context.Context, _ *kube.Sandbox, within time.Duration) (string, error) {
-	select {
-	case line := <-b.first:
-		b.first <- line // for the next reader
-		return line, nil
-	case <-time.After(within):
-		return "", kube.ErrNoLogLine
-	case <-ctx.Done():
-		return "", ctx.Err()
-	}
-}
-
-// startBakedAgent starts "serve" with ca's certificate in its environment (none: nil), its
-// network path on a free loopback port.
-func startBakedAgent(t *testing.T, ca *agentca.CA) *bakedAgent {
-	t.Helper()
-	stages := filepath.Join(t.TempDir(), "stages")
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	port := ln.Addr().(*net.TCPAddr).Port
-	ln.Close()
-	serve := exec.Command(os.Args[0], "serve", "--listen", fmt.Sprintf("127.0.0.1:%d", port), "--stages", stages)
-	serve.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	serve.Env = os.Environ()
-	if ca != nil {
-		serve.Env = append(serve.Env, wire.ClientCAEnv+"="+string(ca.CertificatePEM()))
-	}
-	stdout, err := serve.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := serve.Start(); err != nil {
-		t.Fatal(err)
-	}
-	b := &bakedAgent{port: port, stages: stages, first: make(chan string, 1), exec: executortest.NewLocal(t)}
-	go func() {
-		r := bufio.NewReader(stdout)
-		line, _ := r.ReadString('\n')
-		b.first <- line
-		_, _ = io.Copy(io.Discard, r)
-	}()
-	t.Cleanup(func() {
-		_ = syscall.Kill(-serve.Process.Pid, syscall.SIGKILL) // serve and its daemon
-		_ = serve.Wait()
-	})
-	return b
-}
-
-// identityOf is the identity the baked agent logged.
-func (b *bakedAgent) identityOf(t *testing.T) string {
-	t.Helper()
-	line, err := b.FirstLogLine(context.Background(), nil, 10*time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
-	identity, _, ok := wire.ParseFirstLogLine(line)
-	if !ok || identity == "" {
-		t.Fatalf("first log line %q: no identity", line)
-	}
-	return identity
 }
 
 // The stage server knows the pod's address and identity line before the pod is verified:
@@ -253,38 +169,71 @@ func TestConnectionMadeAhead(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	ca := executortest.AgentCA(t)
-	agent := startBakedAgent(t, ca)
-	identity := agent.identityOf(t)
+	agent := executortest.StartBakedAgent(t, ca)
+	identity := agent.Identity(t)
 	sbx := &kube.Sandbox{Namespace: "ns", Pod: "job-pod", Container: "job", PodIP: "127.0.0.1", AgentBaked: true}
 
-	// Made ahead for another job and never used: nothing was sent, so the pod is nobody's yet.
-	executor.DialAhead(ctx, "127.0.0.1", agent.port, ca, "another-job", identity).Close()
+	// Made ahead for another job, its handshake done, and dropped: nothing was sent, so the pod
+	// is nobody's yet (the job below gets it).
+	unused := executor.DialAhead(ctx, "127.0.0.1", agent.Port, ca, "another-job", identity)
+	if !unused.Connected() {
+		t.Fatal("the connection made ahead for another job was not made")
+	}
+	unused.Close()
 
-	// Ahead to another address (the pod of the name was replaced meanwhile): not used.
-	other := executor.DialAhead(ctx, "localhost", agent.port, ca, testJob, identity)
-	conn, err := executor.ConnectAgent(ctx, agent, sbx, agent.port, ca, testJob, other)
+	// Ahead to another address of the same agent (the pod of the name was replaced meanwhile):
+	// connected, but not used.
+	other := executor.DialAhead(ctx, "localhost", agent.Port, ca, testJob, identity)
+	if !other.Connected() {
+		t.Fatal("the connection made ahead to localhost was not made")
+	}
+	conn, err := executor.ConnectAgent(ctx, agent, sbx, agent.Port, ca, testJob, other)
 	if err != nil || !conn.Transport.Network() || conn.Ahead {
 		t.Fatalf("ahead to another address: ConnectAgent = %+v, %v; want its own connection", conn, err)
 	}
-	// Ahead pinning another key (the line read ahead was not this agent's): the handshake fails
-	// there, and prepare connects itself.
-	wrongKey := executor.DialAhead(ctx, "127.0.0.1", agent.port, ca, testJob, "sha256:"+strings.Repeat("0", 64))
-	conn, err = executor.ConnectAgent(ctx, agent, sbx, agent.port, ca, testJob, wrongKey)
-	if err != nil || !conn.Transport.Network() || conn.Ahead {
-		t.Fatalf("ahead pinning another key: ConnectAgent = %+v, %v; want its own connection", conn, err)
-	}
 	// Ahead to the verified pod's address and identity: the probe goes on it.
-	ahead := executor.DialAhead(ctx, "127.0.0.1", agent.port, ca, testJob, identity)
-	conn, err = executor.ConnectAgent(ctx, agent, sbx, agent.port, ca, testJob, ahead)
+	ahead := executor.DialAhead(ctx, "127.0.0.1", agent.Port, ca, testJob, identity)
+	conn, err = executor.ConnectAgent(ctx, agent, sbx, agent.Port, ca, testJob, ahead)
 	if err != nil || !conn.Transport.Network() || !conn.Ahead || conn.Probe == nil || conn.Probe.Identity != identity {
 		t.Fatalf("ahead to the pod: ConnectAgent = %+v, %v; want the probe on the connection made ahead", conn, err)
 	}
-	if len(agent.exec.Commands()) != 0 {
-		t.Errorf("connecting used exec: %v", agent.exec.Commands())
+	if len(agent.Local.Commands()) != 0 {
+		t.Errorf("connecting used exec: %v", agent.Local.Commands())
 	}
 	// The pod is this job's now: another job's connection made ahead gets nothing run.
-	late := executor.DialAhead(ctx, "127.0.0.1", agent.port, ca, "another-job", identity)
-	if _, err := executor.ConnectAgent(ctx, agent, sbx, agent.port, ca, "another-job", late); !strings.Contains(fmt.Sprint(err), "belongs to another job") {
+	late := executor.DialAhead(ctx, "127.0.0.1", agent.Port, ca, "another-job", identity)
+	if _, err := executor.ConnectAgent(ctx, agent, sbx, agent.Port, ca, "another-job", late); !strings.Contains(fmt.Sprint(err), "belongs to another job") {
 		t.Errorf("another job's connection made ahead: %v; want the pod refused as another job's", err)
+	}
+}
+
+// lyingLog is a pod whose first log line names another key than its agent's.
+type lyingLog struct {
+	*executortest.BakedAgent
+	line string
+}
+
+func (l lyingLog) FirstLogLine(context.Context, *kube.Sandbox, time.Duration) (string, error) {
+	return l.line, nil
+}
+
+// When the key the line names is not the agent's, the handshake made ahead fails, and that
+// failure is prepare's answer: the agent is not reached over the network (stages go over exec),
+// with the reason.
+func TestConnectionMadeAheadToTheWrongKey(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	ca := executortest.AgentCA(t)
+	agent := executortest.StartBakedAgent(t, ca)
+	agent.Identity(t) // serving
+	wrong := "sha256:" + strings.Repeat("0", 64)
+	sbx := &kube.Sandbox{Namespace: "ns", Pod: "job-pod", Container: "job", PodIP: "127.0.0.1", AgentBaked: true}
+	ahead := executor.DialAhead(ctx, "127.0.0.1", agent.Port, ca, testJob, wrong)
+	if ahead.Connected() {
+		t.Fatal("a handshake pinning another key succeeded")
+	}
+	conn, err := executor.ConnectAgent(ctx, lyingLog{agent, wire.IdentityLine(wrong)}, sbx, agent.Port, ca, testJob, ahead)
+	if err != nil || conn.Transport.Network() || conn.Ahead || !strings.Contains(conn.Fallback, "is not the pod's") || len(agent.Local.Commands()) == 0 {
+		t.Fatalf("ConnectAgent = %+v, %v (exec calls %v); want the probe over exec, saying the key is not the pod's", conn, err, agent.Local.Commands())
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"crypto/tls"
 	"net"
 	"testing"
+	"time"
 )
 
 // take hands over only a connection to the address and identity the verified pod shows, and
@@ -20,9 +21,9 @@ func TestTakeMatchesAddressAndIdentity(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			client, server := net.Pipe()
 			defer server.Close()
-			d := &AgentDial{addr: "10.0.0.5:7543", identity: "sha256:aa", done: make(chan struct{}), cancel: func() {}, conn: tls.Client(client, &tls.Config{})}
+			d := &AgentDial{addr: "10.0.0.5:7543", identity: "sha256:aa", done: make(chan struct{}), cancel: func() {}, conn: tls.Client(client, &tls.Config{}), at: time.Now()}
 			close(d.done)
-			got := d.take(tc.addr, tc.identity)
+			got, _, _ := d.take(tc.addr, tc.identity)
 			if (got != nil) != tc.want {
 				t.Fatalf("take(%s, %s) = %v, want a connection: %v", tc.addr, tc.identity, got, tc.want)
 			}
@@ -34,7 +35,7 @@ func TestTakeMatchesAddressAndIdentity(t *testing.T) {
 			} else {
 				got.Close()
 			}
-			if d.take("10.0.0.5:7543", "sha256:aa") != nil {
+			if again, _, _ := d.take("10.0.0.5:7543", "sha256:aa"); again != nil {
 				t.Error("a second take got the connection again")
 			}
 			d.Close()

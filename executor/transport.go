@@ -3,7 +3,6 @@ package executor
 import (
 	"bytes"
 	"context"
-	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -100,7 +99,7 @@ func ConnectAgent(ctx context.Context, cluster AgentCluster, sbx *kube.Sandbox, 
 			case identity == "":
 				fallback = "pod " + sbx.Pod + ": " + off
 			default:
-				conn, err := connectNetwork(ctx, sbx, port, ca, job, identity, ahead.take(agentAddr(sbx.PodIP, port), identity))
+				conn, err := connectNetwork(ctx, sbx, port, ca, job, identity, ahead)
 				if err != nil || conn.Fallback == "" {
 					return conn, err
 				}
@@ -121,26 +120,29 @@ func ConnectNetwork(ctx context.Context, sbx *kube.Sandbox, port int, ca *agentc
 	return connectNetwork(ctx, sbx, port, ca, job, identity, nil)
 }
 
-// connectNetwork is ConnectNetwork, on conn when the connection was made ahead (DialAhead).
-func connectNetwork(ctx context.Context, sbx *kube.Sandbox, port int, ca *agentca.CA, job, identity string, conn *tls.Conn) (Connection, error) {
+// connectNetwork is ConnectNetwork, with the attempt made ahead when it was to this pod's
+// address and identity (DialAhead).
+func connectNetwork(ctx context.Context, sbx *kube.Sandbox, port int, ca *agentca.CA, job, identity string, ahead *AgentDial) (Connection, error) {
 	if sbx.PodIP == "" {
-		if conn != nil {
-			conn.Close()
-		}
 		return Connection{Fallback: "pod " + sbx.Pod + " has no IP address"}, nil
 	}
+	conn, matched, err := ahead.take(agentAddr(sbx.PodIP, port), identity)
 	attempt, cancel := context.WithTimeout(ctx, probeAnswer)
 	defer cancel()
 	var stdout bytes.Buffer
 	probe := kube.ExecRequest{Command: wire.ProbeArgs(), Stdout: &stdout, Stderr: io.Discard}
 	daemon := NewAgentNetwork(sbx.PodIP, port, nil, nil)
-	var err error
 	if conn != nil {
-		err = daemon.send(attempt, conn, probe, nil) // the handshake was made ahead, as below
-	} else {
+		err = daemon.send(attempt, conn, probe, nil)
+		// Closed before the agent answered anything (an agent closes a connection that sends
+		// nothing for 10 s): connect again, as below. An answer, or silence, is the agent's.
+		matched = err == nil || answered(err) || stdout.Len() > 0 || attempt.Err() != nil
+	}
+	if !matched {
 		if daemon.TLS, err = ca.ClientConfig(job, identity); err != nil {
 			return Connection{}, failure.SystemError(err, "the stage's client certificate: %v", err)
 		}
+		stdout.Reset()
 		err = daemon.exec(attempt, probe, nil)
 	}
 	if err != nil && ctx.Err() == nil && attempt.Err() != nil {
@@ -154,7 +156,7 @@ func connectNetwork(ctx context.Context, sbx *kube.Sandbox, port int, ca *agentc
 		if err != nil {
 			return Connection{}, err
 		}
-		return Connection{Transport: Transport{AgentIdentity: identity}, Probe: probe, Ahead: conn != nil}, nil
+		return Connection{Transport: Transport{AgentIdentity: identity}, Probe: probe, Ahead: matched && conn != nil}, nil
 	case errors.Is(err, ErrAgentUnreachable):
 		return Connection{Fallback: "the runner cannot reach the agent of pod " + sbx.Pod + ": " + failure.OneLine(err.Error())}, nil
 	case ctx.Err() != nil:
@@ -162,6 +164,13 @@ func connectNetwork(ctx context.Context, sbx *kube.Sandbox, port int, ca *agentc
 	default:
 		return Connection{}, failure.SystemError(err, "the stage agent in pod %s: %s", sbx.Pod, failure.OneLine(err.Error()))
 	}
+}
+
+// answered: the agent answered the request (refused it, or ran it to an exit code).
+func answered(err error) bool {
+	var refused *RefusedError
+	var exit *kube.ExitError
+	return errors.As(err, &refused) || errors.As(err, &exit)
 }
 
 func probeOverExec(ctx context.Context, exec kube.RemoteExecutor, sbx *kube.Sandbox) (*wire.Probe, error) {

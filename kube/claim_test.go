@@ -258,3 +258,24 @@ func TestFindBeforeTheClaimIsReady(t *testing.T) {
 		t.Errorf("Find = %+v, %v; want the claimed sandbox %s", found, err, claimed.SandboxName)
 	}
 }
+
+// In the stage server, a claim that goes on from the adoption tells prepare the adopted
+// sandbox's address and identity line read ahead, once, before it returns the sandbox verified.
+func TestClaimAnnouncesTheAdoptedSandboxAhead(t *testing.T) {
+	fc := executortest.NewCluster(t)
+	fc.ClaimStatusLags = true
+	lines := kube.NewAgentLines(fc.Clients, executortest.Namespace)
+	lines.KeepForTest("duo-default-abcde", "uid-1", "containerd://aaa", "10.88.0.5", "identity line\n")
+	fc.Clients.AgentLines = lines
+	req := testRequest()
+	req.AgentLog = true
+	var announced []string
+	req.Ahead = func(podIP, line string) { announced = append(announced, podIP+" "+line) }
+	sbx, err := fc.Claimer().Claim(context.Background(), req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(announced) != 1 || announced[0] != "10.88.0.5 identity line\n" || sbx.Pod != "duo-default-abcde" {
+		t.Errorf("announced %q for pod %s; want the line read ahead for duo-default-abcde, once", announced, sbx.Pod)
+	}
+}

@@ -30,7 +30,8 @@ type ClaimRequest struct {
 	// read and verified: the address its pod had and the identity line read ahead for it (the
 	// stage server's AgentLines), so that prepare can connect to the agent meanwhile
 	// (executor.DialAhead). Neither is trusted: nothing may be sent to the pod before Claim
-	// returns it verified, with the line it verified.
+	// returns it verified, with the line it verified. It is called at most once, on the
+	// goroutine that called Claim, before Claim returns: it needs no lock.
 	Ahead func(podIP, agentLine string)
 }
 

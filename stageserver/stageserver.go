@@ -39,9 +39,12 @@ type Request struct {
 }
 
 // Getenv looks a variable up in the request's environment.
-func (r *Request) Getenv(name string) string {
-	for i := len(r.Environ) - 1; i >= 0; i-- { // the last of duplicates wins, as in os/exec
-		kv := r.Environ[i]
+func (r *Request) Getenv(name string) string { return Lookup(r.Environ, name) }
+
+// Lookup looks a variable up in environ (KEY=value); the last of duplicates wins, as in os/exec.
+func Lookup(environ []string, name string) string {
+	for i := len(environ) - 1; i >= 0; i-- {
+		kv := environ[i]
 		if len(kv) > len(name) && kv[len(name)] == '=' && kv[:len(name)] == name {
 			return kv[len(name)+1:]
 		}

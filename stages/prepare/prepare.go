@@ -54,16 +54,10 @@ func Run(ctx context.Context, env *stages.Env) error {
 		Binding:        env.Binding(job),
 		AgentLog:       env.Config.StageTransport == config.TransportNetwork,
 	}
-	// With the identity line read ahead (the stage server), the TLS handshake with the agent
-	// overlaps the read and verification of its pod; nothing is sent before both are done.
-	var ahead *executor.AgentDial
-	defer func() { ahead.Close() }()
+	ahead := &agentAhead{ctx: ctx, ca: ca, job: req.Binding, port: wire.NetworkPort}
+	defer ahead.close()
 	if ca != nil {
-		req.Ahead = func(podIP, line string) {
-			if identity, _, ok := wire.ParseFirstLogLine(line); ok && identity != "" && ahead == nil {
-				ahead = executor.DialAhead(ctx, podIP, wire.NetworkPort, ca, req.Binding, identity)
-			}
-		}
+		req.Ahead = ahead.announced
 	}
 	var sbx *kube.Sandbox
 	var endSection func()
@@ -84,7 +78,7 @@ func Run(ctx context.Context, env *stages.Env) error {
 	var conn executor.Connection
 	agentStart := env.Clock.Now()
 	if sbx.AgentBaked {
-		conn, err = executor.ConnectAgent(ctx, cluster, sbx, wire.NetworkPort, ca, req.Binding, ahead)
+		conn, err = executor.ConnectAgent(ctx, cluster, sbx, wire.NetworkPort, ca, req.Binding, ahead.dial)
 	} else {
 		conn, err = installAgent(ctx, env, cluster, sbx, ca, req.Binding)
 	}
@@ -126,6 +120,27 @@ func Run(ctx context.Context, env *stages.Env) error {
 	}
 	return nil
 }
+
+// agentAhead connects to the agent of the sandbox the claim announces (kube.ClaimRequest.Ahead:
+// in the stage server, with its identity line read ahead), so that the TLS handshake overlaps the
+// read and verification of its pod. ConnectAgent sends the probe on it only if the verified pod
+// shows the same address and identity; nothing is sent before.
+type agentAhead struct {
+	ctx  context.Context
+	ca   *agentca.CA
+	job  string
+	port int
+	dial *executor.AgentDial
+}
+
+// announced starts the connection, once, if the line is an agent's identity.
+func (a *agentAhead) announced(podIP, line string) {
+	if identity, _, ok := wire.ParseFirstLogLine(line); ok && identity != "" && a.dial == nil {
+		a.dial = executor.DialAhead(a.ctx, podIP, a.port, a.ca, a.job, identity)
+	}
+}
+
+func (a *agentAhead) close() { a.dial.Close() }
 
 // installAgent copies the agent into a pod whose template does not bake it in, over exec, and
 // with ca connects to it over the pod network: the install exec reports its identity.

@@ -10,6 +10,7 @@ package launcher
 
 import (
 	"context"
+	"errors"
 	"io"
 	"os"
 	"os/signal"
@@ -32,10 +33,22 @@ const Executor = "sandbox-executor"
 func Main() {
 	started := time.Now()
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
-	code := Launch(ctx, Process{Args: os.Args, Environ: os.Environ(), Started: started, Stdout: os.Stdout, Stderr: os.Stderr, Exec: syscall.Exec})
+	exec := func(path string, argv, envv []string) error {
+		// From here a SIGTERM ends the process as it would the executor's before it handles
+		// signals; one that came before is the runner's cancel, which the stage must not outlive.
+		stop()
+		if ctx.Err() != nil {
+			return errCancelled
+		}
+		return syscall.Exec(path, argv, envv)
+	}
+	code := Launch(ctx, Process{Args: os.Args, Environ: os.Environ(), Started: started, Stdout: os.Stdout, Stderr: os.Stderr, Exec: exec})
 	stop()
 	os.Exit(code)
 }
+
+// errCancelled is the runner's cancel (SIGTERM) before the launcher became the executor.
+var errCancelled = errors.New("cancelled")
 
 // Process is the launcher's process as the runner started it, and how it becomes the executor.
 type Process struct {
@@ -50,7 +63,10 @@ type Process struct {
 
 // Launch hands the stage to the stage server and returns its exit code, or becomes the executor.
 func Launch(ctx context.Context, p Process) int {
-	getenv := lookup(p.Environ)
+	getenv := func(name string) string { return stageserver.Lookup(p.Environ, name) }
+	if len(p.Args) == 0 {
+		p.Args = []string{Executor}
+	}
 	socket, stage, ok := served(p.Args[1:], getenv)
 	if !ok {
 		return p.becomeExecutor(getenv)
@@ -73,7 +89,9 @@ func Launch(ctx context.Context, p Process) int {
 func served(args []string, getenv func(string) string) (socket string, stage stageserver.Stage, ok bool) {
 	var configFlag string
 	for len(args) > 0 && strings.HasPrefix(args[0], "-") {
-		name, value, hasValue := strings.Cut(strings.TrimLeft(args[0], "-"), "=")
+		// -config and --config, with the value after = or as the next argument, as the
+		// executor's flags take them; anything else is the executor's to parse.
+		name, value, hasValue := strings.Cut(strings.TrimPrefix(strings.TrimPrefix(args[0], "-"), "-"), "=")
 		if name != "config" {
 			return "", stage, false
 		}
@@ -111,12 +129,14 @@ func (p Process) becomeExecutor(getenv func(string) string) int {
 	}
 	executor := filepath.Join(filepath.Dir(self), Executor)
 	err := p.Exec(executor, append([]string{executor}, p.Args[1:]...), p.Environ)
-	return gitlab.RunnerEnvFrom(getenv).Report(p.Stderr, failure.PermanentError(nil,
-		"the stage launcher cannot start %s: %v (install %s next to %s)", executor, failure.WithoutPath(err), Executor, filepath.Base(self)))
-}
-
-// lookup is getenv over environ: the last of duplicates wins, as in os/exec.
-func lookup(environ []string) func(string) string {
-	req := stageserver.Request{Environ: environ}
-	return req.Getenv
+	report := gitlab.RunnerEnvFrom(getenv).Report
+	switch {
+	case errors.Is(err, errCancelled):
+		return report(p.Stderr, failure.SystemError(nil, "the stage was cancelled before it started"))
+	case errors.Is(err, syscall.ENOENT), errors.Is(err, syscall.EACCES), errors.Is(err, syscall.ENOEXEC), errors.Is(err, syscall.ENOTDIR):
+		// A broken install: retrying does not mend it.
+		return report(p.Stderr, failure.PermanentError(nil, "the stage launcher cannot start %s: %v (install %s next to %s)", executor, err, Executor, filepath.Base(self)))
+	}
+	// Anything else may pass (a binary being replaced, memory): the runner retries.
+	return report(p.Stderr, failure.SystemError(nil, "the stage launcher cannot start %s: %v", executor, err))
 }

@@ -3,13 +3,13 @@ package launcher
 import (
 	"bytes"
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -63,7 +63,7 @@ func launch(t *testing.T, self string, args, environ []string) (code int, stdout
 		Stdout: &out, Stderr: &errOut, Self: self,
 		Exec: func(path string, argv, envv []string) error {
 			exec = &execCall{path, argv, envv}
-			return errors.New("exec recorded")
+			return syscall.ENOENT // as execve says of a missing executor
 		},
 	}
 	code = Launch(context.Background(), p)
@@ -136,14 +136,49 @@ func TestBecomesTheExecutorForAnythingElse(t *testing.T) {
 				strings.Join(exec.envv, " ") != strings.Join(runnerEnv, " ") {
 				t.Fatalf("exec %+v; want %s with the same arguments and environment", exec, wantPath)
 			}
-			// The recorded exec "failed": that is a broken install, in one line, not retried.
-			if code != 11 || stdout != "" || !strings.HasPrefix(stderr, "sandbox-executor: ERROR: the stage launcher cannot start "+wantPath+": exec recorded (install sandbox-executor next to sandbox-executor-stage)") {
+			// The recorded exec "found no executor": a broken install, in one line, not retried.
+			if code != 11 || stdout != "" || !strings.HasPrefix(stderr, "sandbox-executor: ERROR: the stage launcher cannot start "+wantPath+": no such file or directory (install sandbox-executor next to sandbox-executor-stage)") {
 				t.Errorf("exit %d, stdout %q, stderr %q", code, stdout, stderr)
 			}
 		})
 	}
 	if served != 0 {
 		t.Errorf("the server ran %d stages, want none", served)
+	}
+}
+
+// The flag forms the executor takes, the launcher takes too, with the same value.
+func TestConfigFlagForms(t *testing.T) {
+	socket := server(t, func(_ context.Context, req stageserver.Request, stdout, _ io.Writer) int {
+		fmt.Fprint(stdout, req.Args[2])
+		return 0
+	})
+	self, cfg := install(t, socket)
+	_, other := install(t, socket)
+	for _, args := range [][]string{{"--config", cfg, "prepare"}, {"-config", cfg, "prepare"}, {"--config=" + cfg, "prepare"}, {"-config=" + cfg, "prepare"},
+		{"--config", other, "--config", cfg, "prepare"}} {
+		if code, stdout, _, exec := launch(t, self, args, runnerEnv); code != 0 || stdout != cfg || exec != nil {
+			t.Errorf("%q: exit %d, config %q, exec %+v; want %s handed over", args, code, stdout, exec, cfg)
+		}
+	}
+}
+
+// Why the launcher could not become the executor decides the exit code: a missing or unrunnable
+// executor is the install's fault (not retried); a transient failure, or the runner's cancel
+// before it, is a system failure.
+func TestExecFailures(t *testing.T) {
+	self, cfg := install(t, "")
+	for err, want := range map[error]string{
+		syscall.EACCES:  "11 the stage launcher cannot start",
+		syscall.ETXTBSY: "12 the stage launcher cannot start",
+		errCancelled:    "12 the stage was cancelled before it started",
+	} {
+		var stderr bytes.Buffer
+		code := Launch(context.Background(), Process{Args: []string{self, "--config", cfg, "prepare"}, Environ: runnerEnv, Stdout: io.Discard, Stderr: &stderr, Self: self,
+			Exec: func(string, []string, []string) error { return err }})
+		if got := fmt.Sprintf("%d %s", code, strings.TrimPrefix(stderr.String(), "sandbox-executor: ERROR: ")); !strings.HasPrefix(got, want) {
+			t.Errorf("exec failing with %v: %q, want %q", err, got, want)
+		}
 	}
 }
 
