@@ -32,19 +32,21 @@ const Executor = "sandbox-executor"
 // Main launches the stage and exits.
 func Main() {
 	started := time.Now()
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	signals := make(chan os.Signal, 1)
+	signal.Notify(signals, syscall.SIGTERM, syscall.SIGINT)
 	exec := func(path string, argv, envv []string) error {
-		// From here a SIGTERM ends the process as it would the executor's before it handles
-		// signals; one that came before is the runner's cancel, which the stage must not outlive.
-		stop()
-		if ctx.Err() != nil {
+		// From here a SIGTERM ends the process, as it ends the executor's before that handles
+		// signals. One that came before is the runner's cancel: the stage must not start.
+		signal.Stop(signals)
+		select {
+		case <-signals:
 			return errCancelled
+		default:
 		}
 		return syscall.Exec(path, argv, envv)
 	}
-	code := Launch(ctx, Process{Args: os.Args, Environ: os.Environ(), Started: started, Stdout: os.Stdout, Stderr: os.Stderr, Exec: exec})
-	stop()
-	os.Exit(code)
+	os.Exit(Launch(context.Background(), Process{Args: os.Args, Environ: os.Environ(), Started: started,
+		Stdout: os.Stdout, Stderr: os.Stderr, Signals: signals, Exec: exec}))
 }
 
 // errCancelled is the runner's cancel (SIGTERM) before the launcher became the executor.
@@ -55,6 +57,9 @@ type Process struct {
 	Args, Environ  []string
 	Started        time.Time
 	Stdout, Stderr io.Writer
+	// Signals are the runner's SIGTERM (cancel, timeout) and SIGINT: one cancels a stage handed
+	// to the server.
+	Signals <-chan os.Signal
 	// Exec replaces the process (syscall.Exec); it returns only on failure.
 	Exec func(path string, argv, envv []string) error
 	// Self is the launcher's own path (os.Executable if empty): the executor is next to it.
@@ -72,7 +77,7 @@ func Launch(ctx context.Context, p Process) int {
 		return p.becomeExecutor(getenv)
 	}
 	stage.Environ, stage.Started = p.Environ, p.Started
-	code, err := stageserver.Hand(ctx, socket, stage, p.Stdout, p.Stderr)
+	code, err := p.hand(ctx, socket, stage)
 	if stageserver.NotServed(err) {
 		// The executor tries the server again and says in the job log why it runs the stage.
 		return p.becomeExecutor(getenv)
@@ -81,6 +86,29 @@ func Launch(ctx context.Context, p Process) int {
 		return gitlab.RunnerEnvFrom(getenv).Report(p.Stderr, err)
 	}
 	return code
+}
+
+// hand hands the stage to the server, cancelling it there on a signal. A stage cancelled before
+// the server took it is not handed over (a cancel error, not NotServed): it must not start.
+func (p Process) hand(ctx context.Context, socket string, stage stageserver.Stage) (int, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	handed, watched := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(watched)
+		select {
+		case <-p.Signals:
+			cancel()
+		case <-handed:
+		}
+	}()
+	code, err := stageserver.Hand(ctx, socket, stage, p.Stdout, p.Stderr)
+	close(handed)
+	<-watched
+	if stageserver.NotServed(err) && ctx.Err() != nil {
+		return 0, failure.SystemError(nil, "%s cancelled before it started", stage.Name)
+	}
+	return code, err
 }
 
 // served reads the command line the runner gave ([--config PATH] STAGE) and the config it names,

@@ -217,3 +217,27 @@ func TestLinksNoClientGo(t *testing.T) {
 		}
 	}
 }
+
+// The runner's SIGTERM (cancel, timeout) cancels a stage handed to the server there: the stage
+// ends as it would in its own process, and the launcher relays how.
+func TestASignalCancelsTheStageInTheServer(t *testing.T) {
+	running := make(chan struct{})
+	socket := server(t, func(ctx context.Context, _ stageserver.Request, stdout, _ io.Writer) int {
+		close(running)
+		<-ctx.Done()
+		fmt.Fprintln(stdout, "cancelled in the server")
+		return 12
+	})
+	self, cfg := install(t, socket)
+	signals := make(chan os.Signal, 1)
+	go func() {
+		<-running
+		signals <- syscall.SIGTERM
+	}()
+	var stdout bytes.Buffer
+	code := Launch(context.Background(), Process{Args: []string{self, "--config", cfg, "prepare"}, Environ: runnerEnv, Stdout: &stdout, Stderr: io.Discard,
+		Signals: signals, Self: self, Exec: func(string, []string, []string) error { t.Error("the launcher tried to exec"); return nil }})
+	if code != 12 || stdout.String() != "cancelled in the server\n" {
+		t.Errorf("exit %d, stdout %q; want the stage cancelled in the server and its exit", code, stdout.String())
+	}
+}
