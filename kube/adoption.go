@@ -24,6 +24,22 @@ func (c *Claimer) watchAdoption(ctx context.Context, claim *extv1beta1.SandboxCl
 		out <- nil
 		return out
 	}
+	if lines := c.clients.AgentLines; lines != nil {
+		// In the stage server: its watch of the namespace's Sandboxes runs already, so the
+		// adoption is seen as soon as it is made, with no watch to open after the create.
+		if found, stop, ok := lines.adoption(claim); ok {
+			go func() {
+				defer stop()
+				select {
+				case sbx := <-found:
+					out <- sbx
+				case <-ctx.Done():
+					out <- nil
+				}
+			}()
+			return out
+		}
+	}
 	go func() {
 		var adopted *sandboxv1beta1.Sandbox
 		defer func() { out <- adopted }()

@@ -11,6 +11,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/apimachinery/pkg/watch"
 	sandboxv1beta1 "sigs.k8s.io/agent-sandbox/api/v1beta1"
+	extv1beta1 "sigs.k8s.io/agent-sandbox/extensions/api/v1beta1"
 )
 
 // AgentLines reads the first log line of every Ready sandbox's pod in a namespace ahead of time:
@@ -31,6 +32,18 @@ type AgentLines struct {
 	reading chan struct{}
 	mu      sync.Mutex
 	lines   map[string]agentLine // by pod name
+	// The watch's Sandboxes as last seen (while watching), and the claims waiting for their
+	// adoption (adoptions): the watch runs already, so a prepare in the stage server sees its
+	// adoption without opening a watch of its own after its create.
+	watching  bool
+	sandboxes map[string]*sandboxv1beta1.Sandbox
+	waiting   map[*adoptionWait]struct{}
+}
+
+// adoptionWait is a claim waiting for the sandbox it adopts.
+type adoptionWait struct {
+	claim *extv1beta1.SandboxClaim
+	found chan *sandboxv1beta1.Sandbox // buffered: one send
 }
 
 // agentLinesReads is how many pods' lines are read at once.
@@ -45,7 +58,8 @@ type agentLine struct {
 
 // NewAgentLines keeps the lines of namespace's pods once Run runs.
 func NewAgentLines(clients *Clients, namespace string) *AgentLines {
-	return &AgentLines{clients: clients, namespace: namespace, reading: make(chan struct{}, agentLinesReads), lines: map[string]agentLine{}}
+	return &AgentLines{clients: clients, namespace: namespace, reading: make(chan struct{}, agentLinesReads), lines: map[string]agentLine{},
+		sandboxes: map[string]*sandboxv1beta1.Sandbox{}, waiting: map[*adoptionWait]struct{}{}}
 }
 
 // agentLinesRewatch spaces the watches: the API server ends each after a few minutes, and an
@@ -66,6 +80,9 @@ func (a *AgentLines) watchOnce(ctx context.Context, reads *sync.WaitGroup) {
 		return
 	}
 	defer w.Stop()
+	// A new watch starts with the Sandboxes there now: what the last one saw may be stale.
+	a.setWatching(true)
+	defer a.setWatching(false)
 	for {
 		var ev watch.Event
 		select {
@@ -81,6 +98,7 @@ func (a *AgentLines) watchOnce(ctx context.Context, reads *sync.WaitGroup) {
 		if !ok {
 			continue
 		}
+		a.seen(ev.Type, sbx)
 		pod := PodNameOf(sbx)
 		if ev.Type == watch.Deleted || sbx.DeletionTimestamp != nil {
 			a.forget(pod)
@@ -144,6 +162,54 @@ func (a *AgentLines) candidate(name string) (podIP, line string, ok bool) {
 	defer a.mu.Unlock()
 	got, ok := a.lines[name]
 	return got.podIP, got.line, ok && got.podIP != ""
+}
+
+func (a *AgentLines) setWatching(on bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.watching = on
+	clear(a.sandboxes)
+}
+
+// seen keeps the Sandbox as the watch shows it and hands it to the claim waiting for it.
+func (a *AgentLines) seen(event watch.EventType, sbx *sandboxv1beta1.Sandbox) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if event == watch.Deleted {
+		delete(a.sandboxes, sbx.Name)
+		return
+	}
+	a.sandboxes[sbx.Name] = sbx
+	for w := range a.waiting {
+		if adoptedAndReady(sbx, w.claim) {
+			w.found <- sbx
+			delete(a.waiting, w)
+		}
+	}
+}
+
+// adoption is watchAdoption on the watch that runs already: the channel yields the Sandbox the
+// claim adopted once it is Ready, and stop ends the wait. ok is false while nothing is watched
+// (the watch is starting again after an error): the caller watches itself.
+func (a *AgentLines) adoption(claim *extv1beta1.SandboxClaim) (found <-chan *sandboxv1beta1.Sandbox, stop func(), ok bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if !a.watching {
+		return nil, nil, false
+	}
+	w := &adoptionWait{claim: claim, found: make(chan *sandboxv1beta1.Sandbox, 1)}
+	for _, sbx := range a.sandboxes {
+		if adoptedAndReady(sbx, claim) {
+			w.found <- sbx
+			return w.found, func() {}, true
+		}
+	}
+	a.waiting[w] = struct{}{}
+	return w.found, func() {
+		a.mu.Lock()
+		defer a.mu.Unlock()
+		delete(a.waiting, w)
+	}, true
 }
 
 // kept is how many lines are kept.

@@ -12,8 +12,10 @@ import (
 	"k8s.io/apimachinery/pkg/watch"
 	kubefake "k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
+	"k8s.io/utils/ptr"
 	sandboxv1beta1 "sigs.k8s.io/agent-sandbox/api/v1beta1"
 	sandboxfake "sigs.k8s.io/agent-sandbox/clients/k8s/clientset/versioned/fake"
+	extv1beta1 "sigs.k8s.io/agent-sandbox/extensions/api/v1beta1"
 )
 
 func runningPod(name, uid, containerID string) *corev1.Pod {
@@ -143,5 +145,68 @@ func TestAdoptionAnnouncesTheLineReadAhead(t *testing.T) {
 		if got != tc.want {
 			t.Errorf("%s: announced %q, want %q", name, got, tc.want)
 		}
+	}
+}
+
+// In the stage server the adoption is seen on the namespace's watch that runs already: a claim
+// gets the Ready sandbox it controls, whether the adoption came before it asked or after, and
+// never another claim's or one not Ready; while nothing is watched, the claim watches itself.
+func TestAdoptionSeenOnTheRunningWatch(t *testing.T) {
+	sandboxes := sandboxfake.NewSimpleClientset()
+	events := watch.NewRaceFreeFake()
+	sandboxes.PrependWatchReactor("sandboxes", func(k8stesting.Action) (bool, watch.Interface, error) { return true, events, nil })
+	a := NewAgentLines(&Clients{Kube: kubefake.NewClientset(), Sandboxes: sandboxes}, "ns")
+	claim := func(uid string) *extv1beta1.SandboxClaim {
+		return &extv1beta1.SandboxClaim{ObjectMeta: metav1.ObjectMeta{Name: "job-" + uid, Namespace: "ns", UID: types.UID(uid)}}
+	}
+	if _, _, ok := a.adoption(claim("early")); ok {
+		t.Fatal("an adoption was promised before the watch runs")
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); a.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	if err := wait.PollUntilContextTimeout(ctx, 5*time.Millisecond, 30*time.Second, true, func(context.Context) (bool, error) {
+		_, _, ok := a.adoption(claim("probe"))
+		return ok, nil
+	}); err != nil {
+		t.Fatal("the watch never ran")
+	}
+	adopted := func(name, claimUID string, ready metav1.ConditionStatus) *sandboxv1beta1.Sandbox {
+		s := &sandboxv1beta1.Sandbox{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "ns",
+			Labels:          map[string]string{extv1beta1.SandboxIDLabel: claimUID},
+			OwnerReferences: []metav1.OwnerReference{{Kind: "SandboxClaim", Name: "job-" + claimUID, UID: types.UID(claimUID), Controller: ptr.To(true)}}}}
+		s.Status.Conditions = []metav1.Condition{{Type: "Ready", Status: ready}}
+		return s
+	}
+	// Adopted before the claim asks.
+	events.Add(adopted("pool-1", "before", metav1.ConditionTrue))
+	var found <-chan *sandboxv1beta1.Sandbox
+	if err := wait.PollUntilContextTimeout(ctx, 5*time.Millisecond, 30*time.Second, true, func(context.Context) (bool, error) {
+		f, _, _ := a.adoption(claim("before"))
+		found = f
+		return len(f) == 1, nil
+	}); err != nil {
+		t.Fatal("an adoption seen before the claim asked was not handed to it")
+	}
+	if sbx := <-found; sbx.Name != "pool-1" {
+		t.Errorf("claim before got %s, want pool-1", sbx.Name)
+	}
+	// Adopted after: another claim's sandbox and this claim's, not yet Ready, hand it nothing.
+	after, stop, ok := a.adoption(claim("after"))
+	if !ok {
+		t.Fatal("no adoption wait while watching")
+	}
+	defer stop()
+	events.Add(adopted("pool-2", "someone-else", metav1.ConditionTrue))
+	events.Modify(adopted("pool-3", "after", metav1.ConditionFalse))
+	events.Modify(adopted("pool-3", "after", metav1.ConditionTrue))
+	select {
+	case sbx := <-after:
+		if sbx.Name != "pool-3" || !adoptedAndReady(sbx, claim("after")) {
+			t.Errorf("claim after got %s, want pool-3 adopted and Ready", sbx.Name)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the adoption after the claim asked was not handed to it")
 	}
 }

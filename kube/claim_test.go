@@ -12,6 +12,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/util/wait"
 	k8stesting "k8s.io/client-go/testing"
 	extv1beta1 "sigs.k8s.io/agent-sandbox/extensions/api/v1beta1"
 
@@ -259,14 +260,24 @@ func TestFindBeforeTheClaimIsReady(t *testing.T) {
 	}
 }
 
-// In the stage server, a claim that goes on from the adoption tells prepare the adopted
-// sandbox's address and identity line read ahead, once, before it returns the sandbox verified.
+// In the stage server, a claim sees its adoption on the server's running watch of Sandboxes,
+// goes on from it, and tells prepare the adopted sandbox's address and identity line read
+// ahead, once, before it returns the sandbox verified.
 func TestClaimAnnouncesTheAdoptedSandboxAhead(t *testing.T) {
 	fc := executortest.NewCluster(t)
 	fc.ClaimStatusLags = true
 	lines := kube.NewAgentLines(fc.Clients, executortest.Namespace)
 	lines.KeepForTest("duo-default-abcde", "uid-1", "containerd://aaa", "10.88.0.5", "identity line\n")
 	fc.Clients.AgentLines = lines
+	ctx, cancel := context.WithCancel(context.Background())
+	running := make(chan struct{})
+	go func() { defer close(running); lines.Run(ctx) }()
+	defer func() { cancel(); <-running }()
+	if err := wait.PollUntilContextTimeout(ctx, 5*time.Millisecond, 30*time.Second, true, func(context.Context) (bool, error) {
+		return lines.WatchingForTest(), nil
+	}); err != nil {
+		t.Fatal("the stage server's watch of Sandboxes never ran")
+	}
 	req := testRequest()
 	req.AgentLog = true
 	var announced []string
@@ -277,5 +288,10 @@ func TestClaimAnnouncesTheAdoptedSandboxAhead(t *testing.T) {
 	}
 	if len(announced) != 1 || announced[0] != "10.88.0.5 identity line\n" || sbx.Pod != "duo-default-abcde" {
 		t.Errorf("announced %q for pod %s; want the line read ahead for duo-default-abcde, once", announced, sbx.Pod)
+	}
+	for _, action := range fc.Sandboxes.Actions() {
+		if w, ok := action.(k8stesting.WatchAction); ok && w.GetWatchRestrictions().Labels.String() != "" {
+			t.Errorf("the claim opened a watch of its own (%s) while the server's watch runs", w.GetWatchRestrictions().Labels)
+		}
 	}
 }

@@ -9,3 +9,10 @@ func (a *AgentLines) KeepForTest(pod, podUID, containerID, podIP, line string) {
 	defer a.mu.Unlock()
 	a.lines[pod] = agentLine{podUID: types.UID(podUID), containerID: containerID, podIP: podIP, line: line}
 }
+
+// WatchingForTest reports whether the watch of Sandboxes runs.
+func (a *AgentLines) WatchingForTest() bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.watching
+}

@@ -69,9 +69,9 @@ type Cluster struct {
 	Launch kube.Launch
 	// AgentBaked gives claimed pods the job container of a template that bakes the agent in.
 	AgentBaked bool
-	// ClaimStatusLags makes the controller adopt a Ready sandbox for each claim (when Sandboxes
-	// are watched) but never write the claim's status: agent-sandbox's status write after an
-	// adoption, slowed down to never.
+	// ClaimStatusLags makes the controller adopt a Ready sandbox for each claim (when claims or
+	// Sandboxes are watched) but never write the claim's status: agent-sandbox's status write
+	// after an adoption, slowed down to never.
 	ClaimStatusLags bool
 }
 
@@ -239,9 +239,11 @@ func withInitialEvents(w watch.Interface, tracker k8stesting.ObjectTracker, gvr 
 	return proxy, nil
 }
 
-// bindClaims makes every unbound claim Ready on a warm sandbox.
+// bindClaims makes every unbound claim Ready on a warm sandbox (with ClaimStatusLags: adopts
+// one for it, as the real controller does whether or not anyone watches Sandboxes).
 func (fc *Cluster) bindClaims(t testing.TB) {
 	if fc.ClaimStatusLags {
+		fc.adoptWithoutClaimStatus(t)
 		return
 	}
 	ctx := context.Background()
