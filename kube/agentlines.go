@@ -32,12 +32,13 @@ type AgentLines struct {
 	reading chan struct{}
 	mu      sync.Mutex
 	lines   map[string]agentLine // by pod name
-	// The watch's Sandboxes as last seen (while watching), and the claims waiting for their
-	// adoption (adoptions): the watch runs already, so a prepare in the stage server sees its
-	// adoption without opening a watch of its own after its create.
-	watching  bool
-	sandboxes map[string]*sandboxv1beta1.Sandbox
-	waiting   map[*adoptionWait]struct{}
+	// The adopted Sandboxes as the watch last showed them, by the claim UID they are labelled
+	// with (while watching), and the claims waiting for their adoption (adoption): the watch runs
+	// already, so a prepare in the stage server sees its adoption without opening a watch of its
+	// own after its create.
+	watching bool
+	adopted  map[types.UID]*sandboxv1beta1.Sandbox
+	waiting  map[*adoptionWait]struct{}
 }
 
 // adoptionWait is a claim waiting for the sandbox it adopts.
@@ -59,7 +60,7 @@ type agentLine struct {
 // NewAgentLines keeps the lines of namespace's pods once Run runs.
 func NewAgentLines(clients *Clients, namespace string) *AgentLines {
 	return &AgentLines{clients: clients, namespace: namespace, reading: make(chan struct{}, agentLinesReads), lines: map[string]agentLine{},
-		sandboxes: map[string]*sandboxv1beta1.Sandbox{}, waiting: map[*adoptionWait]struct{}{}}
+		adopted: map[types.UID]*sandboxv1beta1.Sandbox{}, waiting: map[*adoptionWait]struct{}{}}
 }
 
 // agentLinesRewatch spaces the watches: the API server ends each after a few minutes, and an
@@ -168,18 +169,24 @@ func (a *AgentLines) setWatching(on bool) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	a.watching = on
-	clear(a.sandboxes)
+	clear(a.adopted)
 }
 
-// seen keeps the Sandbox as the watch shows it and hands it to the claim waiting for it.
+// seen keeps an adopted Sandbox as the watch shows it and hands it to the claim waiting for it.
 func (a *AgentLines) seen(event watch.EventType, sbx *sandboxv1beta1.Sandbox) {
+	claimUID := types.UID(sbx.Labels[extv1beta1.SandboxIDLabel])
+	if claimUID == "" {
+		return // a pool sandbox nobody adopted yet
+	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if event == watch.Deleted {
-		delete(a.sandboxes, sbx.Name)
+		if kept := a.adopted[claimUID]; kept != nil && kept.Name == sbx.Name {
+			delete(a.adopted, claimUID)
+		}
 		return
 	}
-	a.sandboxes[sbx.Name] = sbx
+	a.adopted[claimUID] = sbx
 	for w := range a.waiting {
 		if adoptedAndReady(sbx, w.claim) {
 			w.found <- sbx
@@ -198,11 +205,9 @@ func (a *AgentLines) adoption(claim *extv1beta1.SandboxClaim) (found <-chan *san
 		return nil, nil, false
 	}
 	w := &adoptionWait{claim: claim, found: make(chan *sandboxv1beta1.Sandbox, 1)}
-	for _, sbx := range a.sandboxes {
-		if adoptedAndReady(sbx, claim) {
-			w.found <- sbx
-			return w.found, func() {}, true
-		}
+	if sbx := a.adopted[claim.UID]; sbx != nil && adoptedAndReady(sbx, claim) {
+		w.found <- sbx
+		return w.found, func() {}, true
 	}
 	a.waiting[w] = struct{}{}
 	return w.found, func() {

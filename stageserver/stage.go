@@ -28,19 +28,22 @@ type Stage struct {
 }
 
 // Hand has the server at socket run the stage, relays its output, and returns its exit code, or
-// the failure that ends the stage. For an error that NotServed reports, nothing ran: the caller
-// runs the stage itself. Every other error is a system failure, which the runner retries: a
-// stage cancelled before it started, or a server lost mid-stage (what the stage did there is
+// the failure that ends the stage. For an error that NotServed reports, nothing ran and nothing
+// cancelled the stage: the caller runs it itself. Every other error is a system failure, which
+// the runner retries: a stage cancelled before a server took it, or a server lost mid-stage (what the stage did there is
 // unknown, and prepare and cleanup are idempotent).
 func Hand(ctx context.Context, socket string, s Stage, stdout, stderr io.Writer) (int, error) {
 	args := append([]string{"sandbox-executor", "--config", s.Config, s.Name}, s.Args...)
 	req := Request{Args: args, Environ: s.Environ, Started: s.Started, Version: buildinfo.Version}
 	code, err := Forward(ctx, socket, req, stdout, stderr)
 	switch {
-	case err == nil || NotServed(err):
-		return code, err
-	case errors.Is(err, context.Canceled) && ctx.Err() != nil:
+	case err == nil:
+		return code, nil
+	case ctx.Err() != nil && (NotServed(err) || errors.Is(err, context.Canceled)):
+		// The runner cancelled the stage before a server took it: it must not start here either.
 		return 0, failure.SystemError(err, "%s cancelled before it started", s.Name)
+	case NotServed(err):
+		return 0, err
 	default:
 		return 0, failure.SystemError(err, "stage server %s", socket)
 	}

@@ -15,6 +15,8 @@ import (
 
 	"go.uber.org/goleak"
 
+	"github.com/sandbox-executor/sandbox-executor/failure"
+
 	"github.com/sandbox-executor/sandbox-executor/tests/testutil"
 )
 
@@ -269,5 +271,17 @@ func TestPing(t *testing.T) {
 	}
 	if _, err := Ping(context.Background(), filepath.Join(t.TempDir(), "none.sock")); !errors.Is(err, ErrUnavailable) {
 		t.Errorf("Ping without a server: %v", err)
+	}
+}
+
+// A stage the runner cancelled before any server took it is over: Hand says so as a system
+// failure, never as "not served", which would have the caller run it after all.
+func TestHandACancelledStageIsNotServedElsewhere(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	nobody := filepath.Join(t.TempDir(), "stages.sock")
+	_, err := Hand(ctx, nobody, Stage{Config: "/etc/x.toml", Name: "prepare"}, io.Discard, io.Discard)
+	if NotServed(err) || failure.KindOf(err) != failure.KindSystem || !strings.Contains(err.Error(), "prepare cancelled before it started") {
+		t.Errorf("Hand after a cancel = %v; want a system failure saying prepare was cancelled", err)
 	}
 }

@@ -69,27 +69,27 @@ type Process struct {
 // Launch hands the stage to the stage server and returns its exit code, or becomes the executor.
 func Launch(ctx context.Context, p Process) int {
 	getenv := func(name string) string { return stageserver.Lookup(p.Environ, name) }
+	report := gitlab.RunnerEnvFrom(getenv).Report
 	if len(p.Args) == 0 {
 		p.Args = []string{Executor}
 	}
 	socket, stage, ok := served(p.Args[1:], getenv)
 	if !ok {
-		return p.becomeExecutor(getenv)
+		return p.becomeExecutor(report)
 	}
 	stage.Environ, stage.Started = p.Environ, p.Started
 	code, err := p.hand(ctx, socket, stage)
 	if stageserver.NotServed(err) {
 		// The executor tries the server again and says in the job log why it runs the stage.
-		return p.becomeExecutor(getenv)
+		return p.becomeExecutor(report)
 	}
 	if err != nil {
-		return gitlab.RunnerEnvFrom(getenv).Report(p.Stderr, err)
+		return report(p.Stderr, err)
 	}
 	return code
 }
 
-// hand hands the stage to the server, cancelling it there on a signal. A stage cancelled before
-// the server took it is not handed over (a cancel error, not NotServed): it must not start.
+// hand hands the stage to the server (stageserver.Hand), cancelling it on a signal.
 func (p Process) hand(ctx context.Context, socket string, stage stageserver.Stage) (int, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -102,13 +102,8 @@ func (p Process) hand(ctx context.Context, socket string, stage stageserver.Stag
 		case <-handed:
 		}
 	}()
-	code, err := stageserver.Hand(ctx, socket, stage, p.Stdout, p.Stderr)
-	close(handed)
-	<-watched
-	if stageserver.NotServed(err) && ctx.Err() != nil {
-		return 0, failure.SystemError(nil, "%s cancelled before it started", stage.Name)
-	}
-	return code, err
+	defer func() { close(handed); <-watched }()
+	return stageserver.Hand(ctx, socket, stage, p.Stdout, p.Stderr)
 }
 
 // served reads the command line the runner gave ([--config PATH] STAGE) and the config it names,
@@ -147,17 +142,16 @@ func served(args []string, getenv func(string) string) (socket string, stage sta
 
 // becomeExecutor execs sandbox-executor with the launcher's arguments and environment, and
 // returns only if it cannot: a broken install, which retrying does not mend.
-func (p Process) becomeExecutor(getenv func(string) string) int {
+func (p Process) becomeExecutor(report func(io.Writer, error) int) int {
 	self := p.Self
 	if self == "" {
 		var err error
 		if self, err = os.Executable(); err != nil {
-			return gitlab.RunnerEnvFrom(getenv).Report(p.Stderr, failure.PermanentError(err, "the stage launcher cannot find itself"))
+			return report(p.Stderr, failure.PermanentError(err, "the stage launcher cannot find itself"))
 		}
 	}
 	executor := filepath.Join(filepath.Dir(self), Executor)
 	err := p.Exec(executor, append([]string{executor}, p.Args[1:]...), p.Environ)
-	report := gitlab.RunnerEnvFrom(getenv).Report
 	switch {
 	case errors.Is(err, errCancelled):
 		return report(p.Stderr, failure.SystemError(nil, "the stage was cancelled before it started"))
