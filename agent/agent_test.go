@@ -22,7 +22,7 @@ import (
 	"github.com/sandbox-executor/sandbox-executor/agent"
 	"github.com/sandbox-executor/sandbox-executor/agent/wire"
 	"github.com/sandbox-executor/sandbox-executor/agentca"
-	"github.com/sandbox-executor/sandbox-executor/tests/executortest"
+	"github.com/sandbox-executor/sandbox-executor/internal/testing/fakecluster"
 )
 
 // asAgent marks the test binary re-executed as the agent: start spawns its stage supervisor by
@@ -187,7 +187,7 @@ func TestServeNetworkRequiresTheAgentCAAndOneJob(t *testing.T) {
 	if code, _, stderr, err := request(jobA, "install", "/tmp/x"); err != nil || code != wire.ExitRefused || !strings.Contains(stderr, "bad arguments") {
 		t.Errorf("a command not served over the network: exit %d, %q, %v", code, stderr, err)
 	}
-	other := executortest.AgentCA(t)
+	other := fakecluster.AgentCA(t)
 	if _, _, _, err := request(clientConfig(t, other, "job-a", identity), "probe"); err == nil {
 		t.Error("a client certificate of another CA was served")
 	}
@@ -303,7 +303,7 @@ func serveNetwork(t *testing.T, a *agent.Agent) (net.Listener, *agentca.CA, stri
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { ln.Close() })
-	ca := executortest.AgentCA(t)
+	ca := fakecluster.AgentCA(t)
 	identity, err := a.ServeNetwork(ln, ca.CertificatePEM())
 	if err != nil || !wire.ValidIdentity(identity) {
 		t.Fatalf("ServeNetwork = %q, %v", identity, err)

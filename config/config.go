@@ -14,9 +14,8 @@ import (
 	"strings"
 	"time"
 
-	"k8s.io/apimachinery/pkg/util/validation"
-
 	"github.com/BurntSushi/toml"
+	"k8s.io/apimachinery/pkg/util/validation"
 )
 
 // EnvVar names the environment variable that points at the config file when --config is not given.

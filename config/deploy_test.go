@@ -6,14 +6,14 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/sandbox-executor/sandbox-executor/config"
-	"github.com/sandbox-executor/sandbox-executor/tests/charttest"
+	"github.com/sandbox-executor/sandbox-executor/internal/testing/helmchart"
 )
 
 // The config the chart gives gc is valid (the runner's is the same plus the runner image's
 // binaries and the agent CA: tests/charttest), uses the pod's ServiceAccount (in-cluster config), and pins
 // runner_name: gc reaps claims by it, whichever runner pod made them.
 func TestChartExecutorConfig(t *testing.T) {
-	objs := charttest.Render(t, "sandbox-executor", "ci-sandbox", "")
+	objs := helmchart.Render(t, "sandbox-executor", "ci-sandbox", "")
 	var cm corev1.ConfigMap
 	objs.Decode(t, "ConfigMap", "sandbox-executor-config", &cm)
 	cfg, err := config.Parse("gc.toml", []byte(cm.Data["gc.toml"]))

@@ -15,7 +15,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sandbox-executor/sandbox-executor/tests/testutil"
+	"github.com/sandbox-executor/sandbox-executor/internal/testing/testutil"
 )
 
 // stand is a proxy on loopback with upstreams behind names of its hosts map.

@@ -11,9 +11,8 @@ import (
 	"net"
 	"time"
 
-	"github.com/sandbox-executor/sandbox-executor/kube"
-
 	"github.com/sandbox-executor/sandbox-executor/agent/wire"
+	"github.com/sandbox-executor/sandbox-executor/kube"
 )
 
 // AgentNetwork runs agent commands over the pod network, straight to the job's stage daemon,

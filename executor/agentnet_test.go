@@ -8,13 +8,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sandbox-executor/sandbox-executor/failure"
-	"github.com/sandbox-executor/sandbox-executor/kube"
-
 	"github.com/sandbox-executor/sandbox-executor/agent/wire"
 	"github.com/sandbox-executor/sandbox-executor/executor"
-	"github.com/sandbox-executor/sandbox-executor/tests/executortest"
-	"github.com/sandbox-executor/sandbox-executor/tests/testutil"
+	"github.com/sandbox-executor/sandbox-executor/failure"
+	"github.com/sandbox-executor/sandbox-executor/internal/testing/fakecluster"
+	"github.com/sandbox-executor/sandbox-executor/internal/testing/testutil"
+	"github.com/sandbox-executor/sandbox-executor/kube"
 )
 
 // testJob is the job (its binding) the tests' client certificates are for.
@@ -22,13 +21,13 @@ const testJob = "job-binding-of-the-test"
 
 // networkTransport serves the network path on the host with the agent of local (its stages
 // directory), as the stage daemon does in a pod, and returns the executor's side of it.
-func networkTransport(t *testing.T, local *executortest.Local) *executor.AgentNetwork {
+func networkTransport(t *testing.T, local *fakecluster.Local) *executor.AgentNetwork {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { ln.Close() })
-	ca := executortest.AgentCA(t)
+	ca := fakecluster.AgentCA(t)
 	identity, err := local.Agent.ServeNetwork(ln, ca.CertificatePEM())
 	if err != nil {
 		t.Fatal(err)
@@ -42,7 +41,7 @@ func networkTransport(t *testing.T, local *executortest.Local) *executor.AgentNe
 }
 
 func TestNetworkTransportRunsTheSameStageProtocol(t *testing.T) {
-	local := executortest.NewLocalWithDaemon(t)
+	local := fakecluster.NewLocalWithDaemon(t)
 	script, want := numberedLines(3000)
 	var stdout, stderr, log testutil.LockedBuffer
 	r := newStageRunner(networkTransport(t, local), &log, "")
@@ -62,9 +61,9 @@ func TestNetworkTransportRunsTheSameStageProtocol(t *testing.T) {
 // A client certificate of another CA runs nothing over the network: the agent refuses it at
 // the handshake, and the stage goes over exec (through the API server) instead.
 func TestNetworkTransportRefusesAnotherCA(t *testing.T) {
-	local := executortest.NewLocalWithDaemon(t)
+	local := fakecluster.NewLocalWithDaemon(t)
 	a := networkTransport(t, local)
-	foreign, err := executortest.AgentCA(t).ClientConfig(testJob, "sha256:"+strings.Repeat("0", 64))
+	foreign, err := fakecluster.AgentCA(t).ClientConfig(testJob, "sha256:"+strings.Repeat("0", 64))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -80,7 +79,7 @@ func TestNetworkTransportRefusesAnotherCA(t *testing.T) {
 }
 
 func TestNetworkTransportFallsBackToExecWhenUnreachable(t *testing.T) {
-	local := executortest.NewLocal(t)
+	local := fakecluster.NewLocal(t)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -100,8 +99,8 @@ func TestNetworkTransportFallsBackToExecWhenUnreachable(t *testing.T) {
 // identity first, and its stage daemon serves the network path over TLS to the pod's job,
 // running stages in a shell started before the stage was asked for.
 func TestBakedAgentServesTLSToThePinnedIdentity(t *testing.T) {
-	ca := executortest.AgentCA(t)
-	agent := executortest.StartBakedAgent(t, ca)
+	ca := fakecluster.AgentCA(t)
+	agent := fakecluster.StartBakedAgent(t, ca)
 	sbx := &kube.Sandbox{Namespace: "ns", Pod: "job-pod", Container: "job", PodIP: "127.0.0.1", AgentBaked: true}
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
@@ -143,14 +142,14 @@ func TestBakedAgentServesTLSToThePinnedIdentity(t *testing.T) {
 func TestConnectAgentFallsBackToExec(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	ca := executortest.AgentCA(t)
-	agent := executortest.StartBakedAgent(t, ca)
+	ca := fakecluster.AgentCA(t)
+	agent := fakecluster.StartBakedAgent(t, ca)
 	unreachable := &kube.Sandbox{Namespace: "ns", Pod: "job-pod", Container: "job", PodIP: "127.0.0.9", AgentBaked: true}
 	conn, err := executor.ConnectAgent(ctx, agent, unreachable, agent.Port, ca, testJob, nil)
 	if err != nil || conn.Probe == nil || conn.Transport.Network() || !strings.Contains(conn.Fallback, "cannot reach") || len(agent.Local.Commands()) == 0 {
 		t.Fatalf("unreachable pod: ConnectAgent = %+v, %v (exec calls %v); want the probe over exec and the reason", conn, err, agent.Local.Commands())
 	}
-	noCA := executortest.StartBakedAgent(t, nil)
+	noCA := fakecluster.StartBakedAgent(t, nil)
 	conn, err = executor.ConnectAgent(ctx, noCA, &kube.Sandbox{Pod: "job-pod", PodIP: "127.0.0.1", AgentBaked: true}, noCA.Port, ca, testJob, nil)
 	if err != nil || conn.Transport.Network() || !strings.Contains(conn.Fallback, wire.ClientCAEnv) {
 		t.Fatalf("a pod without the agent CA: ConnectAgent = %+v, %v; want exec and the reason naming %s", conn, err, wire.ClientCAEnv)
@@ -168,8 +167,8 @@ func TestConnectAgentFallsBackToExec(t *testing.T) {
 func TestConnectionMadeAhead(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	ca := executortest.AgentCA(t)
-	agent := executortest.StartBakedAgent(t, ca)
+	ca := fakecluster.AgentCA(t)
+	agent := fakecluster.StartBakedAgent(t, ca)
 	identity := agent.Identity(t)
 	sbx := &kube.Sandbox{Namespace: "ns", Pod: "job-pod", Container: "job", PodIP: "127.0.0.1", AgentBaked: true}
 
@@ -209,7 +208,7 @@ func TestConnectionMadeAhead(t *testing.T) {
 
 // lyingLog is a pod whose first log line names another key than its agent's.
 type lyingLog struct {
-	*executortest.BakedAgent
+	*fakecluster.BakedAgent
 	line string
 }
 
@@ -223,8 +222,8 @@ func (l lyingLog) FirstLogLine(context.Context, *kube.Sandbox, time.Duration) (s
 func TestConnectionMadeAheadToTheWrongKey(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	ca := executortest.AgentCA(t)
-	agent := executortest.StartBakedAgent(t, ca)
+	ca := fakecluster.AgentCA(t)
+	agent := fakecluster.StartBakedAgent(t, ca)
 	agent.Identity(t) // serving
 	wrong := "sha256:" + strings.Repeat("0", 64)
 	sbx := &kube.Sandbox{Namespace: "ns", Pod: "job-pod", Container: "job", PodIP: "127.0.0.1", AgentBaked: true}

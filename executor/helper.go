@@ -8,11 +8,10 @@ import (
 	"os"
 	"strconv"
 
+	"github.com/sandbox-executor/sandbox-executor/agent/wire"
 	"github.com/sandbox-executor/sandbox-executor/failure"
 	"github.com/sandbox-executor/sandbox-executor/gitlab"
 	"github.com/sandbox-executor/sandbox-executor/kube"
-
-	"github.com/sandbox-executor/sandbox-executor/agent/wire"
 )
 
 // HelperName is what the runner calls in the cache and artifacts stages (`gitlab-runner

@@ -10,11 +10,10 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/sandbox-executor/sandbox-executor/agent/wire"
 	"github.com/sandbox-executor/sandbox-executor/agentca"
 	"github.com/sandbox-executor/sandbox-executor/failure"
 	"github.com/sandbox-executor/sandbox-executor/kube"
-
-	"github.com/sandbox-executor/sandbox-executor/agent/wire"
 )
 
 // receiveFile defines receive FILE SIZE for the install scripts: it reads stdin to its end into

@@ -3,7 +3,7 @@ package executor_test
 import (
 	"testing"
 
-	"github.com/sandbox-executor/sandbox-executor/tests/executortest"
+	"github.com/sandbox-executor/sandbox-executor/internal/testing/fakecluster"
 )
 
-func TestMain(m *testing.M) { executortest.Main(m) }
+func TestMain(m *testing.M) { fakecluster.Main(m) }

@@ -17,11 +17,10 @@ import (
 
 	"k8s.io/apimachinery/pkg/util/wait"
 
+	"github.com/sandbox-executor/sandbox-executor/agent/wire"
 	"github.com/sandbox-executor/sandbox-executor/failure"
 	"github.com/sandbox-executor/sandbox-executor/gitlab"
 	"github.com/sandbox-executor/sandbox-executor/kube"
-
-	"github.com/sandbox-executor/sandbox-executor/agent/wire"
 )
 
 // StageRunner runs one stage script in the job pod through the in-pod agent: the stage runs

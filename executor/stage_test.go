@@ -16,12 +16,11 @@ import (
 
 	"k8s.io/apimachinery/pkg/util/wait"
 
-	"github.com/sandbox-executor/sandbox-executor/failure"
-	"github.com/sandbox-executor/sandbox-executor/kube"
-
 	"github.com/sandbox-executor/sandbox-executor/executor"
-	"github.com/sandbox-executor/sandbox-executor/tests/executortest"
-	"github.com/sandbox-executor/sandbox-executor/tests/testutil"
+	"github.com/sandbox-executor/sandbox-executor/failure"
+	"github.com/sandbox-executor/sandbox-executor/internal/testing/fakecluster"
+	"github.com/sandbox-executor/sandbox-executor/internal/testing/testutil"
+	"github.com/sandbox-executor/sandbox-executor/kube"
 )
 
 func newStageRunner(ex kube.RemoteExecutor, log *testutil.LockedBuffer, podGone string) *executor.StageRunner {
@@ -29,7 +28,7 @@ func newStageRunner(ex kube.RemoteExecutor, log *testutil.LockedBuffer, podGone 
 		Exec:       ex,
 		Sandbox:    &kube.Sandbox{Namespace: "ns", Pod: "job-pod", Container: "job"},
 		PodGone:    func(context.Context) (string, error) { return podGone, nil },
-		Log:        executortest.JobLog(log),
+		Log:        fakecluster.JobLog(log),
 		Reconnects: 5,
 		Backoff:    wait.Backoff{Duration: time.Millisecond},
 		KillGrace:  2 * time.Second,
@@ -47,16 +46,16 @@ func numberedLines(n int) (script, want string) {
 
 // inBothModes runs a test with stages started by a supervisor per stage (no daemon) and by the
 // job's stage daemon.
-func inBothModes(t *testing.T, test func(t *testing.T, newLocal func(testing.TB) *executortest.Local)) {
-	t.Run("supervisor", func(t *testing.T) { test(t, executortest.NewLocal) })
-	t.Run("daemon", func(t *testing.T) { test(t, executortest.NewLocalWithDaemon) })
+func inBothModes(t *testing.T, test func(t *testing.T, newLocal func(testing.TB) *fakecluster.Local)) {
+	t.Run("supervisor", func(t *testing.T) { test(t, fakecluster.NewLocal) })
+	t.Run("daemon", func(t *testing.T) { test(t, fakecluster.NewLocalWithDaemon) })
 }
 
 func TestStageRunnerDeliversOutputAndExitCode(t *testing.T) {
 	inBothModes(t, testDeliversOutputAndExitCode)
 }
 
-func testDeliversOutputAndExitCode(t *testing.T, newLocal func(testing.TB) *executortest.Local) {
+func testDeliversOutputAndExitCode(t *testing.T, newLocal func(testing.TB) *fakecluster.Local) {
 	local := newLocal(t)
 	var stdout, stderr, log testutil.LockedBuffer
 	r := newStageRunner(local, &log, "")
@@ -86,7 +85,7 @@ func testDeliversOutputAndExitCode(t *testing.T, newLocal func(testing.TB) *exec
 }
 
 func TestStageRunnerScriptTravelsOnStdinOnly(t *testing.T) {
-	local := executortest.NewLocal(t)
+	local := fakecluster.NewLocal(t)
 	var out, log testutil.LockedBuffer
 	script := "echo $((40+2)) # glpat-SECRET-IN-SCRIPT\n"
 	if _, err := newStageRunner(local, &log, "").Run(context.Background(), "build_script", []byte(script), &out, &out); err != nil {
@@ -106,7 +105,7 @@ func TestStageRunnerResumesAfterDroppedStreams(t *testing.T) {
 	inBothModes(t, testResumesAfterDroppedStreams)
 }
 
-func testResumesAfterDroppedStreams(t *testing.T, newLocal func(testing.TB) *executortest.Local) {
+func testResumesAfterDroppedStreams(t *testing.T, newLocal func(testing.TB) *fakecluster.Local) {
 	for _, tc := range []struct {
 		name     string
 		exitCode int
@@ -144,7 +143,7 @@ func testResumesAfterDroppedStreams(t *testing.T, newLocal func(testing.TB) *exe
 }
 
 func TestStageRunnerNeverReportsSuccessWithoutStatus(t *testing.T) {
-	local := executortest.NewLocal(t)
+	local := fakecluster.NewLocal(t)
 	local.CutAfter, local.Cuts = 10, 100
 	script, _ := numberedLines(500)
 	var out, log testutil.LockedBuffer
@@ -178,7 +177,7 @@ func waitStagesEnded(t *testing.T, stagesDir string) {
 }
 
 func TestStageRunnerLostPodIsSystemFailureNamingThePod(t *testing.T) {
-	local := executortest.NewLocal(t)
+	local := fakecluster.NewLocal(t)
 	local.CutAfter, local.Cuts = 5, 1
 	var out, log testutil.LockedBuffer
 	r := newStageRunner(local, &log, "pod ns/job-pod was deleted")
@@ -189,7 +188,7 @@ func TestStageRunnerLostPodIsSystemFailureNamingThePod(t *testing.T) {
 }
 
 func TestStageRunnerRefusesTruncatedScript(t *testing.T) {
-	local := executortest.NewLocal(t)
+	local := fakecluster.NewLocal(t)
 	var out, log testutil.LockedBuffer
 	r := newStageRunner(&truncatingExec{local}, &log, "")
 	_, err := r.Run(context.Background(), "build_script", []byte("echo executed-marker\n"), &out, &out)
@@ -217,7 +216,7 @@ func TestStageRunnerCancelStopsTheWholeProcessTree(t *testing.T) {
 	inBothModes(t, testCancelStopsTheWholeProcessTree)
 }
 
-func testCancelStopsTheWholeProcessTree(t *testing.T, newLocal func(testing.TB) *executortest.Local) {
+func testCancelStopsTheWholeProcessTree(t *testing.T, newLocal func(testing.TB) *fakecluster.Local) {
 	local := newLocal(t)
 	pidFile := filepath.Join(t.TempDir(), "pids")
 	// A child, and a grandchild in its own process group, both ignoring nothing special.
@@ -290,7 +289,7 @@ func alive(pid int) bool {
 }
 
 func TestStageRunnerNeverRestartsALostStage(t *testing.T) {
-	local := executortest.NewLocal(t)
+	local := fakecluster.NewLocal(t)
 	local.CutAfter, local.Cuts = 5, 1
 	var out, log testutil.LockedBuffer
 	ex := &wipingExec{t: t, next: local}
@@ -307,7 +306,7 @@ func TestStageRunnerNeverRestartsALostStage(t *testing.T) {
 // ended (else its status would land in the wiped directory), as a pod restart would.
 type wipingExec struct {
 	t      *testing.T
-	next   *executortest.Local
+	next   *fakecluster.Local
 	starts int
 }
 
@@ -324,7 +323,7 @@ func (w *wipingExec) Exec(ctx context.Context, req kube.ExecRequest) error {
 
 // Tools the executor ships into the pod (BinDir) come before the image's own on every stage's PATH.
 func TestStageRunnerPutsBinDirFirstOnPath(t *testing.T) {
-	inBothModes(t, func(t *testing.T, newLocal func(testing.TB) *executortest.Local) {
+	inBothModes(t, func(t *testing.T, newLocal func(testing.TB) *fakecluster.Local) {
 		local := newLocal(t)
 		var stdout, stderr, log testutil.LockedBuffer
 		code, err := newStageRunner(local, &log, "").Run(context.Background(), "build_script", []byte("echo \"$PATH\"\n"), &stdout, &stderr)
@@ -351,7 +350,7 @@ func TestStageRunnerEndsTheJobWhenTheAgentRefusesIt(t *testing.T) {
 	r := &executor.StageRunner{
 		Exec: agent, Sandbox: &kube.Sandbox{Namespace: "ns", Pod: "job-pod", Container: "job"},
 		PodGone:    func(context.Context) (string, error) { return "", nil },
-		Log:        executortest.JobLog(&strings.Builder{}),
+		Log:        fakecluster.JobLog(&strings.Builder{}),
 		Reconnects: 5, Backoff: wait.Backoff{Duration: time.Millisecond},
 	}
 	_, err := r.Run(context.Background(), "build_script", []byte("echo hi\n"), io.Discard, io.Discard)

@@ -6,8 +6,9 @@ import (
 	"strings"
 	"time"
 
-	"github.com/sandbox-executor/sandbox-executor/failure"
 	"k8s.io/utils/clock"
+
+	"github.com/sandbox-executor/sandbox-executor/failure"
 )
 
 // JobLog writes the executor's own lines into the job log (the runner shows a stage's output in

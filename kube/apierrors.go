@@ -3,9 +3,10 @@ package kube
 import (
 	"errors"
 
-	"github.com/sandbox-executor/sandbox-executor/failure"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/sandbox-executor/sandbox-executor/failure"
 )
 
 // apiCall names one API request, so that a failure can say what to fix.

@@ -10,8 +10,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/sandbox-executor/sandbox-executor/failure"
+	"github.com/sandbox-executor/sandbox-executor/internal/testing/fakecluster"
 	"github.com/sandbox-executor/sandbox-executor/kube"
-	"github.com/sandbox-executor/sandbox-executor/tests/executortest"
 )
 
 func TestJobBindingIsKeyedAndObjectSpecific(t *testing.T) {
@@ -46,9 +46,9 @@ func otherJob(req kube.ClaimRequest) kube.ClaimRequest {
 
 func assertOtherJobRefused(t *testing.T, what string, err error, kind, name string) {
 	t.Helper()
-	fix := "kubectl delete " + strings.ToLower(kind) + " " + name + " -n " + executortest.Namespace
+	fix := "kubectl delete " + strings.ToLower(kind) + " " + name + " -n " + fakecluster.Namespace
 	if failure.KindOf(err) != failure.KindPermanent || !errors.Is(err, kube.ErrOtherJob) ||
-		!strings.Contains(err.Error(), kind+" "+executortest.Namespace+"/"+name+" was made by another job") ||
+		!strings.Contains(err.Error(), kind+" "+fakecluster.Namespace+"/"+name+" was made by another job") ||
 		!strings.Contains(err.Error(), fix) || strings.Contains(err.Error(), "\n") {
 		t.Errorf("%s: err = %v; want one permanent line naming %s %s and %q", what, err, kind, name, fix)
 	}
@@ -58,14 +58,14 @@ func assertOtherJobRefused(t *testing.T, what string, err error, kind, name stri
 // the job that made it still does all three.
 func TestClaimIsBoundToTheJobThatMadeIt(t *testing.T) {
 	ctx := context.Background()
-	fc := executortest.NewCluster(t)
+	fc := fakecluster.NewCluster(t)
 	c := fc.Claimer()
 	req := testRequest()
 	mine, err := c.Claim(ctx, req)
 	if err != nil {
 		t.Fatal(err)
 	}
-	claims := fc.Extensions.ExtensionsV1beta1().SandboxClaims(executortest.Namespace)
+	claims := fc.Extensions.ExtensionsV1beta1().SandboxClaims(fakecluster.Namespace)
 	before, err := claims.Get(ctx, mine.Claim, metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
@@ -105,25 +105,25 @@ func TestClaimIsBoundToTheJobThatMadeIt(t *testing.T) {
 
 func TestColdStartIsBoundToTheJobThatMadeIt(t *testing.T) {
 	ctx := context.Background()
-	fc := executortest.NewCluster(t)
+	fc := fakecluster.NewCluster(t)
 	c := fc.Claimer()
 	req := coldRequest()
-	mine, err := c.ColdStart(ctx, req, executortest.Template)
+	mine, err := c.ColdStart(ctx, req, fakecluster.Template)
 	if err != nil {
 		t.Fatal(err)
 	}
 	other := otherJob(req)
-	_, err = c.ColdStart(ctx, other, executortest.Template)
+	_, err = c.ColdStart(ctx, other, fakecluster.Template)
 	assertOtherJobRefused(t, "ColdStart", err, "Sandbox", mine.SandboxName)
 	_, err = c.Find(ctx, req.Namespace, mine.SandboxName, other.Binding, req.RuntimeClasses)
 	assertOtherJobRefused(t, "Find", err, "Sandbox", mine.SandboxName)
 	err = c.ReleaseColdStart(ctx, req.Namespace, mine.SandboxName, other.Binding, kube.Outcome{})
 	assertOtherJobRefused(t, "ReleaseColdStart", err, "Sandbox", mine.SandboxName)
-	sandboxes := fc.Sandboxes.AgentsV1beta1().Sandboxes(executortest.Namespace)
+	sandboxes := fc.Sandboxes.AgentsV1beta1().Sandboxes(fakecluster.Namespace)
 	if sbx, err := sandboxes.Get(ctx, mine.SandboxName, metav1.GetOptions{}); err != nil || sbx.DeletionTimestamp != nil {
 		t.Fatalf("the other job touched the Sandbox: %v", err)
 	}
-	if again, err := c.ColdStart(ctx, req, executortest.Template); err != nil || *again != *mine {
+	if again, err := c.ColdStart(ctx, req, fakecluster.Template); err != nil || *again != *mine {
 		t.Fatalf("the job's retried prepare: %+v, %v; want to adopt %+v", again, err, mine)
 	}
 	if err := c.ReleaseColdStart(ctx, req.Namespace, mine.SandboxName, req.Binding, kube.Outcome{}); err != nil {
@@ -137,16 +137,16 @@ func TestColdStartIsBoundToTheJobThatMadeIt(t *testing.T) {
 // gc is the operator's way to clear a claim a job refused: it releases any job's.
 func TestReleaseAnyJobIgnoresTheBinding(t *testing.T) {
 	ctx := context.Background()
-	fc := executortest.NewCluster(t)
+	fc := fakecluster.NewCluster(t)
 	c := fc.Claimer()
 	mine, err := c.Claim(ctx, testRequest())
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := c.Release(ctx, executortest.Namespace, mine.Claim, kube.AnyJob, kube.Outcome{}); err != nil {
+	if err := c.Release(ctx, fakecluster.Namespace, mine.Claim, kube.AnyJob, kube.Outcome{}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := fc.Extensions.ExtensionsV1beta1().SandboxClaims(executortest.Namespace).Get(ctx, mine.Claim, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+	if _, err := fc.Extensions.ExtensionsV1beta1().SandboxClaims(fakecluster.Namespace).Get(ctx, mine.Claim, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
 		t.Errorf("claim still there: %v", err)
 	}
 }

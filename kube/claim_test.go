@@ -6,44 +6,43 @@ import (
 	"testing"
 	"time"
 
-	testingclock "k8s.io/utils/clock/testing"
-
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/wait"
 	k8stesting "k8s.io/client-go/testing"
+	testingclock "k8s.io/utils/clock/testing"
 	extv1beta1 "sigs.k8s.io/agent-sandbox/extensions/api/v1beta1"
 
 	"github.com/sandbox-executor/sandbox-executor/failure"
+	"github.com/sandbox-executor/sandbox-executor/internal/testing/fakecluster"
 	"github.com/sandbox-executor/sandbox-executor/kube"
-	"github.com/sandbox-executor/sandbox-executor/tests/executortest"
 )
 
 func testRequest() kube.ClaimRequest {
 	return kube.ClaimRequest{
-		Namespace: executortest.Namespace, Pool: "duo-default", Runner: "runner-a",
+		Namespace: fakecluster.Namespace, Pool: "duo-default", Runner: "runner-a",
 		Job:   kube.Job{ID: 4242, ProjectID: 7, PipelineID: 99, Timeout: time.Hour},
 		Grace: 10 * time.Minute, ReadyTimeout: 5 * time.Second, RuntimeClasses: []string{"gvisor"},
-		Binding: kube.JobBinding("glcbt-job-a-token", executortest.Namespace, kube.ClaimName("runner-a", 4242)),
+		Binding: kube.JobBinding("glcbt-job-a-token", fakecluster.Namespace, kube.ClaimName("runner-a", 4242)),
 	}
 }
 
 func TestClaimCreatesLabelledClaimWithLifecycle(t *testing.T) {
-	fc := executortest.NewCluster(t)
+	fc := fakecluster.NewCluster(t)
 	now := time.Date(2026, 11, 21, 10, 0, 0, 0, time.UTC)
 	c := kube.NewClaimer(fc.Clients, testingclock.NewFakePassiveClock(now))
 	sbx, err := c.Claim(context.Background(), testRequest())
 	if err != nil {
 		t.Fatalf("Claim: %v", err)
 	}
-	want := kube.Sandbox{Namespace: executortest.Namespace, Claim: kube.ClaimName("runner-a", 4242), Pool: "duo-default",
-		SandboxName: "duo-default-abcde", Pod: "duo-default-abcde", Container: "job", Image: "ci:bookworm", RuntimeClass: "gvisor", Launch: kube.LaunchWarm, PodIP: executortest.PodIP}
+	want := kube.Sandbox{Namespace: fakecluster.Namespace, Claim: kube.ClaimName("runner-a", 4242), Pool: "duo-default",
+		SandboxName: "duo-default-abcde", Pod: "duo-default-abcde", Container: "job", Image: "ci:bookworm", RuntimeClass: "gvisor", Launch: kube.LaunchWarm, PodIP: fakecluster.PodIP}
 	if *sbx != want {
 		t.Errorf("sandbox = %+v\nwant      %+v", *sbx, want)
 	}
-	claim, err := fc.Extensions.ExtensionsV1beta1().SandboxClaims(executortest.Namespace).Get(context.Background(), sbx.Claim, metav1.GetOptions{})
+	claim, err := fc.Extensions.ExtensionsV1beta1().SandboxClaims(fakecluster.Namespace).Get(context.Background(), sbx.Claim, metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -65,7 +64,7 @@ func TestClaimCreatesLabelledClaimWithLifecycle(t *testing.T) {
 // command alone: such templates give the container no stdin (nothing is written to it).
 func TestClaimSeesABakedAgent(t *testing.T) {
 	for _, baked := range []bool{false, true} {
-		fc := executortest.NewCluster(t)
+		fc := fakecluster.NewCluster(t)
 		fc.AgentBaked = baked
 		sbx, err := kube.NewClaimer(fc.Clients, testingclock.NewFakePassiveClock(time.Now())).Claim(context.Background(), testRequest())
 		if err != nil || sbx.AgentBaked != baked {
@@ -75,10 +74,10 @@ func TestClaimSeesABakedAgent(t *testing.T) {
 }
 
 func TestClaimAdoptsItsOwnClaimOnRetry(t *testing.T) {
-	fc := executortest.NewCluster(t)
+	fc := fakecluster.NewCluster(t)
 	c := fc.Claimer()
 	assertRetryAdopts(t, func() (*kube.Sandbox, error) { return c.Claim(context.Background(), testRequest()) }, func() int {
-		list, _ := fc.Extensions.ExtensionsV1beta1().SandboxClaims(executortest.Namespace).List(context.Background(), metav1.ListOptions{})
+		list, _ := fc.Extensions.ExtensionsV1beta1().SandboxClaims(fakecluster.Namespace).List(context.Background(), metav1.ListOptions{})
 		return len(list.Items)
 	})
 }
@@ -106,7 +105,7 @@ func assertRetryAdopts(t *testing.T, acquire func() (*kube.Sandbox, error), coun
 
 func TestClaimFailsClosedOnRuntimeClass(t *testing.T) {
 	for _, rc := range []string{"", "runc"} {
-		fc := executortest.NewCluster(t)
+		fc := fakecluster.NewCluster(t)
 		fc.RuntimeClass = rc
 		_, err := fc.Claimer().Claim(context.Background(), testRequest())
 		if failure.KindOf(err) != failure.KindPermanent || !strings.Contains(err.Error(), "refusing pod") {
@@ -116,7 +115,7 @@ func TestClaimFailsClosedOnRuntimeClass(t *testing.T) {
 }
 
 func TestClaimReadyTimeoutNamesLastCondition(t *testing.T) {
-	fc := executortest.NewCluster(t)
+	fc := fakecluster.NewCluster(t)
 	fc.ReadyReason = "SandboxNotReady"
 	req := testRequest()
 	req.ReadyTimeout = 300 * time.Millisecond
@@ -127,7 +126,7 @@ func TestClaimReadyTimeoutNamesLastCondition(t *testing.T) {
 }
 
 func TestClaimPermanentReasonFailsFast(t *testing.T) {
-	fc := executortest.NewCluster(t)
+	fc := fakecluster.NewCluster(t)
 	fc.ReadyReason = "TemplateNotFound"
 	_, err := fc.Claimer().Claim(context.Background(), testRequest())
 	if failure.KindOf(err) != failure.KindPermanent || !strings.Contains(err.Error(), "TemplateNotFound") {
@@ -150,9 +149,9 @@ func TestAPIErrorsAreExplained(t *testing.T) {
 		{"overloaded", apierrors.NewTooManyRequests("slow down", 1), failure.KindSystem, "kubernetes API error"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			fc := executortest.NewCluster(t)
+			fc := fakecluster.NewCluster(t)
 			fc.Extensions.PrependReactor("get", "sandboxwarmpools", func(k8stesting.Action) (bool, runtime.Object, error) { return true, nil, tc.err })
-			_, err := fc.Claimer().CheckPool(context.Background(), executortest.Namespace, "duo-default")
+			_, err := fc.Claimer().CheckPool(context.Background(), fakecluster.Namespace, "duo-default")
 			if failure.KindOf(err) != tc.kind || !strings.Contains(err.Error(), tc.want) {
 				t.Errorf("err = %v (kind %d), want kind %d containing %q", err, failure.KindOf(err), tc.kind, tc.want)
 			}
@@ -170,30 +169,30 @@ func TestReleaseIsIdempotent(t *testing.T) {
 		kind    string
 		acquire func(c *kube.Claimer) (*kube.Sandbox, error)
 		release func(c *kube.Claimer, sbx *kube.Sandbox) error
-		gone    func(fc *executortest.Cluster, sbx *kube.Sandbox) error
+		gone    func(fc *fakecluster.Cluster, sbx *kube.Sandbox) error
 	}{
 		{"claim",
 			func(c *kube.Claimer) (*kube.Sandbox, error) { return c.Claim(ctx, testRequest()) },
 			func(c *kube.Claimer, sbx *kube.Sandbox) error {
 				return c.Release(ctx, sbx.Namespace, sbx.Claim, testRequest().Binding, kube.Outcome{Result: kube.OutcomeSuccess})
 			},
-			func(fc *executortest.Cluster, sbx *kube.Sandbox) error {
+			func(fc *fakecluster.Cluster, sbx *kube.Sandbox) error {
 				_, err := fc.Extensions.ExtensionsV1beta1().SandboxClaims(sbx.Namespace).Get(ctx, sbx.Claim, metav1.GetOptions{})
 				return err
 			}},
 		{"cold start",
 			func(c *kube.Claimer) (*kube.Sandbox, error) {
-				return c.ColdStart(ctx, coldRequest(), executortest.Template)
+				return c.ColdStart(ctx, coldRequest(), fakecluster.Template)
 			},
 			func(c *kube.Claimer, sbx *kube.Sandbox) error {
 				return c.ReleaseColdStart(ctx, sbx.Namespace, sbx.SandboxName, coldRequest().Binding, kube.Outcome{Result: kube.OutcomeFailed, Reason: kube.ReasonScript})
 			},
-			func(fc *executortest.Cluster, sbx *kube.Sandbox) error {
+			func(fc *fakecluster.Cluster, sbx *kube.Sandbox) error {
 				_, err := fc.Sandboxes.AgentsV1beta1().Sandboxes(sbx.Namespace).Get(ctx, sbx.SandboxName, metav1.GetOptions{})
 				return err
 			}},
 	} {
-		fc := executortest.NewCluster(t)
+		fc := fakecluster.NewCluster(t)
 		c := fc.Claimer()
 		sbx, err := tc.acquire(c)
 		if err != nil {
@@ -227,7 +226,7 @@ func TestClaimNameIsDeterministicAndDNSSafe(t *testing.T) {
 // label), and writes the claim's Ready a status write later: prepare goes on from the adoption
 // and does not wait for that write (here it never comes).
 func TestClaimGoesOnFromTheAdoption(t *testing.T) {
-	fc := executortest.NewCluster(t)
+	fc := fakecluster.NewCluster(t)
 	fc.ClaimStatusLags = true
 	var steps []string
 	c := fc.Claimer()
@@ -247,7 +246,7 @@ func TestClaimGoesOnFromTheAdoption(t *testing.T) {
 // A stage that finds the job's sandbox by name (no state from prepare) right after a prepare that
 // went on from the adoption finds the same sandbox, before the claim's status names it.
 func TestFindBeforeTheClaimIsReady(t *testing.T) {
-	fc := executortest.NewCluster(t)
+	fc := fakecluster.NewCluster(t)
 	fc.ClaimStatusLags = true
 	req := testRequest()
 	claimed, err := fc.Claimer().Claim(context.Background(), req)
@@ -264,9 +263,9 @@ func TestFindBeforeTheClaimIsReady(t *testing.T) {
 // goes on from it, and tells prepare the adopted sandbox's address and identity line read
 // ahead, once, before it returns the sandbox verified.
 func TestClaimAnnouncesTheAdoptedSandboxAhead(t *testing.T) {
-	fc := executortest.NewCluster(t)
+	fc := fakecluster.NewCluster(t)
 	fc.ClaimStatusLags = true
-	lines := kube.NewAgentLines(fc.Clients, executortest.Namespace)
+	lines := kube.NewAgentLines(fc.Clients, fakecluster.Namespace)
 	lines.KeepForTest("duo-default-abcde", "uid-1", "containerd://aaa", "10.88.0.5", "identity line\n")
 	fc.Clients.AgentLines = lines
 	ctx, cancel := context.WithCancel(context.Background())

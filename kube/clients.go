@@ -3,8 +3,6 @@ package kube
 import (
 	"errors"
 
-	"github.com/sandbox-executor/sandbox-executor/failure"
-
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
@@ -12,6 +10,7 @@ import (
 	extclient "sigs.k8s.io/agent-sandbox/clients/k8s/extensions/clientset/versioned"
 
 	"github.com/sandbox-executor/sandbox-executor/config"
+	"github.com/sandbox-executor/sandbox-executor/failure"
 )
 
 // Clients bundles the typed clientsets and the exec transport. Tests build it from fakes.

@@ -5,11 +5,12 @@ import (
 	"fmt"
 	"hash/fnv"
 
-	"github.com/sandbox-executor/sandbox-executor/failure"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	sandboxv1beta1 "sigs.k8s.io/agent-sandbox/api/v1beta1"
 	extv1beta1 "sigs.k8s.io/agent-sandbox/extensions/api/v1beta1"
+
+	"github.com/sandbox-executor/sandbox-executor/failure"
 )
 
 // permanentSandboxReasons are Ready=False reasons of a Sandbox that waiting cannot fix: its pod

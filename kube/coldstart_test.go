@@ -6,19 +6,18 @@ import (
 	"testing"
 	"time"
 
-	testingclock "k8s.io/utils/clock/testing"
-
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/watch"
 	k8stesting "k8s.io/client-go/testing"
+	testingclock "k8s.io/utils/clock/testing"
 	sandboxv1beta1 "sigs.k8s.io/agent-sandbox/api/v1beta1"
 
 	"github.com/sandbox-executor/sandbox-executor/failure"
+	"github.com/sandbox-executor/sandbox-executor/internal/testing/fakecluster"
 	"github.com/sandbox-executor/sandbox-executor/kube"
-	"github.com/sandbox-executor/sandbox-executor/tests/executortest"
 )
 
 func coldRequest() kube.ClaimRequest {
@@ -29,21 +28,21 @@ func coldRequest() kube.ClaimRequest {
 }
 
 func TestColdStartCreatesTheJobsSandboxFromTheTemplate(t *testing.T) {
-	fc := executortest.NewCluster(t)
+	fc := fakecluster.NewCluster(t)
 	now := time.Date(2026, 11, 21, 10, 0, 0, 0, time.UTC)
 	c := kube.NewClaimer(fc.Clients, testingclock.NewFakePassiveClock(now))
-	got, err := c.ColdStart(context.Background(), coldRequest(), executortest.Template)
+	got, err := c.ColdStart(context.Background(), coldRequest(), fakecluster.Template)
 	if err != nil {
 		t.Fatalf("ColdStart: %v", err)
 	}
 	name := kube.ClaimName("runner-a", 4242)
-	want := kube.Sandbox{Namespace: executortest.Namespace, SandboxName: name, Pod: name, PodUID: "", Container: "job", Image: "registry.example.com/tools/jq:1.7",
-		RuntimeClass: "gvisor", Launch: kube.LaunchCold, PodIP: executortest.PodIP, ColdTemplate: executortest.Template}
+	want := kube.Sandbox{Namespace: fakecluster.Namespace, SandboxName: name, Pod: name, PodUID: "", Container: "job", Image: "registry.example.com/tools/jq:1.7",
+		RuntimeClass: "gvisor", Launch: kube.LaunchCold, PodIP: fakecluster.PodIP, ColdTemplate: fakecluster.Template}
 	if *got != want {
 		t.Errorf("sandbox = %+v\nwant      %+v", *got, want)
 	}
 
-	sbx, err := fc.Sandboxes.AgentsV1beta1().Sandboxes(executortest.Namespace).Get(context.Background(), name, metav1.GetOptions{})
+	sbx, err := fc.Sandboxes.AgentsV1beta1().Sandboxes(fakecluster.Namespace).Get(context.Background(), name, metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -59,7 +58,7 @@ func TestColdStartCreatesTheJobsSandboxFromTheTemplate(t *testing.T) {
 		t.Errorf("pod template labels %v: want the template's and its ref hash (its NetworkPolicy selects by it)", podLabels)
 	}
 	owner := metav1.GetControllerOf(sbx)
-	if owner == nil || owner.Kind != "SandboxTemplate" || owner.Name != executortest.Template || owner.UID != "template-uid" {
+	if owner == nil || owner.Kind != "SandboxTemplate" || owner.Name != fakecluster.Template || owner.UID != "template-uid" {
 		t.Errorf("controller = %+v, want the SandboxTemplate (agent-sandbox copies the ref-hash label to the pod only then)", owner)
 	}
 	if lc := sbx.Spec.Lifecycle; lc.ShutdownPolicy == nil || *lc.ShutdownPolicy != sandboxv1beta1.ShutdownPolicyDelete || !lc.ShutdownTime.Time.Equal(now.Add(70*time.Minute)) {
@@ -75,39 +74,39 @@ func TestColdStartCreatesTheJobsSandboxFromTheTemplate(t *testing.T) {
 			t.Errorf("container %s has env: %v %v", ctr.Name, ctr.Env, ctr.EnvFrom)
 		}
 	}
-	if len(sbx.Annotations) != 2 || sbx.Annotations[sandboxv1beta1.SandboxTemplateRefAnnotation] != executortest.Template || sbx.Annotations[kube.AnnotationJobBinding] != coldRequest().Binding {
+	if len(sbx.Annotations) != 2 || sbx.Annotations[sandboxv1beta1.SandboxTemplateRefAnnotation] != fakecluster.Template || sbx.Annotations[kube.AnnotationJobBinding] != coldRequest().Binding {
 		t.Errorf("annotations %v, want only the template ref and the job's binding", sbx.Annotations)
 	}
-	tmpl, _ := fc.Extensions.ExtensionsV1beta1().SandboxTemplates(executortest.Namespace).Get(context.Background(), executortest.Template, metav1.GetOptions{})
+	tmpl, _ := fc.Extensions.ExtensionsV1beta1().SandboxTemplates(fakecluster.Namespace).Get(context.Background(), fakecluster.Template, metav1.GetOptions{})
 	if tmpl.Spec.PodTemplate.Spec.Containers[0].Image != "ci:bookworm" {
 		t.Error("ColdStart changed the template's own spec")
 	}
 }
 
 func TestColdStartAdoptsItsOwnSandboxOnRetry(t *testing.T) {
-	fc := executortest.NewCluster(t)
+	fc := fakecluster.NewCluster(t)
 	c := fc.Claimer()
 	first := assertRetryAdopts(t, func() (*kube.Sandbox, error) {
-		return c.ColdStart(context.Background(), coldRequest(), executortest.Template)
+		return c.ColdStart(context.Background(), coldRequest(), fakecluster.Template)
 	}, func() int {
-		list, _ := fc.Sandboxes.AgentsV1beta1().Sandboxes(executortest.Namespace).List(context.Background(), metav1.ListOptions{})
+		list, _ := fc.Sandboxes.AgentsV1beta1().Sandboxes(fakecluster.Namespace).List(context.Background(), metav1.ListOptions{})
 		return len(list.Items)
 	})
 	// run without prepare's state file finds it by name.
-	found, err := c.Find(context.Background(), executortest.Namespace, first.SandboxName, coldRequest().Binding, []string{"gvisor"})
+	found, err := c.Find(context.Background(), fakecluster.Namespace, first.SandboxName, coldRequest().Binding, []string{"gvisor"})
 	if err != nil || *found != *first {
 		t.Errorf("Find = %+v, %v; want %+v", found, err, first)
 	}
 }
 
 func TestColdStartRefusesAnotherJobsSandbox(t *testing.T) {
-	fc := executortest.NewCluster(t)
+	fc := fakecluster.NewCluster(t)
 	name := kube.ClaimName("runner-a", 4242)
-	other := &sandboxv1beta1.Sandbox{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: executortest.Namespace, Labels: map[string]string{kube.LabelJobID: "1"}}}
-	if _, err := fc.Sandboxes.AgentsV1beta1().Sandboxes(executortest.Namespace).Create(context.Background(), other, metav1.CreateOptions{}); err != nil {
+	other := &sandboxv1beta1.Sandbox{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: fakecluster.Namespace, Labels: map[string]string{kube.LabelJobID: "1"}}}
+	if _, err := fc.Sandboxes.AgentsV1beta1().Sandboxes(fakecluster.Namespace).Create(context.Background(), other, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	_, err := fc.Claimer().ColdStart(context.Background(), coldRequest(), executortest.Template)
+	_, err := fc.Claimer().ColdStart(context.Background(), coldRequest(), fakecluster.Template)
 	if failure.KindOf(err) != failure.KindPermanent || !strings.Contains(err.Error(), "Sandbox sandbox-executor/"+name+" exists but belongs to another job") {
 		t.Errorf("err = %v, want a permanent refusal", err)
 	}
@@ -115,9 +114,9 @@ func TestColdStartRefusesAnotherJobsSandbox(t *testing.T) {
 
 func TestColdStartFailsClosedOnRuntimeClass(t *testing.T) {
 	for _, rc := range []string{"", "runc"} {
-		fc := executortest.NewCluster(t)
+		fc := fakecluster.NewCluster(t)
 		fc.RuntimeClass = rc
-		_, err := fc.Claimer().ColdStart(context.Background(), coldRequest(), executortest.Template)
+		_, err := fc.Claimer().ColdStart(context.Background(), coldRequest(), fakecluster.Template)
 		if failure.KindOf(err) != failure.KindPermanent || !strings.Contains(err.Error(), "refusing pod") || !strings.Contains(err.Error(), "SandboxTemplate duo-gvisor (cold_template)") {
 			t.Errorf("runtimeClass %q: err = %v, want a permanent refusal naming cold_template", rc, err)
 		}
@@ -126,8 +125,8 @@ func TestColdStartFailsClosedOnRuntimeClass(t *testing.T) {
 
 func TestColdStartErrorsAreExplained(t *testing.T) {
 	denied := apierrors.NewForbidden(schema.GroupResource{Group: "agents.x-k8s.io", Resource: "sandboxes"}, "", nil)
-	forbidden := func(verb, resource string) func(fc *executortest.Cluster) {
-		return func(fc *executortest.Cluster) {
+	forbidden := func(verb, resource string) func(fc *fakecluster.Cluster) {
+		return func(fc *fakecluster.Cluster) {
 			if verb == "watch" { // watches have a reaction chain of their own
 				fc.Sandboxes.PrependWatchReactor(resource, func(k8stesting.Action) (bool, watch.Interface, error) { return true, nil, denied })
 				return
@@ -138,18 +137,18 @@ func TestColdStartErrorsAreExplained(t *testing.T) {
 	for _, tc := range []struct {
 		name     string
 		template string
-		break_   func(fc *executortest.Cluster)
+		break_   func(fc *fakecluster.Cluster)
 		kind     failure.Kind
 		want     string
 	}{
 		{"template missing", "no-such-template", nil, failure.KindPermanent, `SandboxTemplate "no-such-template" not found in namespace "sandbox-executor": create it or fix cold_template`},
-		{"create denied", executortest.Template, forbidden("create", "sandboxes"), failure.KindPermanent, "RBAC denied: cannot create sandboxes.agents.x-k8s.io in namespace sandbox-executor"},
-		{"watch denied", executortest.Template, forbidden("watch", "sandboxes"), failure.KindPermanent, "RBAC denied: cannot watch sandboxes.agents.x-k8s.io"},
-		{"pod failed", executortest.Template, func(fc *executortest.Cluster) { fc.ReadyReason = sandboxv1beta1.SandboxReasonPodFailed }, failure.KindPermanent, "cannot become Ready: Ready=False reason=PodFailed"},
-		{"not ready in time", executortest.Template, func(fc *executortest.Cluster) { fc.ReadyReason = "DependenciesNotReady" }, failure.KindSystem, "(cold start from template duo-gvisor) not Ready within ready_timeout 300ms; last condition: Ready=False reason=DependenciesNotReady"},
+		{"create denied", fakecluster.Template, forbidden("create", "sandboxes"), failure.KindPermanent, "RBAC denied: cannot create sandboxes.agents.x-k8s.io in namespace sandbox-executor"},
+		{"watch denied", fakecluster.Template, forbidden("watch", "sandboxes"), failure.KindPermanent, "RBAC denied: cannot watch sandboxes.agents.x-k8s.io"},
+		{"pod failed", fakecluster.Template, func(fc *fakecluster.Cluster) { fc.ReadyReason = sandboxv1beta1.SandboxReasonPodFailed }, failure.KindPermanent, "cannot become Ready: Ready=False reason=PodFailed"},
+		{"not ready in time", fakecluster.Template, func(fc *fakecluster.Cluster) { fc.ReadyReason = "DependenciesNotReady" }, failure.KindSystem, "(cold start from template duo-gvisor) not Ready within ready_timeout 300ms; last condition: Ready=False reason=DependenciesNotReady"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			fc := executortest.NewCluster(t)
+			fc := fakecluster.NewCluster(t)
 			if tc.break_ != nil {
 				tc.break_(fc)
 			}

@@ -11,8 +11,8 @@ import (
 	sandboxv1beta1 "sigs.k8s.io/agent-sandbox/api/v1beta1"
 	extv1beta1 "sigs.k8s.io/agent-sandbox/extensions/api/v1beta1"
 
+	"github.com/sandbox-executor/sandbox-executor/internal/testing/fakecluster"
 	"github.com/sandbox-executor/sandbox-executor/kube"
-	"github.com/sandbox-executor/sandbox-executor/tests/executortest"
 )
 
 // tickingClock moves on by a tenth of a second each time it is read, so that a claim takes time.
@@ -37,9 +37,9 @@ func TestClaimSaysHowTheJobGotItsSandbox(t *testing.T) {
 		{kube.LaunchCold, `^pool duo-default \(cold start: the pool had no sandbox to hand out\)$`},
 	} {
 		t.Run(string(tc.launch), func(t *testing.T) {
-			fc := executortest.NewCluster(t)
+			fc := fakecluster.NewCluster(t)
 			fc.Launch = tc.launch
-			sbx, err := kube.NewClaimer(fc.Clients, &tickingClock{now: executortest.Now}).Claim(context.Background(), testRequest())
+			sbx, err := kube.NewClaimer(fc.Clients, &tickingClock{now: fakecluster.Now}).Claim(context.Background(), testRequest())
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -58,7 +58,7 @@ func TestClaimSaysHowTheJobGotItsSandbox(t *testing.T) {
 // same), and a sandbox that turned Ready in the claim's own second is never called warm: the
 // objects' times have one-second resolution.
 func TestResolveReadsTheLaunchFromTheObjects(t *testing.T) {
-	made := executortest.Now // a claim's creationTimestamp, in whole seconds
+	made := fakecluster.Now // a claim's creationTimestamp, in whole seconds
 	for _, tc := range []struct {
 		name  string
 		label string
@@ -74,12 +74,12 @@ func TestResolveReadsTheLaunchFromTheObjects(t *testing.T) {
 		{"no launch-type label", "", -time.Minute, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			fc := executortest.NewCluster(t)
+			fc := fakecluster.NewCluster(t)
 			ctx := context.Background()
-			claim := &extv1beta1.SandboxClaim{ObjectMeta: metav1.ObjectMeta{Name: "job-1", Namespace: executortest.Namespace, UID: "claim-uid", CreationTimestamp: metav1.NewTime(made)}}
-			claim.Spec.WarmPoolRef.Name = executortest.Pool
+			claim := &extv1beta1.SandboxClaim{ObjectMeta: metav1.ObjectMeta{Name: "job-1", Namespace: fakecluster.Namespace, UID: "claim-uid", CreationTimestamp: metav1.NewTime(made)}}
+			claim.Spec.WarmPoolRef.Name = fakecluster.Pool
 			claim.Status.SandboxStatus.Name = "duo-default-xyz"
-			sbx := &sandboxv1beta1.Sandbox{ObjectMeta: metav1.ObjectMeta{Name: "duo-default-xyz", Namespace: executortest.Namespace, Labels: map[string]string{}}}
+			sbx := &sandboxv1beta1.Sandbox{ObjectMeta: metav1.ObjectMeta{Name: "duo-default-xyz", Namespace: fakecluster.Namespace, Labels: map[string]string{}}}
 			if tc.label != "" {
 				sbx.Labels[sandboxv1beta1.SandboxLaunchTypeLabel] = tc.label
 			}
@@ -88,13 +88,13 @@ func TestResolveReadsTheLaunchFromTheObjects(t *testing.T) {
 					LastTransitionTime: metav1.NewTime(made.Add(tc.ready).Truncate(time.Second))}}
 			}
 			rc := "gvisor"
-			pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: sbx.Name, Namespace: executortest.Namespace, Labels: map[string]string{extv1beta1.SandboxIDLabel: string(claim.UID)}},
+			pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: sbx.Name, Namespace: fakecluster.Namespace, Labels: map[string]string{extv1beta1.SandboxIDLabel: string(claim.UID)}},
 				Spec:   corev1.PodSpec{RuntimeClassName: &rc, Containers: []corev1.Container{{Name: "job", Image: "ci:bookworm"}}},
 				Status: corev1.PodStatus{Phase: corev1.PodRunning}}
-			if _, err := fc.Sandboxes.AgentsV1beta1().Sandboxes(executortest.Namespace).Create(ctx, sbx, metav1.CreateOptions{}); err != nil {
+			if _, err := fc.Sandboxes.AgentsV1beta1().Sandboxes(fakecluster.Namespace).Create(ctx, sbx, metav1.CreateOptions{}); err != nil {
 				t.Fatal(err)
 			}
-			if _, err := fc.Kube.CoreV1().Pods(executortest.Namespace).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+			if _, err := fc.Kube.CoreV1().Pods(fakecluster.Namespace).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
 				t.Fatal(err)
 			}
 			got, err := fc.Claimer().Resolve(ctx, claim, []string{"gvisor"})

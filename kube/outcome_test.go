@@ -9,8 +9,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	k8stesting "k8s.io/client-go/testing"
 
+	"github.com/sandbox-executor/sandbox-executor/internal/testing/fakecluster"
 	"github.com/sandbox-executor/sandbox-executor/kube"
-	"github.com/sandbox-executor/sandbox-executor/tests/executortest"
 )
 
 // Release writes the job's outcome on its claim, naming the claim's UID, and only then deletes
@@ -28,7 +28,7 @@ func TestReleaseRecordsTheOutcomeBeforeTheDelete(t *testing.T) {
 		{"unknown", kube.Outcome{}, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			fc := executortest.NewCluster(t)
+			fc := fakecluster.NewCluster(t)
 			c := fc.Claimer()
 			req := testRequest()
 			sbx, err := c.Claim(ctx, req)

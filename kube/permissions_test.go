@@ -6,15 +6,15 @@ import (
 
 	rbacv1 "k8s.io/api/rbac/v1"
 
+	"github.com/sandbox-executor/sandbox-executor/internal/testing/helmchart"
 	"github.com/sandbox-executor/sandbox-executor/kube"
-	"github.com/sandbox-executor/sandbox-executor/tests/charttest"
 )
 
 // rbacObjects renders the chart (with cold starts on, so every Role is there) and returns the
 // Roles and ClusterRoles bound to the executor's ServiceAccount, by name.
 func rbacObjects(t *testing.T) (roles, clusterRoles map[string]rbacv1.Role) {
 	t.Helper()
-	objs := charttest.Render(t, "sandbox-executor", "sandbox-executor", "coldStart: {enabled: true}\n")
+	objs := helmchart.Render(t, "sandbox-executor", "sandbox-executor", "coldStart: {enabled: true}\n")
 	roles, clusterRoles = map[string]rbacv1.Role{}, map[string]rbacv1.Role{}
 	for _, kind := range []string{"RoleBinding", "ClusterRoleBinding"} {
 		for _, u := range objs.OfKind(kind) {

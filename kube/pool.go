@@ -5,12 +5,12 @@ import (
 	"errors"
 	"time"
 
-	extv1beta1 "sigs.k8s.io/agent-sandbox/extensions/api/v1beta1"
-
-	"github.com/sandbox-executor/sandbox-executor/failure"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/watch"
+	extv1beta1 "sigs.k8s.io/agent-sandbox/extensions/api/v1beta1"
+
+	"github.com/sandbox-executor/sandbox-executor/failure"
 )
 
 // PoolStatus is what prepare reports about the pool before claiming from it.

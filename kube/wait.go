@@ -7,7 +7,6 @@ import (
 	"slices"
 	"time"
 
-	"github.com/sandbox-executor/sandbox-executor/failure"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -16,6 +15,8 @@ import (
 	"k8s.io/client-go/tools/cache"
 	watchtools "k8s.io/client-go/tools/watch"
 	sandboxv1beta1 "sigs.k8s.io/agent-sandbox/api/v1beta1"
+
+	"github.com/sandbox-executor/sandbox-executor/failure"
 )
 
 // watcher is the part of a typed client that watchNamed uses.

@@ -13,13 +13,13 @@ import (
 	k8stesting "k8s.io/client-go/testing"
 
 	"github.com/sandbox-executor/sandbox-executor/failure"
+	"github.com/sandbox-executor/sandbox-executor/internal/testing/fakecluster"
 	"github.com/sandbox-executor/sandbox-executor/kube"
-	"github.com/sandbox-executor/sandbox-executor/tests/executortest"
 )
 
 // A watch the API server can no longer resume (410 Gone) costs a re-read, not the job.
 func TestClaimRereadsAfterItsWatchIsGone(t *testing.T) {
-	fc := executortest.NewCluster(t)
+	fc := fakecluster.NewCluster(t)
 	var watches, gets atomic.Int32
 	fc.Extensions.PrependWatchReactor("sandboxclaims", func(k8stesting.Action) (bool, watch.Interface, error) {
 		if watches.Add(1) > 1 {
@@ -42,31 +42,31 @@ func TestClaimRereadsAfterItsWatchIsGone(t *testing.T) {
 }
 
 func TestWaitPoolReady(t *testing.T) {
-	denied := apierrors.NewForbidden(kube.SandboxWarmPools, executortest.Pool, nil)
+	denied := apierrors.NewForbidden(kube.SandboxWarmPools, fakecluster.Pool, nil)
 	for _, tc := range []struct {
 		name  string
-		watch func(fc *executortest.Cluster) k8stesting.WatchReactionFunc
+		watch func(fc *fakecluster.Cluster) k8stesting.WatchReactionFunc
 		want  string // "" for success
 		kind  failure.Kind
 	}{
-		{"a sandbox becomes ready", func(fc *executortest.Cluster) k8stesting.WatchReactionFunc {
+		{"a sandbox becomes ready", func(fc *fakecluster.Cluster) k8stesting.WatchReactionFunc {
 			return func(action k8stesting.Action) (bool, watch.Interface, error) {
 				go fc.SetPoolReady(t, 1)
 				return false, nil, nil
 			}
 		}, "", 0},
-		{"watch denied", func(*executortest.Cluster) k8stesting.WatchReactionFunc {
+		{"watch denied", func(*fakecluster.Cluster) k8stesting.WatchReactionFunc {
 			return func(k8stesting.Action) (bool, watch.Interface, error) { return true, nil, denied }
 		}, "RBAC denied: cannot watch sandboxwarmpools.extensions.agents.x-k8s.io in namespace sandbox-executor", failure.KindPermanent},
-		{"none in time", func(*executortest.Cluster) k8stesting.WatchReactionFunc {
+		{"none in time", func(*fakecluster.Cluster) k8stesting.WatchReactionFunc {
 			return func(k8stesting.Action) (bool, watch.Interface, error) { return false, nil, nil }
 		}, `warm pool sandbox-executor/duo-default had no ready sandbox for 300ms (drained_pool = "wait")`, failure.KindSystem},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			fc := executortest.NewCluster(t)
+			fc := fakecluster.NewCluster(t)
 			fc.SetPoolReady(t, 0)
 			fc.Extensions.PrependWatchReactor("sandboxwarmpools", tc.watch(fc))
-			err := fc.Claimer().WaitPoolReady(context.Background(), executortest.Namespace, executortest.Pool, 300*time.Millisecond)
+			err := fc.Claimer().WaitPoolReady(context.Background(), fakecluster.Namespace, fakecluster.Pool, 300*time.Millisecond)
 			if tc.want == "" {
 				if err != nil {
 					t.Errorf("WaitPoolReady: %v", err)

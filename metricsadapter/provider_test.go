@@ -15,10 +15,10 @@ import (
 	clocktesting "k8s.io/utils/clock/testing"
 	"sigs.k8s.io/custom-metrics-apiserver/pkg/provider"
 
+	"github.com/sandbox-executor/sandbox-executor/internal/testing/testutil"
 	"github.com/sandbox-executor/sandbox-executor/kube"
 	"github.com/sandbox-executor/sandbox-executor/metricsadapter"
 	"github.com/sandbox-executor/sandbox-executor/poolmetrics"
-	"github.com/sandbox-executor/sandbox-executor/tests/testutil"
 )
 
 const ns = "sandbox-executor"

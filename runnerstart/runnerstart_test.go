@@ -15,8 +15,8 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	clocktesting "k8s.io/utils/clock/testing"
 
+	"github.com/sandbox-executor/sandbox-executor/internal/testing/testutil"
 	"github.com/sandbox-executor/sandbox-executor/runnerstart"
-	"github.com/sandbox-executor/sandbox-executor/tests/testutil"
 )
 
 // fakeRunner is a gitlab-runner that records each call (its arguments and whether it saw the

@@ -16,8 +16,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/sandbox-executor/sandbox-executor/failure"
-
-	"github.com/sandbox-executor/sandbox-executor/tests/testutil"
+	"github.com/sandbox-executor/sandbox-executor/internal/testing/testutil"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }

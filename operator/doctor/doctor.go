@@ -17,14 +17,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/sandbox-executor/sandbox-executor/operator"
-	"github.com/urfave/cli/v2"
-
-	"github.com/sandbox-executor/sandbox-executor/agent/wire"
-	"github.com/sandbox-executor/sandbox-executor/failure"
-	"github.com/sandbox-executor/sandbox-executor/kube"
-
 	"github.com/go-logr/logr"
+	"github.com/urfave/cli/v2"
 	admissionv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
@@ -33,7 +27,11 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	extv1beta1 "sigs.k8s.io/agent-sandbox/extensions/api/v1beta1"
 
+	"github.com/sandbox-executor/sandbox-executor/agent/wire"
 	"github.com/sandbox-executor/sandbox-executor/config"
+	"github.com/sandbox-executor/sandbox-executor/failure"
+	"github.com/sandbox-executor/sandbox-executor/kube"
+	"github.com/sandbox-executor/sandbox-executor/operator"
 	"github.com/sandbox-executor/sandbox-executor/stages"
 	"github.com/sandbox-executor/sandbox-executor/stageserver"
 )

@@ -35,11 +35,11 @@ import (
 	"github.com/sandbox-executor/sandbox-executor/agent/wire"
 	"github.com/sandbox-executor/sandbox-executor/config"
 	"github.com/sandbox-executor/sandbox-executor/failure"
+	"github.com/sandbox-executor/sandbox-executor/internal/testing/stageservertest"
 	"github.com/sandbox-executor/sandbox-executor/kube"
 	"github.com/sandbox-executor/sandbox-executor/operator/doctor"
 	"github.com/sandbox-executor/sandbox-executor/stages"
 	"github.com/sandbox-executor/sandbox-executor/stageserver"
-	"github.com/sandbox-executor/sandbox-executor/tests/stageservertest"
 )
 
 const ns = "sandbox-executor"

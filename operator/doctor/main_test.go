@@ -3,7 +3,7 @@ package doctor_test
 import (
 	"testing"
 
-	"github.com/sandbox-executor/sandbox-executor/tests/executortest"
+	"github.com/sandbox-executor/sandbox-executor/internal/testing/fakecluster"
 )
 
-func TestMain(m *testing.M) { executortest.VerifyNoLeaks(m) }
+func TestMain(m *testing.M) { fakecluster.VerifyNoLeaks(m) }

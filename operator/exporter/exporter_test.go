@@ -26,12 +26,12 @@ import (
 	extv1beta1 "sigs.k8s.io/agent-sandbox/extensions/api/v1beta1"
 
 	"github.com/sandbox-executor/sandbox-executor/agent/wire"
+	"github.com/sandbox-executor/sandbox-executor/internal/testing/fakecluster"
 	"github.com/sandbox-executor/sandbox-executor/kube"
 	"github.com/sandbox-executor/sandbox-executor/operator/exporter"
-	"github.com/sandbox-executor/sandbox-executor/tests/executortest"
 )
 
-func TestMain(m *testing.M) { executortest.VerifyNoLeaks(m) }
+func TestMain(m *testing.M) { fakecluster.VerifyNoLeaks(m) }
 
 const (
 	ns   = "sandbox-executor"

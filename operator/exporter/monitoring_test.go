@@ -14,10 +14,10 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"sigs.k8s.io/yaml"
 
+	"github.com/sandbox-executor/sandbox-executor/internal/testing/helmchart"
+	"github.com/sandbox-executor/sandbox-executor/internal/testing/testutil"
 	"github.com/sandbox-executor/sandbox-executor/kube"
 	"github.com/sandbox-executor/sandbox-executor/operator/exporter"
-	"github.com/sandbox-executor/sandbox-executor/tests/charttest"
-	"github.com/sandbox-executor/sandbox-executor/tests/testutil"
 )
 
 // PromtoolEnv names the promtool binary; make unit sets it to the pinned promtool it installs.
@@ -137,7 +137,7 @@ func TestAlertRules(t *testing.T) {
 // The chart ships the tested rules and the checked dashboard as they are, and grants the
 // exporter's ServiceAccount exactly kube.ObservePermissions.
 func TestChartShipsTheMonitoring(t *testing.T) {
-	objs := charttest.Render(t, "sandbox-executor", "sandbox-executor",
+	objs := helmchart.Render(t, "sandbox-executor", "sandbox-executor",
 		"exporter: {enabled: true, serviceMonitor: {enabled: true}, prometheusRule: {enabled: true}, dashboard: {enabled: true}}\n")
 	const name = "sandbox-executor-exporter"
 	rule := objs.Find("PrometheusRule", name)
@@ -168,7 +168,7 @@ func TestChartShipsTheMonitoring(t *testing.T) {
 	if role == nil {
 		t.Fatal("no Role " + name)
 	}
-	grants := charttest.Grants(role)
+	grants := helmchart.Grants(role)
 	var want []string
 	for _, p := range kube.ObservePermissions {
 		want = append(want, p.String())

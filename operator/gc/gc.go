@@ -10,11 +10,11 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/sandbox-executor/sandbox-executor/kube"
-	"github.com/sandbox-executor/sandbox-executor/operator"
 	"github.com/urfave/cli/v2"
 
 	"github.com/sandbox-executor/sandbox-executor/config"
+	"github.com/sandbox-executor/sandbox-executor/kube"
+	"github.com/sandbox-executor/sandbox-executor/operator"
 	"github.com/sandbox-executor/sandbox-executor/stages"
 )
 

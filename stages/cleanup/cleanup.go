@@ -6,12 +6,11 @@ import (
 	"context"
 	"errors"
 
-	"github.com/sandbox-executor/sandbox-executor/failure"
-	"github.com/sandbox-executor/sandbox-executor/kube"
-
 	"github.com/sandbox-executor/sandbox-executor/config"
 	"github.com/sandbox-executor/sandbox-executor/egress"
 	"github.com/sandbox-executor/sandbox-executor/executor"
+	"github.com/sandbox-executor/sandbox-executor/failure"
+	"github.com/sandbox-executor/sandbox-executor/kube"
 	"github.com/sandbox-executor/sandbox-executor/stages"
 )
 

@@ -5,11 +5,11 @@ import (
 
 	"github.com/sandbox-executor/sandbox-executor/executor"
 	"github.com/sandbox-executor/sandbox-executor/failure"
+	"github.com/sandbox-executor/sandbox-executor/internal/testing/fakecluster"
 	"github.com/sandbox-executor/sandbox-executor/kube"
-	"github.com/sandbox-executor/sandbox-executor/tests/executortest"
 )
 
-func TestMain(m *testing.M) { executortest.VerifyNoLeaks(m) }
+func TestMain(m *testing.M) { fakecluster.VerifyNoLeaks(m) }
 
 // The outcome cleanup records: the stages' first deciding failure, success without one; a
 // runner that gives TMPDIR but left no state saw prepare fail; without TMPDIR it is unknown and

@@ -7,8 +7,8 @@ import (
 
 	"github.com/sandbox-executor/sandbox-executor/agent/wire"
 	"github.com/sandbox-executor/sandbox-executor/executor"
+	"github.com/sandbox-executor/sandbox-executor/internal/testing/fakecluster"
 	"github.com/sandbox-executor/sandbox-executor/kube"
-	"github.com/sandbox-executor/sandbox-executor/tests/executortest"
 )
 
 // The sandbox a claim announces gets its TLS handshake started at once, and the probe of the
@@ -16,8 +16,8 @@ import (
 func TestAnnouncedSandboxIsConnectedAhead(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	ca := executortest.AgentCA(t)
-	agent := executortest.StartBakedAgent(t, ca)
+	ca := fakecluster.AgentCA(t)
+	agent := fakecluster.StartBakedAgent(t, ca)
 	line := wire.IdentityLine(agent.Identity(t))
 	sbx := &kube.Sandbox{Namespace: "ns", Pod: "job-pod", Container: "job", PodIP: "127.0.0.1", AgentBaked: true}
 

@@ -4,12 +4,11 @@ import (
 	"context"
 	"strings"
 
+	"github.com/sandbox-executor/sandbox-executor/config"
+	"github.com/sandbox-executor/sandbox-executor/egress"
 	"github.com/sandbox-executor/sandbox-executor/failure"
 	"github.com/sandbox-executor/sandbox-executor/gitlab"
 	"github.com/sandbox-executor/sandbox-executor/kube"
-
-	"github.com/sandbox-executor/sandbox-executor/config"
-	"github.com/sandbox-executor/sandbox-executor/egress"
 	"github.com/sandbox-executor/sandbox-executor/stages"
 )
 

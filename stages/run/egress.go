@@ -5,10 +5,9 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/sandbox-executor/sandbox-executor/gitlab"
-
 	"github.com/sandbox-executor/sandbox-executor/config"
 	"github.com/sandbox-executor/sandbox-executor/egress"
+	"github.com/sandbox-executor/sandbox-executor/gitlab"
 )
 
 // maxBlockedLines bounds the warnings per stage.

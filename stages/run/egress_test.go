@@ -13,7 +13,7 @@ import (
 
 	"github.com/sandbox-executor/sandbox-executor/config"
 	"github.com/sandbox-executor/sandbox-executor/egress"
-	"github.com/sandbox-executor/sandbox-executor/tests/executortest"
+	"github.com/sandbox-executor/sandbox-executor/internal/testing/fakecluster"
 )
 
 func TestReportBlockedNamesEachDestinationOnce(t *testing.T) {
@@ -32,7 +32,7 @@ func TestReportBlockedNamesEachDestinationOnce(t *testing.T) {
 	defer srv.Close()
 
 	var out bytes.Buffer
-	reportBlocked(context.Background(), executortest.JobLog(&out), &config.Pool{Name: "duo-proxied", EgressProxy: srv.URL}, "10.88.0.5", start)
+	reportBlocked(context.Background(), fakecluster.JobLog(&out), &config.Pool{Name: "duo-proxied", EgressProxy: srv.URL}, "10.88.0.5", start)
 	got := strings.Split(strings.TrimSpace(out.String()), "\n")
 	want := []string{
 		"WARNING: egress blocked: CONNECT evil.example:443 (not in the allowlist of pool duo-proxied; 2 attempts)",
@@ -58,7 +58,7 @@ func TestReportBlockedIsBounded(t *testing.T) {
 	srv := httptest.NewServer(&egress.Admin{Recorder: rec, Allow: egress.DefaultAdminAllow})
 	defer srv.Close()
 	var out bytes.Buffer
-	reportBlocked(context.Background(), executortest.JobLog(&out), &config.Pool{Name: "p", EgressProxy: srv.URL}, "10.88.0.5", start)
+	reportBlocked(context.Background(), fakecluster.JobLog(&out), &config.Pool{Name: "p", EgressProxy: srv.URL}, "10.88.0.5", start)
 	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
 	if len(lines) != maxBlockedLines+2 || !strings.Contains(lines[maxBlockedLines], "10 more destinations") || !strings.Contains(lines[maxBlockedLines+1], "more attempts than the egress proxy keeps") {
 		t.Errorf("job log (%d lines):\n%s", len(lines), out.String())
@@ -74,7 +74,7 @@ func TestReportBlockedNeverFailsTheJob(t *testing.T) {
 	}))
 	defer srv.Close()
 	var out bytes.Buffer
-	log := executortest.JobLog(&out)
+	log := fakecluster.JobLog(&out)
 	reportBlocked(context.Background(), log, &config.Pool{Name: "p", EgressProxy: srv.URL}, "10.88.0.5", time.Now())
 	if s := out.String(); strings.Count(s, "\n") != 1 || !strings.Contains(s, "WARNING: egress proxy "+srv.URL+": cannot list blocked attempts: 403 Forbidden: egress proxy admin: forbidden") {
 		t.Errorf("refused: %q", s)

@@ -5,7 +5,7 @@ package duocli
 import (
 	_ "embed"
 
-	"github.com/sandbox-executor/sandbox-executor/tests/fakenpm"
+	"github.com/sandbox-executor/sandbox-executor/tests/fakes/fakenpm"
 )
 
 //go:embed duo.js

@@ -26,11 +26,11 @@ import (
 	"k8s.io/utils/ptr"
 	extv1beta1 "sigs.k8s.io/agent-sandbox/extensions/api/v1beta1"
 
+	"github.com/sandbox-executor/sandbox-executor/internal/testing/testutil"
 	"github.com/sandbox-executor/sandbox-executor/poolmetrics"
-	"github.com/sandbox-executor/sandbox-executor/tests/clustertest"
-	"github.com/sandbox-executor/sandbox-executor/tests/incluster"
-	"github.com/sandbox-executor/sandbox-executor/tests/localcluster"
-	"github.com/sandbox-executor/sandbox-executor/tests/testutil"
+	"github.com/sandbox-executor/sandbox-executor/tests/harness/chartinstall"
+	"github.com/sandbox-executor/sandbox-executor/tests/harness/clusterjobs"
+	"github.com/sandbox-executor/sandbox-executor/tests/harness/localcluster"
 )
 
 // externalMetricsAPIService is the one APIService of the External metrics API on a cluster.
@@ -118,10 +118,10 @@ func untilHPA(ctx context.Context, kc kubernetes.Interface, ns, name, resourceVe
 // holds with or without a metrics adapter; TestHPAScalesAPoolOnItsClaims installs one and makes
 // the HPA act.
 func TestHPAReadsThePoolScale(t *testing.T) {
-	c := clustertest.Connect(t)
+	c := clusterjobs.Connect(t)
 	const testPool = "e2e-hpa"
 	benchPool(t, c, testPool, 1)
-	kc, err := kubernetes.NewForConfig(clustertest.RESTConfig(t, c.AdminKubeconfig()))
+	kc, err := kubernetes.NewForConfig(clusterjobs.RESTConfig(t, c.AdminKubeconfig()))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -174,23 +174,23 @@ metricsAdapter: {enabled: true}
 // the adapter's APIService to be Available, and uninstalls it and deletes ns when the test ends.
 // The External metrics API is the cluster's one: a leftover of an earlier run of this test is
 // removed, anyone else's fails the test.
-func installAutoscaling(t *testing.T, c *clustertest.Cluster, kc kubernetes.Interface, ns, release, pool string) {
+func installAutoscaling(t *testing.T, c *clusterjobs.Cluster, kc kubernetes.Interface, ns, release, pool string) {
 	t.Helper()
 	ctx := context.Background()
 	root, err := testutil.ModuleRoot()
 	if err != nil {
 		t.Fatal(err)
 	}
-	tag, err := incluster.ImagesTag(root)
+	tag, err := chartinstall.ImagesTag(root)
 	if err != nil {
 		t.Fatal(err)
 	}
-	helm, err := incluster.Helm(root)
+	helm, err := chartinstall.Helm(root)
 	if err != nil {
 		t.Fatal(err)
 	}
 	kubeconfig := "--kubeconfig=" + c.AdminKubeconfig()
-	ac, err := aggregator.NewForConfig(clustertest.RESTConfig(t, c.AdminKubeconfig()))
+	ac, err := aggregator.NewForConfig(clusterjobs.RESTConfig(t, c.AdminKubeconfig()))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -200,7 +200,7 @@ func installAutoscaling(t *testing.T, c *clustertest.Cluster, kc kubernetes.Inte
 		if owner != ns {
 			t.Fatalf("APIService %s exists (service %v, release namespace %q): a cluster has one External metrics API, and this test installs its own", externalMetricsAPIService, existing.Spec.Service, owner)
 		}
-		_, _ = incluster.Run(helm, "uninstall", release, "-n", ns, "--wait", kubeconfig)
+		_, _ = chartinstall.Run(helm, "uninstall", release, "-n", ns, "--wait", kubeconfig)
 	}
 	namespaces := kc.CoreV1().Namespaces()
 	if leftover, err := namespaces.Get(ctx, ns, metav1.GetOptions{}); err == nil {
@@ -215,7 +215,7 @@ func installAutoscaling(t *testing.T, c *clustertest.Cluster, kc kubernetes.Inte
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		if _, err := incluster.Run(helm, "uninstall", release, "-n", ns, "--wait", "--timeout", "2m", kubeconfig); err != nil {
+		if _, err := chartinstall.Run(helm, "uninstall", release, "-n", ns, "--wait", "--timeout", "2m", kubeconfig); err != nil {
 			t.Error(err)
 		}
 		_ = namespaces.Delete(context.Background(), ns, metav1.DeleteOptions{})
@@ -225,7 +225,7 @@ func installAutoscaling(t *testing.T, c *clustertest.Cluster, kc kubernetes.Inte
 		t.Fatal(err)
 	}
 	chart := filepath.Join(root, "deploy", "chart", "sandbox-executor")
-	if _, err := incluster.Run(helm, "install", release, chart, "-n", ns, "-f", values, "--wait", "--timeout", "2m", kubeconfig); err != nil {
+	if _, err := chartinstall.Run(helm, "install", release, chart, "-n", ns, "-f", values, "--wait", "--timeout", "2m", kubeconfig); err != nil {
 		t.Fatal(err)
 	}
 
@@ -274,13 +274,13 @@ func waitNamespaceGone(t *testing.T, kc kubernetes.Interface, ns string) {
 // claims are deleted, the HPA brings the pool back to 1. Every wait is a watch with a deadline;
 // the timings are logged (docs/metrics.md), not asserted.
 func TestHPAScalesAPoolOnItsClaims(t *testing.T) {
-	c := clustertest.Connect(t)
+	c := clusterjobs.Connect(t)
 	const (
 		ns       = "e2e-autoscale"
 		testPool = "burst"
 		burst    = 3
 	)
-	kc, err := kubernetes.NewForConfig(clustertest.RESTConfig(t, c.AdminKubeconfig()))
+	kc, err := kubernetes.NewForConfig(clusterjobs.RESTConfig(t, c.AdminKubeconfig()))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -14,19 +14,18 @@ import (
 	"testing"
 	"time"
 
-	"k8s.io/apimachinery/pkg/api/meta"
-
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/utils/ptr"
 	extv1beta1 "sigs.k8s.io/agent-sandbox/extensions/api/v1beta1"
 
 	"github.com/sandbox-executor/sandbox-executor/kube"
-	"github.com/sandbox-executor/sandbox-executor/tests/clustertest"
-	"github.com/sandbox-executor/sandbox-executor/tests/fakegitlab"
-	"github.com/sandbox-executor/sandbox-executor/tests/localcluster"
+	"github.com/sandbox-executor/sandbox-executor/tests/fakes/fakegitlab"
+	"github.com/sandbox-executor/sandbox-executor/tests/harness/clusterjobs"
+	"github.com/sandbox-executor/sandbox-executor/tests/harness/localcluster"
 )
 
 // benchN is the sample count of a sequential series; BENCH_N overrides it for quick runs.
@@ -39,7 +38,7 @@ func benchN(def int) int {
 
 // benchPool creates a warm pool on the local template with replicas sandboxes, waits until all
 // are Ready, and deletes it when the benchmark ends.
-func benchPool(b testing.TB, c *clustertest.Cluster, name string, replicas int32) {
+func benchPool(b testing.TB, c *clusterjobs.Cluster, name string, replicas int32) {
 	b.Helper()
 	ctx := context.Background()
 	pools := c.Admin.Extensions.ExtensionsV1beta1().SandboxWarmPools(namespace)
@@ -59,7 +58,7 @@ func benchPool(b testing.TB, c *clustertest.Cluster, name string, replicas int32
 }
 
 // waitPoolFull waits until every sandbox the pool asks for is Ready, so the next sample is warm.
-func waitPoolFull(b testing.TB, c *clustertest.Cluster, name string) {
+func waitPoolFull(b testing.TB, c *clusterjobs.Cluster, name string) {
 	b.Helper()
 	deadline := time.Now().Add(3 * time.Minute)
 	for {
@@ -79,7 +78,7 @@ func waitPoolFull(b testing.TB, c *clustertest.Cluster, name string) {
 
 // rawClaim is agent-sandbox alone: create a claim on pool and watch it to Ready, as any client
 // would. It returns that latency and deletes the claim.
-func rawClaim(b *testing.B, c *clustertest.Cluster, pool string) time.Duration {
+func rawClaim(b *testing.B, c *clusterjobs.Cluster, pool string) time.Duration {
 	b.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
@@ -112,14 +111,14 @@ func rawClaim(b *testing.B, c *clustertest.Cluster, pool string) time.Duration {
 }
 
 // prepareJob runs our prepare as the runner would and returns its duration and the cleanup.
-func prepareJob(b *testing.B, r *clustertest.Runner) (time.Duration, func()) {
+func prepareJob(b *testing.B, r *clusterjobs.Runner) (time.Duration, func()) {
 	b.Helper()
 	took, _, cleanup := prepareJobLog(b, r)
 	return took, cleanup
 }
 
 // prepareJobLog is prepareJob, with prepare's output.
-func prepareJobLog(b *testing.B, r *clustertest.Runner) (time.Duration, string, func()) {
+func prepareJobLog(b *testing.B, r *clusterjobs.Runner) (time.Duration, string, func()) {
 	b.Helper()
 	j := newJob(b, r, ciImage)
 	start := time.Now()
@@ -141,7 +140,7 @@ func prepareJobLog(b *testing.B, r *clustertest.Runner) (time.Duration, string, 
 // created until an exec succeeds: what GitLab's Kubernetes executor pays per job before its
 // helper and attach.
 func BenchmarkPrepare(b *testing.B) {
-	c := clustertest.Connect(b)
+	c := clusterjobs.Connect(b)
 	const warm, cold, wide = "bench-warm", "bench-cold", "bench-wide"
 	benchPool(b, c, warm, 2)
 	benchPool(b, c, cold, 0)
@@ -265,7 +264,7 @@ func concurrently(n int, f func() time.Duration) samples {
 
 // plainPodUntilExec creates a bare pod on the gVisor RuntimeClass with the CI image and times
 // it until an exec in it succeeds.
-func plainPodUntilExec(b *testing.B, c *clustertest.Cluster) time.Duration {
+func plainPodUntilExec(b *testing.B, c *clusterjobs.Cluster) time.Duration {
 	b.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
@@ -402,7 +401,7 @@ func reportRate(b testing.TB, name string, mbps []float64, baseline float64) {
 // watched to Ready. A quick figure for comparing controller deployments; BenchmarkPrepare has
 // the same series interleaved with ours.
 func BenchmarkWarmClaimReady(b *testing.B) {
-	c := clustertest.Connect(b)
+	c := clusterjobs.Connect(b)
 	const pool = "bench-claim"
 	benchPool(b, c, pool, 2)
 	var raw samples

@@ -9,9 +9,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sandbox-executor/sandbox-executor/tests/clustertest"
-	"github.com/sandbox-executor/sandbox-executor/tests/fakegitlab"
-	"github.com/sandbox-executor/sandbox-executor/tests/localcluster"
+	"github.com/sandbox-executor/sandbox-executor/tests/fakes/fakegitlab"
+	"github.com/sandbox-executor/sandbox-executor/tests/harness/clusterjobs"
+	"github.com/sandbox-executor/sandbox-executor/tests/harness/localcluster"
 	"github.com/sandbox-executor/sandbox-executor/tests/runner"
 	"github.com/sandbox-executor/sandbox-executor/tools/duoflow"
 )
@@ -38,7 +38,7 @@ func BenchmarkStockFlowStartup(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer npm.Close()
-	cluster := clustertest.Connect(b)
+	cluster := clusterjobs.Connect(b)
 	c := newRunner(b, cluster, localcluster.Config{Extra: helper, Pools: []localcluster.PoolConfig{
 		{Name: flowPool, Images: []string{flowImages}, EgressProxy: flowEgressAdmin, EgressInstance: true, EgressAllow: []string{npm.Host + ":80"}},
 		{Name: hardenedPool, Images: []string{hardenedImages}, EgressProxy: flowEgressAdmin, EgressInstance: true},
@@ -67,7 +67,7 @@ var npmAdded = regexp.MustCompile(`added 1 package in (\d+)(ms|s)`)
 // stockStartups runs n stock flow jobs from newJob one after the other, each on a warm pod of
 // pool, and returns hand-out -> workflow session for each, and npm's install time where the
 // job log has one.
-func stockStartups(b *testing.B, cluster *clustertest.Cluster, c *clustertest.Runner, inst *duoflow.Instance, n int, pool string, newJob func() fakegitlab.Job) (samples, samples) {
+func stockStartups(b *testing.B, cluster *clusterjobs.Cluster, c *clusterjobs.Runner, inst *duoflow.Instance, n int, pool string, newJob func() fakegitlab.Job) (samples, samples) {
 	var startups, installs samples
 	for i := 0; i < n; i++ {
 		waitPoolFull(b, cluster, pool)

@@ -14,14 +14,14 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sandbox-executor/sandbox-executor/gitlab"
-	"github.com/sandbox-executor/sandbox-executor/kube"
 	"k8s.io/utils/clock"
 
 	"github.com/sandbox-executor/sandbox-executor/executor"
-	"github.com/sandbox-executor/sandbox-executor/tests/clustertest"
-	"github.com/sandbox-executor/sandbox-executor/tests/fakegitlab"
-	"github.com/sandbox-executor/sandbox-executor/tests/localcluster"
+	"github.com/sandbox-executor/sandbox-executor/gitlab"
+	"github.com/sandbox-executor/sandbox-executor/kube"
+	"github.com/sandbox-executor/sandbox-executor/tests/fakes/fakegitlab"
+	"github.com/sandbox-executor/sandbox-executor/tests/harness/clusterjobs"
+	"github.com/sandbox-executor/sandbox-executor/tests/harness/localcluster"
 	"github.com/sandbox-executor/sandbox-executor/tests/runner"
 	"github.com/sandbox-executor/sandbox-executor/tests/runner/localexecutor"
 )
@@ -121,7 +121,7 @@ func BenchmarkHelloJob(b *testing.B) {
 	const burst, spaced, overExecN = 10, 7, 7
 	// A pool as large as the round: every job of it starts warm, as a pool sized for the
 	// runner's concurrency serves production jobs; refills still run during the round.
-	cluster := clustertest.Connect(b)
+	cluster := clusterjobs.Connect(b)
 	const hello = "bench-hello"
 	benchPool(b, cluster, hello, int32(max(n, burst)))
 	// As the chart deploys it: prepare and cleanup through the stage server.

@@ -8,7 +8,7 @@ import (
 	"testing"
 
 	"github.com/sandbox-executor/sandbox-executor/kube"
-	"github.com/sandbox-executor/sandbox-executor/tests/clustertest"
+	"github.com/sandbox-executor/sandbox-executor/tests/harness/clusterjobs"
 )
 
 // TestClaimBoundToItsJob: a second job with the runner name and job ID of a prepared one, but
@@ -23,9 +23,9 @@ func TestClaimBoundToItsJob(t *testing.T) {
 		t.Fatalf("claim annotations %v: want a binding that is not the token", made.Annotations)
 	}
 
-	second := r.NewJob(t, clustertest.JobSpec{ID: first.ID, Image: ciImage, Token: "glcbt-e2e-another-instance"})
+	second := r.NewJob(t, clusterjobs.JobSpec{ID: first.ID, Image: ciImage, Token: "glcbt-e2e-another-instance"})
 	second.MustStage(t, 0, "config")
-	refused := second.MustStage(t, clustertest.BuildFailure, "prepare").Output()
+	refused := second.MustStage(t, clusterjobs.BuildFailure, "prepare").Output()
 	refusal := "SandboxClaim " + namespace + "/" + first.ClaimName() + " was made by another job"
 	fix := "kubectl delete sandboxclaim " + first.ClaimName() + " -n " + namespace
 	if !slices.ContainsFunc(strings.Split(refused, "\n"), func(line string) bool {
@@ -42,7 +42,7 @@ func TestClaimBoundToItsJob(t *testing.T) {
 	}
 	second.MustStage(t, 0, "cleanup")
 	kept := first.Claim(t)
-	if kept.UID != made.UID || kept.DeletionTimestamp != nil || clustertest.SandboxOfClaim(t, first.Admin, kept) != clustertest.SandboxOfClaim(t, first.Admin, made) {
+	if kept.UID != made.UID || kept.DeletionTimestamp != nil || clusterjobs.SandboxOfClaim(t, first.Admin, kept) != clusterjobs.SandboxOfClaim(t, first.Admin, made) {
 		t.Fatalf("the second job touched the first job's claim: uid %s→%s, deleting %v", made.UID, kept.UID, kept.DeletionTimestamp)
 	}
 

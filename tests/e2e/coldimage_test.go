@@ -17,19 +17,19 @@ import (
 
 	"github.com/sandbox-executor/sandbox-executor/agent/wire"
 	"github.com/sandbox-executor/sandbox-executor/kube"
-	"github.com/sandbox-executor/sandbox-executor/tests/clustertest"
-	"github.com/sandbox-executor/sandbox-executor/tests/localcluster"
+	"github.com/sandbox-executor/sandbox-executor/tests/harness/clusterjobs"
+	"github.com/sandbox-executor/sandbox-executor/tests/harness/localcluster"
 )
 
 // coldRunner serves the CI image from its warm pool and nothing else; unknown_image = "cold"
 // cold-starts the POSIX image (served by no pool here) from the CI pool's template.
-func coldRunner(t *testing.T) *clustertest.Runner {
+func coldRunner(t *testing.T) *clusterjobs.Runner {
 	t.Helper()
-	c := clustertest.Connect(t)
+	c := clusterjobs.Connect(t)
 	return c.NewRunner(t, "e2e-cold", `unknown_image = "cold"
 cold_template = "`+localcluster.Template+`"
 cold_images = ["sandbox-executor.local/posix:*"]`,
-		clustertest.Pool{Name: localcluster.Pool, Images: []string{"sandbox-executor.local/ci:*"}})
+		clusterjobs.Pool{Name: localcluster.Pool, Images: []string{"sandbox-executor.local/ci:*"}})
 }
 
 // An image no pool serves but cold_images allows runs in a Sandbox created from cold_template with
@@ -37,17 +37,17 @@ cold_images = ["sandbox-executor.local/posix:*"]`,
 // cleanup removes the Sandbox and its pod.
 func TestColdImageStartsASandboxFromTheTemplate(t *testing.T) {
 	r := coldRunner(t)
-	j := r.NewJob(t, clustertest.JobSpec{Image: localcluster.PosixImage})
+	j := r.NewJob(t, clusterjobs.JobSpec{Image: localcluster.PosixImage})
 	prep := j.Prepare(t)
 	t.Log(prep.Output())
 	mustContain(t, "prepare log", prep.Output(),
 		`Image sandbox-executor.local/posix:bookworm is served by no warm pool: cold start of a sandbox from template duo-gvisor (unknown_image = "cold")`,
 		"Sandbox ready: template duo-gvisor (cold start: no warm pool serves the image)", "runtime gvisor")
 	ctx := context.Background()
-	if _, err := j.Admin.Extensions.ExtensionsV1beta1().SandboxClaims(clustertest.Namespace).Get(ctx, j.ClaimName(), metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+	if _, err := j.Admin.Extensions.ExtensionsV1beta1().SandboxClaims(clusterjobs.Namespace).Get(ctx, j.ClaimName(), metav1.GetOptions{}); !apierrors.IsNotFound(err) {
 		t.Errorf("a cold start made a claim: %v", err)
 	}
-	sbx, err := j.Admin.Sandboxes.AgentsV1beta1().Sandboxes(clustertest.Namespace).Get(ctx, j.ClaimName(), metav1.GetOptions{})
+	sbx, err := j.Admin.Sandboxes.AgentsV1beta1().Sandboxes(clusterjobs.Namespace).Get(ctx, j.ClaimName(), metav1.GetOptions{})
 	if err != nil {
 		t.Fatalf("the job's Sandbox: %v", err)
 	}
@@ -83,9 +83,9 @@ func TestColdImageStartsASandboxFromTheTemplate(t *testing.T) {
 
 // assertSelectedByTemplateNetworkPolicy: the template's managed NetworkPolicy selects the
 // cold-started pod, as it selects the pool's: its egress allow-list applies.
-func assertSelectedByTemplateNetworkPolicy(t *testing.T, j *clustertest.Job, pod *corev1.Pod) {
+func assertSelectedByTemplateNetworkPolicy(t *testing.T, j *clusterjobs.Job, pod *corev1.Pod) {
 	t.Helper()
-	policy, err := j.Admin.Kube.NetworkingV1().NetworkPolicies(clustertest.Namespace).Get(context.Background(), localcluster.Template+"-network-policy", metav1.GetOptions{})
+	policy, err := j.Admin.Kube.NetworkingV1().NetworkPolicies(clusterjobs.Namespace).Get(context.Background(), localcluster.Template+"-network-policy", metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -103,10 +103,10 @@ func assertSelectedByTemplateNetworkPolicy(t *testing.T, j *clustertest.Job, pod
 // line naming both lists, and creates nothing.
 func TestColdImageRefusesUnlistedImage(t *testing.T) {
 	r := coldRunner(t)
-	j := r.NewJob(t, clustertest.JobSpec{Image: "sandbox-executor.local/unlisted:latest"})
+	j := r.NewJob(t, clusterjobs.JobSpec{Image: "sandbox-executor.local/unlisted:latest"})
 	res := j.PrepareRefused(t)
-	if res.ExitCode != clustertest.BuildFailure {
-		t.Fatalf("prepare exited %d, want BUILD_FAILURE (%d)\n%s", res.ExitCode, clustertest.BuildFailure, res.Output())
+	if res.ExitCode != clusterjobs.BuildFailure {
+		t.Fatalf("prepare exited %d, want BUILD_FAILURE (%d)\n%s", res.ExitCode, clusterjobs.BuildFailure, res.Output())
 	}
 	msg := strings.TrimSpace(res.Output())
 	mustContain(t, "prepare output", msg, `image not allowed: "sandbox-executor.local/unlisted:latest"`, "allowed images are sandbox-executor.local/ci:*",
@@ -115,10 +115,10 @@ func TestColdImageRefusesUnlistedImage(t *testing.T) {
 		t.Errorf("not one line:\n%s", msg)
 	}
 	ctx := context.Background()
-	if _, err := j.Admin.Sandboxes.AgentsV1beta1().Sandboxes(clustertest.Namespace).Get(ctx, j.ClaimName(), metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+	if _, err := j.Admin.Sandboxes.AgentsV1beta1().Sandboxes(clusterjobs.Namespace).Get(ctx, j.ClaimName(), metav1.GetOptions{}); !apierrors.IsNotFound(err) {
 		t.Errorf("a refused image got a Sandbox: %v", err)
 	}
-	if _, err := j.Admin.Extensions.ExtensionsV1beta1().SandboxClaims(clustertest.Namespace).Get(ctx, j.ClaimName(), metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+	if _, err := j.Admin.Extensions.ExtensionsV1beta1().SandboxClaims(clusterjobs.Namespace).Get(ctx, j.ClaimName(), metav1.GetOptions{}); !apierrors.IsNotFound(err) {
 		t.Errorf("a refused image got a claim: %v", err)
 	}
 }
@@ -127,21 +127,21 @@ func TestColdImageRefusesUnlistedImage(t *testing.T) {
 // create a Sandbox like the ones ColdStart makes, and nothing that leaves gVisor (server-side dry
 // runs).
 func TestColdImageAdmissionPolicy(t *testing.T) {
-	c := clustertest.Connect(t)
+	c := clusterjobs.Connect(t)
 	ctx := context.Background()
-	sandboxes, err := sandboxclient.NewForConfig(clustertest.RESTConfig(t, c.ExecutorKubeconfig()))
+	sandboxes, err := sandboxclient.NewForConfig(clusterjobs.RESTConfig(t, c.ExecutorKubeconfig()))
 	if err != nil {
 		t.Fatal(err)
 	}
-	tmpl, err := c.Admin.Extensions.ExtensionsV1beta1().SandboxTemplates(clustertest.Namespace).Get(ctx, localcluster.Template, metav1.GetOptions{})
+	tmpl, err := c.Admin.Extensions.ExtensionsV1beta1().SandboxTemplates(clusterjobs.Namespace).Get(ctx, localcluster.Template, metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	create := func(edit func(*corev1.PodSpec)) error {
-		sbx := &sandboxv1beta1.Sandbox{ObjectMeta: metav1.ObjectMeta{GenerateName: "e2e-cold-policy-", Namespace: clustertest.Namespace}}
+		sbx := &sandboxv1beta1.Sandbox{ObjectMeta: metav1.ObjectMeta{GenerateName: "e2e-cold-policy-", Namespace: clusterjobs.Namespace}}
 		sbx.Spec.SandboxBlueprint = *tmpl.Spec.SandboxBlueprint.DeepCopy()
 		edit(&sbx.Spec.PodTemplate.Spec)
-		_, err := sandboxes.AgentsV1beta1().Sandboxes(clustertest.Namespace).Create(ctx, sbx, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+		_, err := sandboxes.AgentsV1beta1().Sandboxes(clusterjobs.Namespace).Create(ctx, sbx, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
 		return err
 	}
 	if err := create(func(*corev1.PodSpec) {}); err != nil {

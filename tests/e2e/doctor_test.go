@@ -14,26 +14,25 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sandbox-executor/sandbox-executor/kube"
-
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/sandbox-executor/sandbox-executor/tests/clustertest"
-	"github.com/sandbox-executor/sandbox-executor/tests/localcluster"
+	"github.com/sandbox-executor/sandbox-executor/kube"
+	"github.com/sandbox-executor/sandbox-executor/tests/harness/clusterjobs"
+	"github.com/sandbox-executor/sandbox-executor/tests/harness/localcluster"
 )
 
 // runDoctor runs the built binary's doctor command and returns its lines and exit code.
-func runDoctor(t *testing.T, c *clustertest.Runner, configPath string, args ...string) ([]string, int) {
+func runDoctor(t *testing.T, c *clusterjobs.Runner, configPath string, args ...string) ([]string, int) {
 	t.Helper()
 	cmd := exec.Command(c.Binary(), append([]string{"--config", configPath, "doctor"}, args...)...)
 	cmd.Env = os.Environ()
 	out, err := cmd.Output()
 	t.Logf("doctor %v:\n%s", args, out)
-	return strings.Split(strings.TrimSpace(string(out)), "\n"), clustertest.ExitCode(err)
+	return strings.Split(strings.TrimSpace(string(out)), "\n"), clusterjobs.ExitCode(err)
 }
 
 // waitPoolsReady is the precondition of an all-ok run: other tests drain the pools for a moment.
-func waitPoolsReady(t *testing.T, c *clustertest.Runner, pools ...string) {
+func waitPoolsReady(t *testing.T, c *clusterjobs.Runner, pools ...string) {
 	t.Helper()
 	deadline := time.Now().Add(2 * time.Minute)
 	for _, name := range pools {

@@ -11,14 +11,14 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
-	"github.com/sandbox-executor/sandbox-executor/tests/clustertest"
-	"github.com/sandbox-executor/sandbox-executor/tests/localcluster"
+	"github.com/sandbox-executor/sandbox-executor/tests/harness/clusterjobs"
+	"github.com/sandbox-executor/sandbox-executor/tests/harness/localcluster"
 )
 
 // drainedPool is an empty warm pool on the local template, and a config that maps the CI image to it.
-func drainedPool(t *testing.T, name, policy string) *clustertest.Runner {
+func drainedPool(t *testing.T, name, policy string) *clusterjobs.Runner {
 	t.Helper()
-	c := clustertest.Connect(t)
+	c := clusterjobs.Connect(t)
 	benchPool(t, c, name, 0)
 	return newRunner(t, c, localcluster.Config{Pools: localcluster.Pools(name), Extra: `drained_pool = "` + policy + `"`})
 }
@@ -44,7 +44,7 @@ func TestDrainedPoolWaitsForAWarmSandbox(t *testing.T) {
 	const pool = "e2e-drained-wait"
 	c := drainedPool(t, pool, "wait")
 	j := newJob(t, c, ciImage)
-	out := clustertest.NewLive()
+	out := clusterjobs.NewLive()
 	prepare := j.Command("prepare")
 	prepare.Stdout, prepare.Stderr = out, out
 	if err := prepare.Start(); err != nil {

@@ -13,16 +13,16 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sandbox-executor/sandbox-executor/tests/clustertest"
-	"github.com/sandbox-executor/sandbox-executor/tests/fakegitlab"
-	"github.com/sandbox-executor/sandbox-executor/tests/localcluster"
+	"github.com/sandbox-executor/sandbox-executor/tests/fakes/fakegitlab"
+	"github.com/sandbox-executor/sandbox-executor/tests/harness/clusterjobs"
+	"github.com/sandbox-executor/sandbox-executor/tests/harness/localcluster"
 	"github.com/sandbox-executor/sandbox-executor/tests/runner"
 	"github.com/sandbox-executor/sandbox-executor/tools/duoflow"
 )
 
 // runDuoJob runs job through a fresh gitlab-runner process (17.9.0 unless
 // SANDBOX_EXECUTOR_GITLAB_RUNNER says otherwise) with the instance's S3 cache.
-func runDuoJob(t *testing.T, c *clustertest.Runner, inst *duoflow.Instance, job fakegitlab.Job) fakegitlab.Result {
+func runDuoJob(t *testing.T, c *clusterjobs.Runner, inst *duoflow.Instance, job fakegitlab.Job) fakegitlab.Result {
 	t.Helper()
 	return runDuoJobWith(t, c.Definition(), inst, job, nil)
 }

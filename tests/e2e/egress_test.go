@@ -16,8 +16,8 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 
 	"github.com/sandbox-executor/sandbox-executor/egress"
-	"github.com/sandbox-executor/sandbox-executor/tests/clustertest"
-	"github.com/sandbox-executor/sandbox-executor/tests/localcluster"
+	"github.com/sandbox-executor/sandbox-executor/tests/harness/clusterjobs"
+	"github.com/sandbox-executor/sandbox-executor/tests/harness/localcluster"
 )
 
 // What deploy/local and tests/cluster/egress-proxy.sh set up: pool duo-proxied, whose pods may
@@ -35,7 +35,7 @@ const (
 func TestEgressThroughProxy(t *testing.T) {
 	// The proxied pool is the default one; the CI and POSIX images keep their pools.
 	pools := append([]localcluster.PoolConfig{{Name: proxiedPool, EgressProxy: egressAdmin}}, localcluster.Pools(pool)...)
-	c := newRunner(t, clustertest.Connect(t), localcluster.Config{Pools: pools})
+	c := newRunner(t, clusterjobs.Connect(t), localcluster.Config{Pools: pools})
 
 	j, _, prep := preparedJob(t, c, "") // no image: the default pool
 	mustContain(t, "prepare log", prep, "pool "+proxiedPool)
@@ -134,7 +134,7 @@ done
 
 // allowDirect adds a NetworkPolicy that lets only this pod reach cidr:port directly, removed at
 // the end of the test.
-func allowDirect(t *testing.T, j *clustertest.Job, cidr string, port int) string {
+func allowDirect(t *testing.T, j *clusterjobs.Job, cidr string, port int) string {
 	t.Helper()
 	ctx := context.Background()
 	p := j.PodObject(t)

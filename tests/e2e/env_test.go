@@ -11,14 +11,14 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sandbox-executor/sandbox-executor/tests/clustertest"
-	"github.com/sandbox-executor/sandbox-executor/tests/localcluster"
+	"github.com/sandbox-executor/sandbox-executor/tests/harness/clusterjobs"
+	"github.com/sandbox-executor/sandbox-executor/tests/harness/localcluster"
 )
 
-func TestMain(m *testing.M) { clustertest.SuiteMain(m, "e2e") }
+func TestMain(m *testing.M) { clusterjobs.SuiteMain(m, "e2e") }
 
 const (
-	namespace = clustertest.Namespace
+	namespace = clusterjobs.Namespace
 	pool      = localcluster.Pool
 	ciImage   = localcluster.CIImage
 )
@@ -33,7 +33,7 @@ const (
 // newRunner is the suite's executor configuration on c: runner e2e-PID, prepare waits at most
 // 90 s for a sandbox and cleanup at most a minute for the job to be gone (the suite runs one job
 // at a time); cfg's other fields as given.
-func newRunner(t testing.TB, c *clustertest.Cluster, cfg localcluster.Config) *clustertest.Runner {
+func newRunner(t testing.TB, c *clusterjobs.Cluster, cfg localcluster.Config) *clusterjobs.Runner {
 	t.Helper()
 	r := c.NewRunnerWith(t, "e2e", cfg)
 	r.GoneTimeout = time.Minute
@@ -42,22 +42,22 @@ func newRunner(t testing.TB, c *clustertest.Cluster, cfg localcluster.Config) *c
 
 // newCluster checks the local cluster is up and writes the suite's executor configuration for
 // deploy/local's pools, with extra lines added to its top-level keys.
-func newCluster(t testing.TB, extra ...string) *clustertest.Runner {
+func newCluster(t testing.TB, extra ...string) *clusterjobs.Runner {
 	t.Helper()
-	return newRunner(t, clustertest.Connect(t), localcluster.Config{Extra: strings.Join(extra, "\n")})
+	return newRunner(t, clusterjobs.Connect(t), localcluster.Config{Extra: strings.Join(extra, "\n")})
 }
 
 // newJob is a job on image ("": none, for the default pool) with the environment a modern
 // runner gives every stage.
-func newJob(t testing.TB, r *clustertest.Runner, image string) *clustertest.Job {
+func newJob(t testing.TB, r *clusterjobs.Runner, image string) *clusterjobs.Job {
 	t.Helper()
-	return r.NewJob(t, clustertest.JobSpec{Image: image, NoImage: image == "", Token: jobToken,
+	return r.NewJob(t, clusterjobs.JobSpec{Image: image, NoImage: image == "", Token: jobToken,
 		RunnerEnv: []string{"CUSTOM_ENV_DUO_WORKFLOW_SERVICE_TOKEN=" + duoToken}})
 }
 
 // preparedJob runs config and prepare for a new job on image and registers its cleanup, which
 // must leave nothing behind. It returns the job, its pod as prepare's log names it, and that log.
-func preparedJob(t testing.TB, r *clustertest.Runner, image string) (*clustertest.Job, string, string) {
+func preparedJob(t testing.TB, r *clusterjobs.Runner, image string) (*clusterjobs.Job, string, string) {
 	t.Helper()
 	j := newJob(t, r, image)
 	prep := j.Prepare(t).Output()

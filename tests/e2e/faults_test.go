@@ -19,16 +19,16 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/sandbox-executor/sandbox-executor/agent/wire"
-	"github.com/sandbox-executor/sandbox-executor/tests/clustertest"
-	"github.com/sandbox-executor/sandbox-executor/tests/faultproxy"
-	"github.com/sandbox-executor/sandbox-executor/tests/localcluster"
+	"github.com/sandbox-executor/sandbox-executor/tests/fakes/faultproxy"
+	"github.com/sandbox-executor/sandbox-executor/tests/harness/clusterjobs"
+	"github.com/sandbox-executor/sandbox-executor/tests/harness/localcluster"
 )
 
 // withProxy is the suite's executor configuration with the API server behind a fault-injecting
 // proxy, and stages pinned to the exec transport.
-func withProxy(t *testing.T) (*clustertest.Runner, *faultproxy.Proxy) {
+func withProxy(t *testing.T) (*clusterjobs.Runner, *faultproxy.Proxy) {
 	t.Helper()
-	c := clustertest.Connect(t)
+	c := clusterjobs.Connect(t)
 	kc, err := clientcmd.LoadFromFile(c.ExecutorKubeconfig())
 	if err != nil {
 		t.Fatal(err)
@@ -87,7 +87,7 @@ func TestStageSurvivesStreamCuts(t *testing.T) {
 			j, pod, _ := preparedJob(t, c, ciImage)
 			stage := gatedStage{last: 3000, gates: []int{500, 1500, 2500}, exit: tc.exit}
 			out := stage.runThroughBreaks(t, c, j, pod, func() { proxy.Cut() }, func() {})
-			if code := clustertest.ExitCode(out.err); code != tc.wantCode {
+			if code := clusterjobs.ExitCode(out.err); code != tc.wantCode {
 				t.Fatalf("exit %d, want %d; job log:\n%s", code, tc.wantCode, out.log)
 			}
 		})
@@ -99,7 +99,7 @@ func TestPodDeletedMidStage(t *testing.T) {
 	c := newCluster(t)
 	j, pod, _ := preparedJob(t, c, ciImage)
 	run := j.Command("run", j.Script(t, "echo stage-started\nsleep 120\n"), "build_script")
-	live := clustertest.NewLive()
+	live := clusterjobs.NewLive()
 	run.Stdout, run.Stderr = live, live
 	if err := run.Start(); err != nil {
 		t.Fatal(err)
@@ -109,7 +109,7 @@ func TestPodDeletedMidStage(t *testing.T) {
 		t.Fatal(err)
 	}
 	err := run.Wait()
-	if code := clustertest.ExitCode(err); code != 2 {
+	if code := clusterjobs.ExitCode(err); code != 2 {
 		t.Errorf("exit %d after the pod was deleted, want SYSTEM_FAILURE (2)", code)
 	}
 	mustContain(t, "job log", live.String(), "pod "+namespace+"/"+pod)
@@ -144,16 +144,16 @@ func TestSteadyOutputForAMinute(t *testing.T) {
 func TestStageSurvivesAPIServerCrash(t *testing.T) {
 	c := newCluster(t, execThroughAPIServer)
 	j, pod, _ := preparedJob(t, c, ciImage)
-	clustertest.RestoreAfterBreak(t, func() error { return clustertest.RunScript("start.sh", "start", "apiserver") })
+	clusterjobs.RestoreAfterBreak(t, func() error { return clusterjobs.RunScript("start.sh", "start", "apiserver") })
 	stage := gatedStage{last: 400, gates: []int{100}}
 	out := stage.runThroughBreaks(t, c, j, pod,
 		func() {
-			if err := clustertest.RunScript("start.sh", "kill", "apiserver"); err != nil {
+			if err := clusterjobs.RunScript("start.sh", "kill", "apiserver"); err != nil {
 				t.Fatal(err)
 			}
 		},
 		func() {
-			if err := clustertest.RunScript("start.sh", "start", "apiserver"); err != nil {
+			if err := clusterjobs.RunScript("start.sh", "start", "apiserver"); err != nil {
 				t.Fatal(err)
 			}
 		})
@@ -256,12 +256,12 @@ type stageOutcome struct {
 // runThroughBreaks runs the stage. At each gate it calls breakStream, waits until run notes one
 // more dropped stream, calls mend, and opens the gate (with admin rights, past any proxy). It
 // fails the test unless the stage's output arrived exactly once and every break was noted.
-func (g gatedStage) runThroughBreaks(t *testing.T, c *clustertest.Runner, j *clustertest.Job, pod string, breakStream, mend func()) stageOutcome {
+func (g gatedStage) runThroughBreaks(t *testing.T, c *clusterjobs.Runner, j *clusterjobs.Job, pod string, breakStream, mend func()) stageOutcome {
 	t.Helper()
 	script, want := g.script()
 	run := j.Command("run", j.Script(t, script), "build_script")
 	var stdout bytes.Buffer
-	live := clustertest.NewLive()
+	live := clusterjobs.NewLive()
 	run.Stdout, run.Stderr = io.MultiWriter(&stdout, live), live
 	if err := run.Start(); err != nil {
 		t.Fatal(err)

@@ -21,11 +21,11 @@ import (
 	sandboxv1beta1 "sigs.k8s.io/agent-sandbox/api/v1beta1"
 	extv1beta1 "sigs.k8s.io/agent-sandbox/extensions/api/v1beta1"
 
+	"github.com/sandbox-executor/sandbox-executor/internal/testing/testutil"
 	"github.com/sandbox-executor/sandbox-executor/kube"
-	"github.com/sandbox-executor/sandbox-executor/tests/clustertest"
-	"github.com/sandbox-executor/sandbox-executor/tests/fakegitlab"
-	"github.com/sandbox-executor/sandbox-executor/tests/incluster"
-	"github.com/sandbox-executor/sandbox-executor/tests/testutil"
+	"github.com/sandbox-executor/sandbox-executor/tests/fakes/fakegitlab"
+	"github.com/sandbox-executor/sandbox-executor/tests/harness/chartinstall"
+	"github.com/sandbox-executor/sandbox-executor/tests/harness/clusterjobs"
 	"github.com/sandbox-executor/sandbox-executor/tools/duoflow"
 )
 
@@ -38,7 +38,7 @@ const inClusterTimeout = 5 * time.Minute
 // a failing job and a canceled one in gVisor pods over the pod network; then gc, started from
 // its CronJob, reaps an expired claim; then helm uninstall leaves nothing behind.
 func TestInClusterInstall(t *testing.T) {
-	c := clustertest.Connect(t)
+	c := clusterjobs.Connect(t)
 	root, err := testutil.ModuleRoot()
 	if err != nil {
 		t.Fatal(err)
@@ -46,7 +46,7 @@ func TestInClusterInstall(t *testing.T) {
 	ctx := context.Background()
 	suffix := strconv.Itoa(os.Getpid())
 	inst, base := duoInstance(t)
-	r, err := incluster.Install(ctx, incluster.Options{Root: root, Env: c.Env, Kube: c.Admin.Kube,
+	r, err := chartinstall.Install(ctx, chartinstall.Options{Root: root, Env: c.Env, Kube: c.Admin.Kube,
 		Namespace: "sbx-incluster-" + suffix, GitLabNamespace: "sbx-incluster-gitlab-" + suffix, Release: "duo",
 		InstanceIP: inst.Host, RunnerToken: inst.GitLab.RunnerToken(), JobImage: ciImage})
 	if r != nil {
@@ -150,7 +150,7 @@ func TestInClusterInstall(t *testing.T) {
 	kubectl("-n", ns, "create", "job", gcJob, "--from=cronjob/"+r.Fullname()+"-gc")
 	kubectl("-n", ns, "wait", "--for=condition=complete", "--timeout=3m", "job/"+gcJob)
 	gcLog := kubectl("-n", ns, "logs", "job/"+gcJob)
-	mustContain(t, "gc log", gcLog, "deleted "+ns+"/"+expired+" ", "shutdownTime passed", fmt.Sprintf("of runner %q deleted", incluster.RunnerName))
+	mustContain(t, "gc log", gcLog, "deleted "+ns+"/"+expired+" ", "shutdownTime passed", fmt.Sprintf("of runner %q deleted", chartinstall.RunnerName))
 	waitClaimsGone(t, c, ns, "metadata.name="+expired)
 	t.Logf("gc: %s", strings.TrimSpace(gcLog))
 
@@ -163,12 +163,12 @@ func TestInClusterInstall(t *testing.T) {
 
 // expiredClaim creates a claim labelled as the runner's, whose shutdownTime has passed, with
 // policy Retain so that agent-sandbox keeps it: only gc removes it. Returns its name.
-func expiredClaim(t *testing.T, c *clustertest.Cluster, ns string) string {
+func expiredClaim(t *testing.T, c *clusterjobs.Cluster, ns string) string {
 	t.Helper()
 	name := "expired-" + strconv.FormatInt(fakegitlab.NextJobID(), 10)
 	claim := &extv1beta1.SandboxClaim{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{
-			kube.LabelManagedBy: kube.ManagedByValue, kube.LabelRunner: kube.RunnerLabel(incluster.RunnerName), kube.LabelJobID: "0"}},
+			kube.LabelManagedBy: kube.ManagedByValue, kube.LabelRunner: kube.RunnerLabel(chartinstall.RunnerName), kube.LabelJobID: "0"}},
 		Spec: extv1beta1.SandboxClaimSpec{
 			WarmPoolRef: extv1beta1.SandboxWarmPoolRef{Name: "duo-default"},
 			Lifecycle: &extv1beta1.Lifecycle{ShutdownPolicy: extv1beta1.ShutdownPolicyRetain,
@@ -183,7 +183,7 @@ func expiredClaim(t *testing.T, c *clustertest.Cluster, ns string) string {
 
 // waitClaimsGone watches the claims of ns that match selector (a label selector, or
 // metadata.name=NAME) until there are none.
-func waitClaimsGone(t *testing.T, c *clustertest.Cluster, ns, selector string) {
+func waitClaimsGone(t *testing.T, c *clusterjobs.Cluster, ns, selector string) {
 	t.Helper()
 	narrow := func(o *metav1.ListOptions) {
 		if name, ok := strings.CutPrefix(selector, "metadata.name="); ok {
@@ -237,7 +237,7 @@ func waitNoneLeft(lw cache.ListerWatcher, obj runtime.Object) []string {
 
 // assertNothingLeft: after helm uninstall, no object with the release's labels is left in any
 // namespace or cluster-wide, and the namespace holds no claim, sandbox or pod.
-func assertNothingLeft(t *testing.T, c *clustertest.Cluster, r *incluster.Release) {
+func assertNothingLeft(t *testing.T, c *clusterjobs.Cluster, r *chartinstall.Release) {
 	t.Helper()
 	// The warm pools' sandboxes, and the pods of sandboxes and of the runner, go after helm
 	// returns (garbage collection, graceful termination): watch until none is left.

@@ -17,8 +17,8 @@ import (
 
 	"github.com/sandbox-executor/sandbox-executor/agent/wire"
 	"github.com/sandbox-executor/sandbox-executor/agentca"
-	"github.com/sandbox-executor/sandbox-executor/tests/clustertest"
-	"github.com/sandbox-executor/sandbox-executor/tests/localcluster"
+	"github.com/sandbox-executor/sandbox-executor/tests/harness/clusterjobs"
+	"github.com/sandbox-executor/sandbox-executor/tests/harness/localcluster"
 )
 
 // TestStagesAsModernRunnerInvokesThem drives the binary directly with the environment and
@@ -34,8 +34,8 @@ func TestStagesAsModernRunnerInvokesThem(t *testing.T) {
 
 	// A failing stage: exit code in BUILD_EXIT_CODE_FILE, BUILD_FAILURE exit.
 	fail := j.Command("run", j.Script(t, "echo failing\nexit 7\n"), "build_script")
-	if out, err := fail.CombinedOutput(); clustertest.ExitCode(err) != 1 || !strings.Contains(string(out), "failing") {
-		t.Errorf("failing stage: exit %d, output %q; want 1", clustertest.ExitCode(err), out)
+	if out, err := fail.CombinedOutput(); clusterjobs.ExitCode(err) != 1 || !strings.Contains(string(out), "failing") {
+		t.Errorf("failing stage: exit %d, output %q; want 1", clusterjobs.ExitCode(err), out)
 	}
 	if code, _ := os.ReadFile(j.ExitCodeFile()); strings.TrimSpace(string(code)) != "7" {
 		t.Errorf("BUILD_EXIT_CODE_FILE = %q, want 7", code)
@@ -43,7 +43,7 @@ func TestStagesAsModernRunnerInvokesThem(t *testing.T) {
 
 	// Cancel: SIGTERM to the stage's process group, as the runner does.
 	run := j.Command("run", j.Script(t, "sleep 600 &\nsleep 601 &\necho stage-started\nwait\n"), "build_script")
-	live := clustertest.NewLive()
+	live := clusterjobs.NewLive()
 	run.Stdout, run.Stderr = live, live
 	run.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := run.Start(); err != nil {
@@ -56,7 +56,7 @@ func TestStagesAsModernRunnerInvokesThem(t *testing.T) {
 	cancelled := time.Now()
 	syscall.Kill(-run.Process.Pid, syscall.SIGTERM)
 	err = run.Wait()
-	t.Logf("run exited %d %s after SIGTERM", clustertest.ExitCode(err), time.Since(cancelled))
+	t.Logf("run exited %d %s after SIGTERM", clusterjobs.ExitCode(err), time.Since(cancelled))
 	if ps, _ := c.Exec(context.Background(), pod, "sh", "-c", "cat /proc/[0-9]*/cmdline | tr '\\0' ' '"); strings.Contains(ps, "sleep 60") {
 		t.Errorf("processes of the cancelled stage survive in the pod: %q", ps)
 	}
@@ -81,8 +81,8 @@ func TestPOSIXOnlyImage(t *testing.T) {
 	mustContain(t, "prepare log", prep, "pool "+localcluster.PosixPool, "shell /bin/sh", "gvisor")
 	script := j.Script(t, "set -e\necho \"bash-$(test -e /bin/bash && echo present || echo absent)\"\nuname -r\nexit 4\n")
 	out, err := j.Command("run", script, "build_script").CombinedOutput()
-	if clustertest.ExitCode(err) != 1 {
-		t.Fatalf("run: exit %d, want BUILD_FAILURE (1)\n%s", clustertest.ExitCode(err), out)
+	if clusterjobs.ExitCode(err) != 1 {
+		t.Fatalf("run: exit %d, want BUILD_FAILURE (1)\n%s", clusterjobs.ExitCode(err), out)
 	}
 	mustContain(t, "stage output", string(out), "bash-absent", "gvisor")
 	if code, _ := os.ReadFile(j.ExitCodeFile()); strings.TrimSpace(string(code)) != "4" {
@@ -102,8 +102,8 @@ func TestNetworkTransport(t *testing.T) {
 	var stdout, stderr bytes.Buffer
 	run := j.Command("run", j.Script(t, script), "build_script")
 	run.Stdout, run.Stderr = &stdout, &stderr
-	if err := run.Run(); clustertest.ExitCode(err) != 1 {
-		t.Fatalf("exit %d, want BUILD_FAILURE (1): %s", clustertest.ExitCode(err), stderr.String())
+	if err := run.Run(); clusterjobs.ExitCode(err) != 1 {
+		t.Fatalf("exit %d, want BUILD_FAILURE (1): %s", clusterjobs.ExitCode(err), stderr.String())
 	}
 	if stdout.String() != want {
 		t.Fatalf("output differs: got %d bytes, want %d", stdout.Len(), len(want))

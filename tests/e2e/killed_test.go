@@ -17,9 +17,9 @@ import (
 
 	"github.com/sandbox-executor/sandbox-executor/agent/wire"
 	"github.com/sandbox-executor/sandbox-executor/kube"
-	"github.com/sandbox-executor/sandbox-executor/tests/clustertest"
-	"github.com/sandbox-executor/sandbox-executor/tests/fakegitlab"
-	"github.com/sandbox-executor/sandbox-executor/tests/localcluster"
+	"github.com/sandbox-executor/sandbox-executor/tests/fakes/fakegitlab"
+	"github.com/sandbox-executor/sandbox-executor/tests/harness/clusterjobs"
+	"github.com/sandbox-executor/sandbox-executor/tests/harness/localcluster"
 )
 
 // TestAgentKilledMidStage kills the stage daemon in the job's pod (SIGKILL, from an exec with
@@ -30,7 +30,7 @@ func TestAgentKilledMidStage(t *testing.T) {
 	j, pod, prep := preparedJob(t, c, ciImage)
 	mustContain(t, "prepare log", prep, "stages over pod network")
 	run := j.Command("run", j.Script(t, "echo stage-started\nsleep 300\necho must-not-be-reached\n"), "build_script")
-	live := clustertest.NewLive()
+	live := clusterjobs.NewLive()
 	run.Stdout, run.Stderr = live, live
 	if err := run.Start(); err != nil {
 		t.Fatal(err)
@@ -44,8 +44,8 @@ func TestAgentKilledMidStage(t *testing.T) {
 		t.Fatalf("killing the agent's daemon in pod %s: %v %s", pod, err, out)
 	}
 	err := run.Wait()
-	if code := clustertest.ExitCode(err); code != clustertest.SystemFailure {
-		t.Fatalf("exit %d after the agent was killed, want SYSTEM_FAILURE (%d):\n%s", code, clustertest.SystemFailure, live.String())
+	if code := clusterjobs.ExitCode(err); code != clusterjobs.SystemFailure {
+		t.Fatalf("exit %d after the agent was killed, want SYSTEM_FAILURE (%d):\n%s", code, clusterjobs.SystemFailure, live.String())
 	}
 	if strings.Contains(live.String(), "must-not-be-reached") {
 		t.Errorf("the stage went on after its agent was killed:\n%s", live.String())
@@ -65,12 +65,12 @@ func TestKilledRunnerLeavesNothingBehind(t *testing.T) {
 	gitlab := fakegitlab.New()
 	defer gitlab.Close()
 	type killed struct {
-		r     *clustertest.Runner
+		r     *clusterjobs.Runner
 		id    int64
 		claim string
 	}
 	var jobs []killed
-	c := clustertest.Connect(t)
+	c := clusterjobs.Connect(t)
 	for _, name := range []string{"e2e-gc-reaped", "e2e-expired"} {
 		// A runner name of its own: gc reaps by runner name.
 		r := c.NewRunnerWith(t, name, localcluster.Config{Extra: fmt.Sprintf("claim_grace = %q", grace.String())})

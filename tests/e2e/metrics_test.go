@@ -22,16 +22,16 @@ import (
 
 	"github.com/sandbox-executor/sandbox-executor/kube"
 	"github.com/sandbox-executor/sandbox-executor/operator/exporter"
-	"github.com/sandbox-executor/sandbox-executor/tests/clustertest"
-	"github.com/sandbox-executor/sandbox-executor/tests/fakegitlab"
-	"github.com/sandbox-executor/sandbox-executor/tests/localcluster"
+	"github.com/sandbox-executor/sandbox-executor/tests/fakes/fakegitlab"
+	"github.com/sandbox-executor/sandbox-executor/tests/harness/clusterjobs"
+	"github.com/sandbox-executor/sandbox-executor/tests/harness/localcluster"
 )
 
 // startExporter runs `sandbox-executor exporter` on the host with the admin configuration (the
 // exporter's own RBAC is deploy/monitoring's, held to kube.ObservePermissions by a unit test)
 // and returns the URL of its /metrics once it serves. The test stops it with SIGTERM and expects
 // a clean exit.
-func startExporter(t *testing.T, c *clustertest.Cluster) string {
+func startExporter(t *testing.T, c *clusterjobs.Cluster) string {
 	t.Helper()
 	cmd := exec.Command(c.Binary(), "--config", c.AdminConfig, "exporter", "--listen", "127.0.0.1:0")
 	stdout, err := cmd.StdoutPipe()
@@ -141,7 +141,7 @@ var launchIn = regexp.MustCompile(`Sandbox ready: pool \S+ \((warm start|waited|
 // failed job is counted with its reason, the others as successes; a job on an empty pool of its
 // own is counted as a cold start.
 func TestExporterCountsWhatJobsDid(t *testing.T) {
-	c := clustertest.Connect(t)
+	c := clusterjobs.Connect(t)
 	const testPool = "e2e-metrics"
 	benchPool(t, c, testPool, 2)
 	r := newRunner(t, c, localcluster.Config{Pools: localcluster.Pools(testPool)})

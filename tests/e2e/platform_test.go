@@ -12,8 +12,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sandbox-executor/sandbox-executor/tests/clustertest"
-	"github.com/sandbox-executor/sandbox-executor/tests/localcluster"
+	"github.com/sandbox-executor/sandbox-executor/tests/harness/clusterjobs"
+	"github.com/sandbox-executor/sandbox-executor/tests/harness/localcluster"
 )
 
 // The local cluster's gVisor platform is a setting (RUNSC_PLATFORM, tests/cluster/configs.sh).
@@ -51,7 +51,7 @@ func TestClusterPlatformSetting(t *testing.T) {
 			}
 			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 			defer cancel()
-			out, err := clustertest.ClusterScript(ctx, "configs.sh",
+			out, err := clusterjobs.ClusterScript(ctx, "configs.sh",
 				[]string{"CLUSTER_DIR=" + dir, "RUNSC_PLATFORM=" + tc.platform, "GVISOR_LOGS=0"})
 			runscConfig, readErr := os.ReadFile(filepath.Join(dir, "etc", "runsc.toml"))
 			if tc.works {

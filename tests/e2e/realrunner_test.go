@@ -18,8 +18,8 @@ import (
 	sandboxv1beta1 "sigs.k8s.io/agent-sandbox/api/v1beta1"
 
 	"github.com/sandbox-executor/sandbox-executor/kube"
-	"github.com/sandbox-executor/sandbox-executor/tests/clustertest"
-	"github.com/sandbox-executor/sandbox-executor/tests/fakegitlab"
+	"github.com/sandbox-executor/sandbox-executor/tests/fakes/fakegitlab"
+	"github.com/sandbox-executor/sandbox-executor/tests/harness/clusterjobs"
 	"github.com/sandbox-executor/sandbox-executor/tests/runner"
 )
 
@@ -73,7 +73,7 @@ func waitTrace(t testing.TB, gitlab *fakegitlab.Server, proc *runner.Process, id
 
 // runJob runs job through a real runner with def, waits for its final state and for its
 // claim, sandbox and pod to be gone.
-func runJob(t testing.TB, c *clustertest.Runner, def runner.CustomExecutor, gitlab *fakegitlab.Server, job fakegitlab.Job) fakegitlab.Result {
+func runJob(t testing.TB, c *clusterjobs.Runner, def runner.CustomExecutor, gitlab *fakegitlab.Server, job fakegitlab.Job) fakegitlab.Result {
 	t.Helper()
 	gitlab.Enqueue(job)
 	res := waitJob(t, gitlab, startRunner(t, gitlab, def), job.ID)
@@ -89,14 +89,14 @@ func exitCode(code *int) string {
 }
 
 // jobPod is the pod of a running job of runner r, followed from its claim with admin rights.
-func jobPod(t testing.TB, r *clustertest.Runner, id int64) string {
+func jobPod(t testing.TB, r *clusterjobs.Runner, id int64) string {
 	t.Helper()
 	ctx := context.Background()
 	claim, err := r.Admin.Extensions.ExtensionsV1beta1().SandboxClaims(namespace).Get(ctx, kube.ClaimName(r.Name, id), metav1.GetOptions{})
 	if err != nil {
 		t.Fatalf("job %d: its claim: %v", id, err)
 	}
-	name := clustertest.SandboxOfClaim(t, r.Admin, claim)
+	name := clusterjobs.SandboxOfClaim(t, r.Admin, claim)
 	sbx, err := r.Admin.Sandboxes.AgentsV1beta1().Sandboxes(namespace).Get(ctx, name, metav1.GetOptions{})
 	if err != nil {
 		t.Fatalf("job %d: sandbox %q of its claim: %v", id, name, err)
@@ -126,7 +126,7 @@ type wrapping struct {
 	captureOutput bool
 }
 
-func wrapExecutor(t testing.TB, r *clustertest.Runner, how wrapping) *wrappedExecutor {
+func wrapExecutor(t testing.TB, r *clusterjobs.Runner, how wrapping) *wrappedExecutor {
 	t.Helper()
 	w := &wrappedExecutor{dir: t.TempDir()}
 	hold := ""
@@ -246,7 +246,7 @@ var markerScript = []string{
 const buildStarted = "build-started with 2 marker processes"
 
 // podMarkers scans the job's pod for its marker processes from outside the job, with admin rights.
-func podMarkers(t testing.TB, r *clustertest.Runner, pod string, id int64) (int, string) {
+func podMarkers(t testing.TB, r *clusterjobs.Runner, pod string, id int64) (int, string) {
 	t.Helper()
 	out, err := r.Exec(context.Background(), pod, "sh", "-c", `MARKER_SECONDS=$1; `+procScan+`; echo "found=$found"`, "sh", markerSeconds(id))
 	if err != nil {

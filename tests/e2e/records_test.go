@@ -18,7 +18,7 @@ import (
 	"k8s.io/client-go/tools/cache"
 	watchtools "k8s.io/client-go/tools/watch"
 
-	"github.com/sandbox-executor/sandbox-executor/tests/clustertest"
+	"github.com/sandbox-executor/sandbox-executor/tests/harness/clusterjobs"
 )
 
 // clusterRecords keeps what the cluster and the runner recorded of a job, for a test to search
@@ -39,7 +39,7 @@ type clusterRecords struct {
 // current versions on. client-go's RetryWatcher resumes after the API server ends a watch (a
 // restart by another test), from the last version it saw, so no version in between is missed.
 // Stop it before searching.
-func recordNamespace(t testing.TB, r *clustertest.Runner) *clusterRecords {
+func recordNamespace(t testing.TB, r *clusterjobs.Runner) *clusterRecords {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	c := &clusterRecords{records: map[string][]string{}, deleted: map[string]bool{}, changed: make(chan struct{}), cancel: cancel}

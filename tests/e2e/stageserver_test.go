@@ -15,16 +15,16 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 
-	"github.com/sandbox-executor/sandbox-executor/tests/clustertest"
-	"github.com/sandbox-executor/sandbox-executor/tests/fakegitlab"
-	"github.com/sandbox-executor/sandbox-executor/tests/localcluster"
+	"github.com/sandbox-executor/sandbox-executor/tests/fakes/fakegitlab"
+	"github.com/sandbox-executor/sandbox-executor/tests/harness/clusterjobs"
+	"github.com/sandbox-executor/sandbox-executor/tests/harness/localcluster"
 )
 
 // A job through gitlab-runner 17.9 with a stage server, as the chart deploys it: prepare and
 // cleanup run in the server (its log says so), run in their own processes, and the job is the
 // same as without one. The job's masked variable never reaches the server's log.
 func TestRealRunnerJobThroughTheStageServer(t *testing.T) {
-	c := clustertest.Connect(t)
+	c := clusterjobs.Connect(t)
 	r := c.NewServedRunner(t, "e2e-served", localcluster.Config{ReadyTimeout: "3m"})
 	gitlab := fakegitlab.New()
 	defer gitlab.Close()
@@ -54,7 +54,7 @@ func TestRealRunnerJobThroughTheStageServer(t *testing.T) {
 // the executor (execve, the same arguments and environment): the job succeeds as without a
 // server, and its log says once per stage why it was slower.
 func TestRealRunnerJobWithTheStageServerDown(t *testing.T) {
-	c := clustertest.Connect(t)
+	c := clusterjobs.Connect(t)
 	r := c.NewServedRunner(t, "e2e-down", localcluster.Config{ReadyTimeout: "3m"})
 	r.StageServer.Kill(t) // leaves its socket behind, as a crash does: nobody listens on it
 	gitlab := fakegitlab.New()
@@ -90,7 +90,7 @@ func TestRealRunnerJobWithTheStageServerDown(t *testing.T) {
 // fails that prepare as a system failure, which the runner retries, never as success; the retry,
 // through a server started again on the same socket, gets the job its sandbox.
 func TestStageServerKilledMidPrepare(t *testing.T) {
-	c := clustertest.Connect(t)
+	c := clusterjobs.Connect(t)
 	const pool = "e2e-served-drained"
 	benchPool(t, c, pool, 0) // drained: with drained_pool = "wait" prepare waits in the server
 	r := c.NewServedRunner(t, "e2e-killed", localcluster.Config{ReadyTimeout: "3m", Extra: `drained_pool = "wait"`, Pools: localcluster.Pools(pool)})
@@ -120,8 +120,8 @@ func TestStageServerKilledMidPrepare(t *testing.T) {
 	seen.Write(rest)
 	err = prepare.Wait()
 	var exit *exec.ExitError
-	if !errors.As(err, &exit) || exit.ExitCode() != clustertest.SystemFailure {
-		t.Fatalf("prepare after its stage server was killed: %v, want exit %d (system failure)\n%s", err, clustertest.SystemFailure, seen.String())
+	if !errors.As(err, &exit) || exit.ExitCode() != clusterjobs.SystemFailure {
+		t.Fatalf("prepare after its stage server was killed: %v, want exit %d (system failure)\n%s", err, clusterjobs.SystemFailure, seen.String())
 	}
 	mustContain(t, "prepare's output", seen.String(), "the stage server closed the connection before the stage ended")
 	if _, err := c.Admin.Extensions.ExtensionsV1beta1().SandboxClaims(namespace).Get(context.Background(), j.ClaimName(), metav1.GetOptions{}); !apierrors.IsNotFound(err) {
@@ -130,7 +130,7 @@ func TestStageServerKilledMidPrepare(t *testing.T) {
 
 	// The runner's retry, once the server is back (on the socket the dead one left) and the
 	// pool has a sandbox.
-	r.StageServer = clustertest.StartStageServer(t, r.Binary(), r.ConfigPath, r.StageServer.Socket)
+	r.StageServer = clusterjobs.StartStageServer(t, r.Binary(), r.ConfigPath, r.StageServer.Socket)
 	pools := c.Admin.Extensions.ExtensionsV1beta1().SandboxWarmPools(namespace)
 	p, err := pools.Get(context.Background(), pool, metav1.GetOptions{})
 	if err != nil {

@@ -19,9 +19,9 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/sandbox-executor/sandbox-executor/kube"
-	"github.com/sandbox-executor/sandbox-executor/tests/clustertest"
-	"github.com/sandbox-executor/sandbox-executor/tests/fakegitlab"
-	"github.com/sandbox-executor/sandbox-executor/tests/localcluster"
+	"github.com/sandbox-executor/sandbox-executor/tests/fakes/fakegitlab"
+	"github.com/sandbox-executor/sandbox-executor/tests/harness/clusterjobs"
+	"github.com/sandbox-executor/sandbox-executor/tests/harness/localcluster"
 	"github.com/sandbox-executor/sandbox-executor/tests/runner"
 	"github.com/sandbox-executor/sandbox-executor/tools/duoflow"
 )
@@ -70,7 +70,7 @@ func TestStockDuoFlow(t *testing.T) {
 	pools := append([]localcluster.PoolConfig{
 		{Name: flowPool, Images: []string{flowImages}, EgressProxy: flowEgressAdmin, EgressInstance: true, EgressAllow: []string{npm.Host + ":80"}},
 	}, localcluster.Pools(pool)...)
-	c := newRunner(t, clustertest.Connect(t), localcluster.Config{Pools: pools, Extra: helper})
+	c := newRunner(t, clusterjobs.Connect(t), localcluster.Config{Pools: pools, Extra: helper})
 	base, err := inst.CreateProject()
 	if err != nil {
 		t.Fatal(err)
@@ -207,7 +207,7 @@ func TestStockDuoFlowHardenedImage(t *testing.T) {
 	pools := append([]localcluster.PoolConfig{
 		{Name: hardenedPool, Images: []string{hardenedImages}, EgressProxy: flowEgressAdmin, EgressInstance: true},
 	}, localcluster.Pools(pool)...)
-	c := newRunner(t, clustertest.Connect(t), localcluster.Config{Pools: pools, Extra: helper})
+	c := newRunner(t, clusterjobs.Connect(t), localcluster.Config{Pools: pools, Extra: helper})
 	base, err := inst.CreateProject()
 	if err != nil {
 		t.Fatal(err)
@@ -300,7 +300,7 @@ func sha256Hex(s string) string {
 }
 
 // recordContainerLogs adds the log of every container of the job's pod to records.
-func recordContainerLogs(t *testing.T, c *clustertest.Runner, records *clusterRecords, pod string) {
+func recordContainerLogs(t *testing.T, c *clusterjobs.Runner, records *clusterRecords, pod string) {
 	t.Helper()
 	ctx := context.Background()
 	obj, err := c.Admin.Kube.CoreV1().Pods(namespace).Get(ctx, pod, metav1.GetOptions{})
@@ -320,7 +320,7 @@ func recordContainerLogs(t *testing.T, c *clustertest.Runner, records *clusterRe
 // the namespace's events and the texts given, and fails for every secret that any of them
 // holds. The job's claim, its pod's versions and its container logs must have been recorded:
 // a recording that missed them proves nothing.
-func assertNotRecorded(t *testing.T, c *clustertest.Runner, records *clusterRecords, jobID int64, pod string, secrets, texts map[string]string) {
+func assertNotRecorded(t *testing.T, c *clusterjobs.Runner, records *clusterRecords, jobID int64, pod string, secrets, texts map[string]string) {
 	t.Helper()
 	claim := "claim " + kube.ClaimName(c.Name, jobID)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)

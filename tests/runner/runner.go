@@ -31,7 +31,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/sandbox-executor/sandbox-executor/tests/testutil"
+	"github.com/sandbox-executor/sandbox-executor/internal/testing/testutil"
 )
 
 // BinaryEnvVar names the environment variable that points at the gitlab-runner binary.

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sandbox-executor/sandbox-executor/tests/testutil"
+	"github.com/sandbox-executor/sandbox-executor/internal/testing/testutil"
 )
 
 func TestRunSingleCommandLine(t *testing.T) {

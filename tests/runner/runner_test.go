@@ -26,7 +26,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sandbox-executor/sandbox-executor/tests/fakegitlab"
+	"github.com/sandbox-executor/sandbox-executor/tests/fakes/fakegitlab"
 	"github.com/sandbox-executor/sandbox-executor/tests/runner"
 	"github.com/sandbox-executor/sandbox-executor/tests/runner/localexecutor"
 )

@@ -15,8 +15,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/sandbox-executor/sandbox-executor/tests/clustertest"
-	"github.com/sandbox-executor/sandbox-executor/tests/localcluster"
+	"github.com/sandbox-executor/sandbox-executor/tests/harness/clusterjobs"
+	"github.com/sandbox-executor/sandbox-executor/tests/harness/localcluster"
 )
 
 // dnsStandIn answers every query with an A record for the GitLab instance (10.99.1.2): a
@@ -36,7 +36,7 @@ d.bind(53);`
 // node; the job gets answers from cluster DNS and none from the stand-in.
 func TestJobResolvesOnlyThroughClusterDNS(t *testing.T) {
 	t.Parallel()
-	c := clustertest.Connect(t)
+	c := clusterjobs.Connect(t)
 	other := startResolver(t, c, "sec-dns-other-"+fmt.Sprint(os.Getpid()), map[string]string{"k8s-app": "not-dns"})
 	const clusterName = "kubernetes.default.svc.cluster.local"
 	if !hostResolves(t, clusterDNS, clusterName, kubernetesService) {
@@ -47,7 +47,7 @@ func TestJobResolvesOnlyThroughClusterDNS(t *testing.T) {
 	}
 
 	r := c.NewRunner(t, "sec-dns", "")
-	j := prepared(t, r, clustertest.JobSpec{})
+	j := prepared(t, r, clusterjobs.JobSpec{})
 	out := j.MustRun(t, fmt.Sprintf(`q() {
   node -e 'const r = new (require("dns").promises.Resolver)({timeout: 3000, tries: 1}); r.setServers([process.argv[1]]);
     r.resolve4(process.argv[3]).then(a => console.log("@dns", process.argv[2], "answer", a.join(",")), e => console.log("@dns", process.argv[2], "error", e.code))' "$1" "$2" "$3" &
@@ -73,7 +73,7 @@ wait
 
 // startResolver runs the stand-in resolver in a pod of kube-system and returns its IP once the
 // pod runs; the pod is deleted at the end.
-func startResolver(t *testing.T, c *clustertest.Cluster, name string, labels map[string]string) string {
+func startResolver(t *testing.T, c *clusterjobs.Cluster, name string, labels map[string]string) string {
 	t.Helper()
 	labels[suiteLabel] = "true"
 	pods := c.Admin.Kube.CoreV1().Pods("kube-system")

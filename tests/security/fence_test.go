@@ -16,8 +16,8 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/sandbox-executor/sandbox-executor/agent/wire"
-	"github.com/sandbox-executor/sandbox-executor/tests/clustertest"
-	"github.com/sandbox-executor/sandbox-executor/tests/localcluster"
+	"github.com/sandbox-executor/sandbox-executor/tests/harness/clusterjobs"
+	"github.com/sandbox-executor/sandbox-executor/tests/harness/localcluster"
 )
 
 // TestFenceFailsClosedWhileNetworkPolicyIsNotEnforced stops the NetworkPolicy controller and
@@ -30,16 +30,16 @@ import (
 // It needs deploy/local's templates with the fence check (SANDBOX_EXECUTOR_FENCE_* and the
 // readinessProbe): make cluster-up applies them.
 func TestFenceFailsClosedWhileNetworkPolicyIsNotEnforced(t *testing.T) {
-	c := clustertest.Connect(t)
+	c := clusterjobs.Connect(t)
 	requireFenceInTemplate(t, c)
 	r := c.NewRunner(t, "sec-fence", "require_fence = true")
-	clustertest.RestoreAfterBreak(t, func() error { return clustertest.RunScript("networkpolicy.sh", "up") })
-	if err := clustertest.RunScript("networkpolicy.sh", "enforcement-down"); err != nil {
+	clusterjobs.RestoreAfterBreak(t, func() error { return clusterjobs.RunScript("networkpolicy.sh", "up") })
+	if err := clusterjobs.RunScript("networkpolicy.sh", "enforcement-down"); err != nil {
 		t.Fatal(err)
 	}
 	waitPoolPodsNotReady(t, c)
 
-	jobs := []*clustertest.Job{r.NewJob(t, clustertest.JobSpec{}), r.NewJob(t, clustertest.JobSpec{})}
+	jobs := []*clusterjobs.Job{r.NewJob(t, clusterjobs.JobSpec{}), r.NewJob(t, clusterjobs.JobSpec{})}
 	var prepared atomic.Int32
 	var wg sync.WaitGroup
 	for _, j := range jobs {
@@ -54,7 +54,7 @@ func TestFenceFailsClosedWhileNetworkPolicyIsNotEnforced(t *testing.T) {
 	if n := prepared.Load(); n != 0 {
 		t.Errorf("%d of %d jobs were handed a pod while NetworkPolicy was not enforced", n, len(jobs))
 	}
-	if err := clustertest.RunScript("networkpolicy.sh", "up"); err != nil {
+	if err := clusterjobs.RunScript("networkpolicy.sh", "up"); err != nil {
 		t.Fatal(err)
 	}
 	wg.Wait()
@@ -65,16 +65,16 @@ func TestFenceFailsClosedWhileNetworkPolicyIsNotEnforced(t *testing.T) {
 
 // waitPoolPodsNotReady waits until no pod of the default warm pool is Ready: their readiness
 // checks found the fence down.
-func waitPoolPodsNotReady(t *testing.T, c *clustertest.Cluster) {
+func waitPoolPodsNotReady(t *testing.T, c *clusterjobs.Cluster) {
 	t.Helper()
 	ctx := t.Context()
-	pool, err := c.Admin.Extensions.ExtensionsV1beta1().SandboxWarmPools(clustertest.Namespace).Get(ctx, localcluster.Pool, metav1.GetOptions{})
+	pool, err := c.Admin.Extensions.ExtensionsV1beta1().SandboxWarmPools(clusterjobs.Namespace).Get(ctx, localcluster.Pool, metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	var last string
 	err = wait.PollUntilContextTimeout(ctx, time.Second, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
-		pods, err := c.Admin.Kube.CoreV1().Pods(clustertest.Namespace).List(ctx, metav1.ListOptions{LabelSelector: pool.Status.Selector})
+		pods, err := c.Admin.Kube.CoreV1().Pods(clusterjobs.Namespace).List(ctx, metav1.ListOptions{LabelSelector: pool.Status.Selector})
 		if err != nil {
 			return false, err
 		}
@@ -102,10 +102,10 @@ func podReady(pod *corev1.Pod) bool {
 }
 
 // waitClaimCreated waits until the job's prepare has created its claim: the job asked for a pod.
-func waitClaimCreated(t *testing.T, c *clustertest.Cluster, j *clustertest.Job) {
+func waitClaimCreated(t *testing.T, c *clusterjobs.Cluster, j *clusterjobs.Job) {
 	t.Helper()
 	err := wait.PollUntilContextTimeout(t.Context(), 200*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
-		_, err := c.Admin.Extensions.ExtensionsV1beta1().SandboxClaims(clustertest.Namespace).Get(ctx, j.ClaimName(), metav1.GetOptions{})
+		_, err := c.Admin.Extensions.ExtensionsV1beta1().SandboxClaims(clusterjobs.Namespace).Get(ctx, j.ClaimName(), metav1.GetOptions{})
 		return err == nil, nil
 	})
 	if err != nil {
@@ -115,7 +115,7 @@ func waitClaimCreated(t *testing.T, c *clustertest.Cluster, j *clustertest.Job) 
 
 // fenceJob prepares the job and, once it has a pod, tries "the internet" first thing; reaching it
 // fails the test. It runs on a goroutine of its own, so it reports with Errorf, never Fatalf.
-func fenceJob(t *testing.T, j *clustertest.Job, prepared *atomic.Int32) {
+func fenceJob(t *testing.T, j *clusterjobs.Job, prepared *atomic.Int32) {
 	if res := j.Stage(t, "config"); res.ExitCode != 0 {
 		t.Errorf("job %d: config exited %d\n%s", j.ID, res.ExitCode, res.Output())
 		return
@@ -133,9 +133,9 @@ func fenceJob(t *testing.T, j *clustertest.Job, prepared *atomic.Int32) {
 
 // requireFenceInTemplate fails the test unless the default pool's template configures the fence
 // check: without it, this test would only show that nothing stops the jobs.
-func requireFenceInTemplate(t *testing.T, c *clustertest.Cluster) {
+func requireFenceInTemplate(t *testing.T, c *clusterjobs.Cluster) {
 	t.Helper()
-	tmpl, err := c.Admin.Extensions.ExtensionsV1beta1().SandboxTemplates(clustertest.Namespace).Get(t.Context(), localcluster.Template, metav1.GetOptions{})
+	tmpl, err := c.Admin.Extensions.ExtensionsV1beta1().SandboxTemplates(clusterjobs.Namespace).Get(t.Context(), localcluster.Template, metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -19,16 +19,16 @@ import (
 	"k8s.io/client-go/dynamic"
 
 	"github.com/sandbox-executor/sandbox-executor/agent/wire"
-	"github.com/sandbox-executor/sandbox-executor/tests/clustertest"
-	"github.com/sandbox-executor/sandbox-executor/tests/localcluster"
+	"github.com/sandbox-executor/sandbox-executor/tests/harness/clusterjobs"
+	"github.com/sandbox-executor/sandbox-executor/tests/harness/localcluster"
 )
 
 // TestJobRunsUnderGVisorKernel: the job's kernel is gVisor's, not the node's: /proc/version
 // names gVisor's kernel, which differs from the node's, and the kernel log is gVisor's boot log.
 func TestJobRunsUnderGVisorKernel(t *testing.T) {
 	t.Parallel()
-	r := clustertest.Connect(t).NewRunner(t, "sec-kernel", "")
-	j := prepared(t, r, clustertest.JobSpec{})
+	r := clusterjobs.Connect(t).NewRunner(t, "sec-kernel", "")
+	j := prepared(t, r, clusterjobs.JobSpec{})
 	out := j.MustRun(t, "cat /proc/version\ndmesg | head -n 1\n").Stdout
 	host, err := os.ReadFile("/proc/version")
 	if err != nil {
@@ -53,7 +53,7 @@ func TestJobRunsUnderGVisorKernel(t *testing.T) {
 // the claim.
 func TestPoolWithoutGVisorIsRefused(t *testing.T) {
 	t.Parallel()
-	c := clustertest.Connect(t)
+	c := clusterjobs.Connect(t)
 	suffix := strconv.Itoa(os.Getpid())
 	runc := &nodev1.RuntimeClass{
 		ObjectMeta: metav1.ObjectMeta{Name: "sec-runc-" + suffix, Labels: map[string]string{suiteLabel: "true"}},
@@ -77,11 +77,11 @@ func TestPoolWithoutGVisorIsRefused(t *testing.T) {
 			t.Parallel()
 			pool := "sec-" + tc.name + "-" + suffix
 			createPool(t, c, pool, tc.runtimeClass)
-			r := c.NewRunner(t, "sec-"+tc.name, "", clustertest.Pool{Name: pool, Images: []string{localcluster.CIImage}})
-			j := r.NewJob(t, clustertest.JobSpec{})
+			r := c.NewRunner(t, "sec-"+tc.name, "", clusterjobs.Pool{Name: pool, Images: []string{localcluster.CIImage}})
+			j := r.NewJob(t, clusterjobs.JobSpec{})
 			res := j.PrepareRefused(t)
-			if res.ExitCode != clustertest.BuildFailure {
-				t.Errorf("prepare exited %d, want BUILD_FAILURE (%d): a refused pool is not retried\n%s", res.ExitCode, clustertest.BuildFailure, res.Output())
+			if res.ExitCode != clusterjobs.BuildFailure {
+				t.Errorf("prepare exited %d, want BUILD_FAILURE (%d): a refused pool is not retried\n%s", res.ExitCode, clusterjobs.BuildFailure, res.Output())
 			}
 			errLines := regexp.MustCompile(`(?m)^.*ERROR.*$`).FindAllString(res.Output(), -1)
 			if len(errLines) != 1 || !strings.Contains(errLines[0], tc.shown) || !strings.Contains(errLines[0], "refusing pod") {
@@ -117,9 +117,9 @@ var (
 
 // createPool makes a SandboxTemplate and a one-pod SandboxWarmPool named name, whose pods run
 // the CI image under runtimeClass ("": the node's default runtime), and deletes both at the end.
-func createPool(t *testing.T, c *clustertest.Cluster, name, runtimeClass string) {
+func createPool(t *testing.T, c *clusterjobs.Cluster, name, runtimeClass string) {
 	t.Helper()
-	dyn, err := dynamic.NewForConfig(clustertest.RESTConfig(t, c.AdminKubeconfig()))
+	dyn, err := dynamic.NewForConfig(clusterjobs.RESTConfig(t, c.AdminKubeconfig()))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -138,7 +138,7 @@ func createPool(t *testing.T, c *clustertest.Cluster, name, runtimeClass string)
 	labels := map[string]any{suiteLabel: "true"}
 	template := &unstructured.Unstructured{Object: map[string]any{
 		"apiVersion": "extensions.agents.x-k8s.io/v1beta1", "kind": "SandboxTemplate",
-		"metadata": map[string]any{"name": name, "namespace": clustertest.Namespace, "labels": labels},
+		"metadata": map[string]any{"name": name, "namespace": clusterjobs.Namespace, "labels": labels},
 		"spec": map[string]any{
 			"envVarsInjectionPolicy": "Disallowed", "networkPolicyManagement": "Managed",
 			"networkPolicy": map[string]any{"ingress": []any{}, "egress": []any{}},
@@ -147,7 +147,7 @@ func createPool(t *testing.T, c *clustertest.Cluster, name, runtimeClass string)
 	}}
 	pool := &unstructured.Unstructured{Object: map[string]any{
 		"apiVersion": "extensions.agents.x-k8s.io/v1beta1", "kind": "SandboxWarmPool",
-		"metadata": map[string]any{"name": name, "namespace": clustertest.Namespace, "labels": labels},
+		"metadata": map[string]any{"name": name, "namespace": clusterjobs.Namespace, "labels": labels},
 		"spec":     map[string]any{"replicas": int64(1), "sandboxTemplateRef": map[string]any{"name": name}},
 	}}
 	ctx := context.Background()
@@ -155,12 +155,12 @@ func createPool(t *testing.T, c *clustertest.Cluster, name, runtimeClass string)
 		gvr schema.GroupVersionResource
 		obj *unstructured.Unstructured
 	}{{templatesGVR, template}, {poolsGVR, pool}} {
-		if _, err := dyn.Resource(o.gvr).Namespace(clustertest.Namespace).Create(ctx, o.obj, metav1.CreateOptions{}); err != nil {
+		if _, err := dyn.Resource(o.gvr).Namespace(clusterjobs.Namespace).Create(ctx, o.obj, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}
 		gvr := o.gvr
 		t.Cleanup(func() {
-			if err := dyn.Resource(gvr).Namespace(clustertest.Namespace).Delete(context.Background(), name, metav1.DeleteOptions{}); err != nil {
+			if err := dyn.Resource(gvr).Namespace(clusterjobs.Namespace).Delete(context.Background(), name, metav1.DeleteOptions{}); err != nil {
 				t.Errorf("deleting %s %s: %v", gvr.Resource, name, err)
 			}
 		})
@@ -170,7 +170,7 @@ func createPool(t *testing.T, c *clustertest.Cluster, name, runtimeClass string)
 	ctx, cancel := context.WithTimeout(ctx, 3*time.Minute)
 	defer cancel()
 	if err := wait.PollUntilContextCancel(ctx, 100*time.Millisecond, true, func(ctx context.Context) (bool, error) {
-		got, err := c.Admin.Extensions.ExtensionsV1beta1().SandboxWarmPools(clustertest.Namespace).Get(ctx, name, metav1.GetOptions{})
+		got, err := c.Admin.Extensions.ExtensionsV1beta1().SandboxWarmPools(clusterjobs.Namespace).Get(ctx, name, metav1.GetOptions{})
 		return err == nil && got.Status.ReadyReplicas >= 1, nil
 	}); err != nil {
 		t.Fatalf("pool %s: no Ready sandbox after 3 minutes", name)

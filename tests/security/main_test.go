@@ -12,11 +12,11 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/sandbox-executor/sandbox-executor/tests/clustertest"
+	"github.com/sandbox-executor/sandbox-executor/tests/harness/clusterjobs"
 )
 
 // The local cluster's addresses (tests/cluster: net.sh, networkpolicy.sh).
-func TestMain(m *testing.M) { clustertest.SuiteMain(m, "security") }
+func TestMain(m *testing.M) { clusterjobs.SuiteMain(m, "security") }
 
 const (
 	nodeIP     = "10.77.0.1"
@@ -32,7 +32,7 @@ const (
 )
 
 // prepared is a job of the default pool that is ready to run stages.
-func prepared(t *testing.T, r *clustertest.Runner, spec clustertest.JobSpec) *clustertest.Job {
+func prepared(t *testing.T, r *clusterjobs.Runner, spec clusterjobs.JobSpec) *clusterjobs.Job {
 	t.Helper()
 	j := r.NewJob(t, spec)
 	j.Prepare(t)

@@ -17,7 +17,7 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/sandbox-executor/sandbox-executor/tests/clustertest"
+	"github.com/sandbox-executor/sandbox-executor/tests/harness/clusterjobs"
 )
 
 // listenerPort is where the neighbour job serves HTTP, on all its addresses.
@@ -31,12 +31,12 @@ const listenerPort = 8081
 // target that can answer is first shown to answer from the node itself.
 func TestJobNetworkIsFenced(t *testing.T) {
 	t.Parallel()
-	c := clustertest.Connect(t)
+	c := clusterjobs.Connect(t)
 	r := c.NewRunner(t, "sec-net", "")
 	nodePort := listenOnAllNodeAddresses(t)
 	webhook := webhookServiceAddr(t, c)
-	neighbour := prepared(t, r, clustertest.JobSpec{})
-	job := prepared(t, r, clustertest.JobSpec{})
+	neighbour := prepared(t, r, clusterjobs.JobSpec{})
+	job := prepared(t, r, clusterjobs.JobSpec{})
 
 	// The neighbour job serves HTTP on IPv4 and IPv6, and reaches itself on both.
 	out := neighbour.MustRun(t, probeLib+fmt.Sprintf(`setsid -f node -e 'require("http").createServer((q,s)=>s.end("neighbour\n")).listen(%d,"::")' </dev/null >/dev/null 2>&1
@@ -231,7 +231,7 @@ func listenOnAllNodeAddresses(t *testing.T) int {
 
 // webhookServiceAddr is the ClusterIP:port of agent-sandbox's webhook Service, which the API
 // server calls through kube-proxy; the controller pod behind it is no job's business.
-func webhookServiceAddr(t *testing.T, c *clustertest.Cluster) string {
+func webhookServiceAddr(t *testing.T, c *clusterjobs.Cluster) string {
 	t.Helper()
 	svc, err := c.Admin.Kube.CoreV1().Services("agent-sandbox-system").Get(context.Background(), "agent-sandbox-webhook-service", metav1.GetOptions{})
 	if err != nil {

@@ -14,7 +14,7 @@ import (
 	extclient "sigs.k8s.io/agent-sandbox/clients/k8s/extensions/clientset/versioned"
 
 	"github.com/sandbox-executor/sandbox-executor/kube"
-	"github.com/sandbox-executor/sandbox-executor/tests/clustertest"
+	"github.com/sandbox-executor/sandbox-executor/tests/harness/clusterjobs"
 )
 
 // TestExecutorPatchesOnlyAnnotations: the executor's ServiceAccount may patch its job's claim to
@@ -23,10 +23,10 @@ import (
 // Server-side dry runs: nothing is changed.
 func TestExecutorPatchesOnlyAnnotations(t *testing.T) {
 	t.Parallel()
-	c := clustertest.Connect(t)
+	c := clusterjobs.Connect(t)
 	r := c.NewRunner(t, "sec-patch", "")
-	j := prepared(t, r, clustertest.JobSpec{})
-	claims := extclient.NewForConfigOrDie(clustertest.RESTConfig(t, c.ExecutorKubeconfig())).ExtensionsV1beta1().SandboxClaims(clustertest.Namespace)
+	j := prepared(t, r, clusterjobs.JobSpec{})
+	claims := extclient.NewForConfigOrDie(clusterjobs.RESTConfig(t, c.ExecutorKubeconfig())).ExtensionsV1beta1().SandboxClaims(clusterjobs.Namespace)
 	dryRun := metav1.PatchOptions{DryRun: []string{metav1.DryRunAll}}
 	patch := func(body string) error {
 		_, err := claims.Patch(context.Background(), j.ClaimName(), types.MergePatchType, []byte(body), dryRun)

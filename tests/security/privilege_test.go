@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sandbox-executor/sandbox-executor/tests/clustertest"
+	"github.com/sandbox-executor/sandbox-executor/tests/harness/clusterjobs"
 )
 
 // Capabilities a job must not have: each one is a known way out of a container or into the
@@ -27,8 +27,8 @@ var forbiddenCaps = map[string]uint{
 // out (effective and bounding sets), no_new_privs is set, and a real mount fails.
 func TestJobHasNoPrivilege(t *testing.T) {
 	t.Parallel()
-	r := clustertest.Connect(t).NewRunner(t, "sec-priv", "")
-	j := prepared(t, r, clustertest.JobSpec{})
+	r := clusterjobs.Connect(t).NewRunner(t, "sec-priv", "")
+	j := prepared(t, r, clusterjobs.JobSpec{})
 	// gVisor's /proc/self/status has no NoNewPrivs line; setpriv asks the kernel (prctl).
 	out := j.MustRun(t, "grep -E '^(CapEff|CapBnd|NoNewPrivs):' /proc/self/status\nsetpriv --dump | grep no_new_privs\n"+
 		"mount -t tmpfs none /mnt 2>&1; echo \"mount-exit=$?\"\n").Stdout
@@ -66,7 +66,7 @@ func TestJobHasNoPrivilege(t *testing.T) {
 // use it): the job's NetworkPolicy is what keeps it out, and this proves it does.
 func TestJobCannotReachKubernetesAPI(t *testing.T) {
 	t.Parallel()
-	r := clustertest.Connect(t).NewRunner(t, "sec-api", "")
+	r := clusterjobs.Connect(t).NewRunner(t, "sec-api", "")
 	apiURL := httpsURL(nodeIP, 6443, "/version")
 	client := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}}
 	resp, err := client.Get(apiURL)
@@ -82,7 +82,7 @@ func TestJobCannotReachKubernetesAPI(t *testing.T) {
 	}
 	resp.Body.Close()
 
-	j := prepared(t, r, clustertest.JobSpec{})
+	j := prepared(t, r, clusterjobs.JobSpec{})
 	out := j.MustRun(t, probeLib+
 		`echo "service-host=${KUBERNETES_SERVICE_HOST:-unset}:${KUBERNETES_SERVICE_PORT:-}"
 ls -a /var/run/secrets/kubernetes.io/serviceaccount 2>&1 | head -n 3

@@ -8,15 +8,14 @@ import (
 	"strings"
 	"testing"
 
-	sbxkube "github.com/sandbox-executor/sandbox-executor/kube"
-
 	authv1 "k8s.io/api/authorization/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
-	"github.com/sandbox-executor/sandbox-executor/tests/clustertest"
+	sbxkube "github.com/sandbox-executor/sandbox-executor/kube"
+	"github.com/sandbox-executor/sandbox-executor/tests/harness/clusterjobs"
 )
 
 type access struct {
@@ -52,12 +51,12 @@ const (
 // secrets or create a pod is refused with 403.
 func TestExecutorCanDoOnlyItsJob(t *testing.T) {
 	t.Parallel()
-	c := clustertest.Connect(t)
-	kube, err := kubernetes.NewForConfig(clustertest.RESTConfig(t, c.ExecutorKubeconfig()))
+	c := clusterjobs.Connect(t)
+	kube, err := kubernetes.NewForConfig(clusterjobs.RESTConfig(t, c.ExecutorKubeconfig()))
 	if err != nil {
 		t.Fatal(err)
 	}
-	ns := clustertest.Namespace
+	ns := clusterjobs.Namespace
 	// What the executor needs is kube.RequiredPermissions, which the chart (deploy/chart) grants,
 	// and kube.ColdStartPermissions, which deploy/local/values.yaml adds (coldStart.enabled).
 	var allowed []access

@@ -13,7 +13,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/sandbox-executor/sandbox-executor/tests/clustertest"
+	"github.com/sandbox-executor/sandbox-executor/tests/harness/clusterjobs"
 )
 
 // kubeletHealthz is the kubelet's own health endpoint (tests/cluster/lib.sh).
@@ -53,23 +53,23 @@ echo "bomb-complete: $i GiB kept for 2 minutes"
 // that was running next to them is untouched, and a fresh job right after them succeeds.
 func TestResourceBombsEndOnlyTheirJob(t *testing.T) {
 	t.Parallel()
-	c := clustertest.Connect(t)
+	c := clusterjobs.Connect(t)
 	r := c.NewRunner(t, "sec-bombs", "")
-	bystander := prepared(t, r, clustertest.JobSpec{})
+	bystander := prepared(t, r, clusterjobs.JobSpec{})
 	bystander.MustRun(t, "echo before > /tmp/bystander\n")
 
 	t.Run("bombs", func(t *testing.T) {
 		for _, b := range bombs {
 			t.Run(b.name, func(t *testing.T) {
 				t.Parallel()
-				j := prepared(t, r, clustertest.JobSpec{})
+				j := prepared(t, r, clusterjobs.JobSpec{})
 				start := time.Now()
 				res := j.Run(t, b.script)
 				t.Logf("%s bomb: run exited %d after %s; last line: %s", b.name, res.ExitCode, time.Since(start).Round(time.Second), lastLine(res.Stderr))
 				if strings.Contains(res.Stdout, "bomb-complete") {
 					t.Errorf("the %s bomb ran to completion: %s does not hold:\n%s", b.name, b.limit, lastLine(res.Stdout))
 				}
-				if res.ExitCode != clustertest.BuildFailure && res.ExitCode != clustertest.SystemFailure {
+				if res.ExitCode != clusterjobs.BuildFailure && res.ExitCode != clusterjobs.SystemFailure {
 					t.Errorf("run exited %d after the %s bomb, want a failure exit code\n%s", res.ExitCode, b.name, res.Output())
 				}
 				// What ended the job: the kubelet killed or evicted its pod for that limit.
@@ -86,14 +86,14 @@ func TestResourceBombsEndOnlyTheirJob(t *testing.T) {
 	if out := bystander.MustRun(t, "cat /tmp/bystander\n").Stdout; out != "before\n" {
 		t.Errorf("the job running next to the bombs lost its state: %q", out)
 	}
-	next := prepared(t, r, clustertest.JobSpec{})
+	next := prepared(t, r, clusterjobs.JobSpec{})
 	if out := next.MustRun(t, "echo next-job-ok\n").Stdout; out != "next-job-ok\n" {
 		t.Errorf("the job after the bombs printed %q", out)
 	}
 }
 
 // nodeReady asserts that the kubelet is healthy and the node Ready.
-func nodeReady(t *testing.T, c *clustertest.Cluster) {
+func nodeReady(t *testing.T, c *clusterjobs.Cluster) {
 	t.Helper()
 	resp, err := http.Get(kubeletHealthz)
 	if err != nil {
@@ -118,7 +118,7 @@ func nodeReady(t *testing.T, c *clustertest.Cluster) {
 
 // podEnd says how the job's pod ended: its phase, its container's last termination and the
 // Warning events about it.
-func podEnd(t *testing.T, c *clustertest.Cluster, j *clustertest.Job) string {
+func podEnd(t *testing.T, c *clusterjobs.Cluster, j *clusterjobs.Job) string {
 	t.Helper()
 	pod := j.PodObject(t)
 	end := fmt.Sprintf("pod %s %s", pod.Name, pod.Status.Phase)
@@ -133,7 +133,7 @@ func podEnd(t *testing.T, c *clustertest.Cluster, j *clustertest.Job) string {
 			end += "; container terminated: " + term.Reason
 		}
 	}
-	events, err := c.Admin.Kube.CoreV1().Events(clustertest.Namespace).List(context.Background(), metav1.ListOptions{
+	events, err := c.Admin.Kube.CoreV1().Events(clusterjobs.Namespace).List(context.Background(), metav1.ListOptions{
 		FieldSelector: "involvedObject.name=" + pod.Name + ",type=Warning"})
 	if err != nil {
 		t.Fatal(err)

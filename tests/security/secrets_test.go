@@ -16,7 +16,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/sandbox-executor/sandbox-executor/tests/clustertest"
+	"github.com/sandbox-executor/sandbox-executor/tests/harness/clusterjobs"
 )
 
 func randomSecret(t *testing.T, prefix string) string {
@@ -34,7 +34,7 @@ func randomSecret(t *testing.T, prefix string) string {
 // namespace, the pod's container log, nor in anything our binary printed in any stage.
 func TestJobSecretsStayOutOfClusterRecords(t *testing.T) {
 	t.Parallel()
-	c := clustertest.Connect(t)
+	c := clusterjobs.Connect(t)
 	r := c.NewRunner(t, "sec-secrets", "")
 	secrets := map[string]string{
 		"CI_JOB_TOKEN":               randomSecret(t, "glcbt-"),
@@ -42,7 +42,7 @@ func TestJobSecretsStayOutOfClusterRecords(t *testing.T) {
 		"GITLAB_TOKEN":               randomSecret(t, "glpat-"),
 	}
 	runnerToken := randomSecret(t, "glpat-runner-") // GITLAB_TOKEN of the runner host itself
-	j := r.NewJob(t, clustertest.JobSpec{
+	j := r.NewJob(t, clusterjobs.JobSpec{
 		Token:     secrets["CI_JOB_TOKEN"],
 		Variables: map[string]string{"DUO_WORKFLOW_SERVICE_TOKEN": secrets["DUO_WORKFLOW_SERVICE_TOKEN"], "GITLAB_TOKEN": secrets["GITLAB_TOKEN"]},
 		RunnerEnv: []string{"GITLAB_TOKEN=" + runnerToken},
@@ -71,35 +71,35 @@ func TestJobSecretsStayOutOfClusterRecords(t *testing.T) {
 	pod := j.PodObject(t)
 	records["pod "+pod.Name] = pod
 	records["claim "+j.ClaimName()] = j.Claim(t)
-	sbx, err := c.Admin.Sandboxes.AgentsV1beta1().Sandboxes(clustertest.Namespace).Get(ctx, clustertest.SandboxOfClaim(t, c.Admin, j.Claim(t)), metav1.GetOptions{})
+	sbx, err := c.Admin.Sandboxes.AgentsV1beta1().Sandboxes(clusterjobs.Namespace).Get(ctx, clusterjobs.SandboxOfClaim(t, c.Admin, j.Claim(t)), metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	records["sandbox "+sbx.Name] = sbx
 	// Every pod, sandbox and claim of the namespace, with their annotations.
-	pods, err := c.Admin.Kube.CoreV1().Pods(clustertest.Namespace).List(ctx, metav1.ListOptions{})
+	pods, err := c.Admin.Kube.CoreV1().Pods(clusterjobs.Namespace).List(ctx, metav1.ListOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	records["all pods"] = pods
-	sandboxes, err := c.Admin.Sandboxes.AgentsV1beta1().Sandboxes(clustertest.Namespace).List(ctx, metav1.ListOptions{})
+	sandboxes, err := c.Admin.Sandboxes.AgentsV1beta1().Sandboxes(clusterjobs.Namespace).List(ctx, metav1.ListOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	records["all sandboxes"] = sandboxes
-	claims, err := c.Admin.Extensions.ExtensionsV1beta1().SandboxClaims(clustertest.Namespace).List(ctx, metav1.ListOptions{})
+	claims, err := c.Admin.Extensions.ExtensionsV1beta1().SandboxClaims(clusterjobs.Namespace).List(ctx, metav1.ListOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	records["all claims"] = claims
-	logs, err := c.Admin.Kube.CoreV1().Pods(clustertest.Namespace).GetLogs(pod.Name, &corev1.PodLogOptions{Container: "job"}).DoRaw(ctx)
+	logs, err := c.Admin.Kube.CoreV1().Pods(clusterjobs.Namespace).GetLogs(pod.Name, &corev1.PodLogOptions{Container: "job"}).DoRaw(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
 	records["container log"] = string(logs)
 
 	j.Cleanup(t)
-	events, err := c.Admin.Kube.CoreV1().Events(clustertest.Namespace).List(ctx, metav1.ListOptions{})
+	events, err := c.Admin.Kube.CoreV1().Events(clusterjobs.Namespace).List(ctx, metav1.ListOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -142,7 +142,7 @@ func TestJobSecretsStayOutOfClusterRecords(t *testing.T) {
 // session. The first job's own later stage sees all of it: the markers do persist in a pod.
 func TestNextJobSeesNothingOfThePrevious(t *testing.T) {
 	t.Parallel()
-	r := clustertest.Connect(t).NewRunner(t, "sec-contamination", "")
+	r := clusterjobs.Connect(t).NewRunner(t, "sec-contamination", "")
 	mark := randomSecret(t, "mark")
 	sleepArg := fmt.Sprintf("1000.%d", time.Now().UnixNano()%1e9) // a unique, valid duration
 	look := fmt.Sprintf(`for f in /builds/%[1]s /tmp/%[1]s "$HOME/%[1]s"; do [ -e "$f" ] && echo "file $f"; done
@@ -153,7 +153,7 @@ for p in /proc/[0-9]*; do tr '\0' ' ' <"$p/cmdline" 2>/dev/null | grep -q "sleep
 true
 `, mark, sleepArg)
 
-	first := prepared(t, r, clustertest.JobSpec{})
+	first := prepared(t, r, clusterjobs.JobSpec{})
 	first.MustRun(t, fmt.Sprintf(`mkdir -p /builds
 for f in /builds/%[1]s /tmp/%[1]s "$HOME/%[1]s"; do echo secret >"$f"; done
 export SEC_MARK=%[1]s
@@ -173,7 +173,7 @@ setsid -f sleep %[2]s </dev/null >/dev/null 2>&1
 	firstPod := first.PodUID
 	first.Cleanup(t)
 
-	second := prepared(t, r, clustertest.JobSpec{})
+	second := prepared(t, r, clusterjobs.JobSpec{})
 	if second.PodUID == firstPod {
 		t.Fatalf("the second job got the first job's pod %s", second.Pod)
 	}

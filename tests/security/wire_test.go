@@ -15,7 +15,7 @@ import (
 	"time"
 
 	"github.com/sandbox-executor/sandbox-executor/agent/wire"
-	"github.com/sandbox-executor/sandbox-executor/tests/clustertest"
+	"github.com/sandbox-executor/sandbox-executor/tests/harness/clusterjobs"
 )
 
 // TestNoClearTextOnThePodNetwork captures every packet on the node's pod bridge while a job over
@@ -25,7 +25,7 @@ import (
 // deliberate plain-HTTP request to the GitLab host, payload included: the capture sees
 // payloads, so the absence of the secret means something.
 func TestNoClearTextOnThePodNetwork(t *testing.T) {
-	c := clustertest.Connect(t)
+	c := clusterjobs.Connect(t)
 	r := c.NewRunner(t, "sec-wire", `stage_transport = "network"`)
 	secret := randomSecret(t, "sentinel-")
 	scriptMarker := randomSecret(t, "script-line-")
@@ -34,7 +34,7 @@ func TestNoClearTextOnThePodNetwork(t *testing.T) {
 	pcap := filepath.Join(t.TempDir(), "pod-network.pcap")
 	stop := capture(t, podBridge, pcap)
 
-	j := r.NewJob(t, clustertest.JobSpec{Variables: map[string]string{"SENTINEL": secret}})
+	j := r.NewJob(t, clusterjobs.JobSpec{Variables: map[string]string{"SENTINEL": secret}})
 	prep := j.Prepare(t).Output()
 	if !strings.Contains(prep, "stages over pod network (TLS)") {
 		t.Fatalf("the job does not go over the pod network:\n%s", prep)

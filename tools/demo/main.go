@@ -15,9 +15,9 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 
-	"github.com/sandbox-executor/sandbox-executor/tests/incluster"
-	"github.com/sandbox-executor/sandbox-executor/tests/localcluster"
-	"github.com/sandbox-executor/sandbox-executor/tests/testutil"
+	"github.com/sandbox-executor/sandbox-executor/internal/testing/testutil"
+	"github.com/sandbox-executor/sandbox-executor/tests/harness/chartinstall"
+	"github.com/sandbox-executor/sandbox-executor/tests/harness/localcluster"
 	"github.com/sandbox-executor/sandbox-executor/tools/duoflow"
 )
 
@@ -57,7 +57,7 @@ func run() error {
 	ctx := context.Background()
 	suffix := fmt.Sprint(os.Getpid())
 	fmt.Println("== helm install: the chart with the project's images, the runner in the cluster")
-	r, err := incluster.Install(ctx, incluster.Options{Root: root, Env: env, Kube: kube,
+	r, err := chartinstall.Install(ctx, chartinstall.Options{Root: root, Env: env, Kube: kube,
 		Namespace: "sbx-demo-" + suffix, GitLabNamespace: "sbx-demo-gitlab-" + suffix, Release: "duo",
 		InstanceIP: inst.Host, RunnerToken: inst.GitLab.RunnerToken(), JobImage: localcluster.CIImage})
 	if r != nil {

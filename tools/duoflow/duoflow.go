@@ -13,12 +13,12 @@ import (
 	"strings"
 	"time"
 
-	"github.com/sandbox-executor/sandbox-executor/tests/fakedws"
-	"github.com/sandbox-executor/sandbox-executor/tests/fakegitlab"
-	"github.com/sandbox-executor/sandbox-executor/tests/fakenpm"
-	"github.com/sandbox-executor/sandbox-executor/tests/fakes3"
-	"github.com/sandbox-executor/sandbox-executor/tests/gitserver"
-	"github.com/sandbox-executor/sandbox-executor/tests/localcluster"
+	"github.com/sandbox-executor/sandbox-executor/tests/fakes/fakedws"
+	"github.com/sandbox-executor/sandbox-executor/tests/fakes/fakegitlab"
+	"github.com/sandbox-executor/sandbox-executor/tests/fakes/fakenpm"
+	"github.com/sandbox-executor/sandbox-executor/tests/fakes/fakes3"
+	"github.com/sandbox-executor/sandbox-executor/tests/fakes/gitserver"
+	"github.com/sandbox-executor/sandbox-executor/tests/harness/localcluster"
 	"github.com/sandbox-executor/sandbox-executor/tests/runner"
 )
 

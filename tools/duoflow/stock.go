@@ -11,10 +11,10 @@ import (
 	"strings"
 
 	"github.com/sandbox-executor/sandbox-executor/tests/duocli"
-	"github.com/sandbox-executor/sandbox-executor/tests/fakedws"
-	"github.com/sandbox-executor/sandbox-executor/tests/fakegitlab"
-	"github.com/sandbox-executor/sandbox-executor/tests/fakenpm"
-	"github.com/sandbox-executor/sandbox-executor/tests/localcluster"
+	"github.com/sandbox-executor/sandbox-executor/tests/fakes/fakedws"
+	"github.com/sandbox-executor/sandbox-executor/tests/fakes/fakegitlab"
+	"github.com/sandbox-executor/sandbox-executor/tests/fakes/fakenpm"
+	"github.com/sandbox-executor/sandbox-executor/tests/harness/localcluster"
 )
 
 // The stock flow: a job GitLab makes for a flow with no image: in agent-config.yml, so it runs

@@ -16,9 +16,9 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/sandbox-executor/sandbox-executor/buildinfo"
+	"github.com/sandbox-executor/sandbox-executor/internal/testing/stageservertest"
+	"github.com/sandbox-executor/sandbox-executor/internal/testing/testutil"
 	"github.com/sandbox-executor/sandbox-executor/stageserver"
-	"github.com/sandbox-executor/sandbox-executor/tests/stageservertest"
-	"github.com/sandbox-executor/sandbox-executor/tests/testutil"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }

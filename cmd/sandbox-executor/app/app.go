@@ -13,18 +13,17 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/go-logr/logr"
+	"github.com/urfave/cli/v2"
+	"k8s.io/klog/v2"
+	"k8s.io/utils/clock"
+
 	"github.com/sandbox-executor/sandbox-executor/buildinfo"
+	"github.com/sandbox-executor/sandbox-executor/config"
 	"github.com/sandbox-executor/sandbox-executor/failure"
 	"github.com/sandbox-executor/sandbox-executor/gitlab"
 	"github.com/sandbox-executor/sandbox-executor/kube"
 	"github.com/sandbox-executor/sandbox-executor/operator"
-	"k8s.io/utils/clock"
-
-	"github.com/go-logr/logr"
-	"github.com/urfave/cli/v2"
-	"k8s.io/klog/v2"
-
-	"github.com/sandbox-executor/sandbox-executor/config"
 	"github.com/sandbox-executor/sandbox-executor/operator/doctor"
 	"github.com/sandbox-executor/sandbox-executor/operator/exporter"
 	"github.com/sandbox-executor/sandbox-executor/operator/gc"

@@ -14,8 +14,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sandbox-executor/sandbox-executor/kube"
-
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/watch"
 	k8stesting "k8s.io/client-go/testing"
@@ -25,10 +23,11 @@ import (
 	"github.com/sandbox-executor/sandbox-executor/agent/wire"
 	"github.com/sandbox-executor/sandbox-executor/cmd/sandbox-executor/app"
 	"github.com/sandbox-executor/sandbox-executor/config"
-	"github.com/sandbox-executor/sandbox-executor/tests/executortest"
+	"github.com/sandbox-executor/sandbox-executor/internal/testing/fakecluster"
+	"github.com/sandbox-executor/sandbox-executor/kube"
 )
 
-func TestMain(m *testing.M) { executortest.Main(m) }
+func TestMain(m *testing.M) { fakecluster.Main(m) }
 
 // secrets are job variables as GitLab sends them: plain text in CUSTOM_ENV_*.
 var secrets = map[string]string{
@@ -42,8 +41,8 @@ var secrets = map[string]string{
 // harness runs the CLI like the runner does, against the fake cluster and a local agent.
 type harness struct {
 	t       *testing.T
-	cluster *executortest.Cluster
-	local   *executortest.Local
+	cluster *fakecluster.Cluster
+	local   *fakecluster.Local
 	env     map[string]string
 	tmp     string
 }
@@ -52,7 +51,7 @@ func newHarness(t *testing.T, image string) *harness { return newHarnessWithConf
 
 // coldConfig cold-starts tools/* images (unknown_image = "cold").
 const coldConfig = `unknown_image = "cold"
-cold_template = "` + executortest.Template + `"
+cold_template = "` + fakecluster.Template + `"
 cold_images = ["tools/*:*"]`
 
 // newHarnessWithConfig adds extra to the top-level keys of the executor's config.
@@ -70,7 +69,7 @@ agent_binary = %q
 [[pool]]
 name = %q
 images = ["ci:*"]
-`, executortest.Namespace, executortest.Pool, agentBin, extra, executortest.Pool)), 0o600)
+`, fakecluster.Namespace, fakecluster.Pool, agentBin, extra, fakecluster.Pool)), 0o600)
 	job := map[string]any{
 		"id": 777, "token": "glcbt-64_s3cr3tJobT0ken",
 		"job_info":    map[string]any{"project_id": 12},
@@ -92,7 +91,7 @@ images = ["ci:*"]
 	for k, v := range secrets {
 		env[k] = v
 	}
-	return &harness{t: t, cluster: executortest.NewCluster(t), local: executortest.NewLocal(t), env: env, tmp: tmp}
+	return &harness{t: t, cluster: fakecluster.NewCluster(t), local: fakecluster.NewLocal(t), env: env, tmp: tmp}
 }
 
 // run invokes the binary's command line and returns exit code, stdout and stderr.
@@ -166,14 +165,14 @@ func TestJobLifecycleAndExitCodes(t *testing.T) {
 		t.Errorf("last stage's log lacks the summary line:\n%s", summary)
 	}
 
-	claim, err := h.cluster.Extensions.ExtensionsV1beta1().SandboxClaims(executortest.Namespace).Get(context.Background(), kube.ClaimName("test-runner", 777), metav1.GetOptions{})
+	claim, err := h.cluster.Extensions.ExtensionsV1beta1().SandboxClaims(fakecluster.Namespace).Get(context.Background(), kube.ClaimName("test-runner", 777), metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	claimJSON, _ := json.Marshal(claim)
 	step(0, "cleanup")
 	step(0, "cleanup") // idempotent
-	if _, err := h.cluster.Extensions.ExtensionsV1beta1().SandboxClaims(executortest.Namespace).Get(context.Background(), claim.Name, metav1.GetOptions{}); err == nil {
+	if _, err := h.cluster.Extensions.ExtensionsV1beta1().SandboxClaims(fakecluster.Namespace).Get(context.Background(), claim.Name, metav1.GetOptions{}); err == nil {
 		t.Error("claim still exists after cleanup")
 	}
 
@@ -241,14 +240,14 @@ func TestHelpListsStages(t *testing.T) {
 func TestGCReapsOnlyThisRunnersExpiredClaims(t *testing.T) {
 	h := newHarness(t, "ci:1")
 	ctx := context.Background()
-	claims := h.cluster.Extensions.ExtensionsV1beta1().SandboxClaims(executortest.Namespace)
+	claims := h.cluster.Extensions.ExtensionsV1beta1().SandboxClaims(fakecluster.Namespace)
 	mk := func(name, runner string, shutdown time.Time) {
 		t.Helper()
 		ts := metav1.NewTime(shutdown)
 		_, err := claims.Create(ctx, &extv1beta1.SandboxClaim{
-			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: executortest.Namespace, Labels: map[string]string{
+			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: fakecluster.Namespace, Labels: map[string]string{
 				kube.LabelManagedBy: kube.ManagedByValue, kube.LabelRunner: runner, kube.LabelJobID: name}},
-			Spec: extv1beta1.SandboxClaimSpec{WarmPoolRef: extv1beta1.SandboxWarmPoolRef{Name: executortest.Pool},
+			Spec: extv1beta1.SandboxClaimSpec{WarmPoolRef: extv1beta1.SandboxWarmPoolRef{Name: fakecluster.Pool},
 				Lifecycle: &extv1beta1.Lifecycle{ShutdownTime: &ts, ShutdownPolicy: extv1beta1.ShutdownPolicyDelete}},
 		}, metav1.CreateOptions{})
 		if err != nil {
@@ -284,7 +283,7 @@ func TestGCReapsOnlyThisRunnersExpiredClaims(t *testing.T) {
 func TestColdStartJobLifecycle(t *testing.T) {
 	h := newHarnessWithConfig(t, "tools/jq:1", coldConfig)
 	name := kube.ClaimName("test-runner", 777)
-	sandboxes := h.cluster.Sandboxes.AgentsV1beta1().Sandboxes(executortest.Namespace)
+	sandboxes := h.cluster.Sandboxes.AgentsV1beta1().Sandboxes(fakecluster.Namespace)
 	exists := func() bool {
 		_, err := sandboxes.Get(context.Background(), name, metav1.GetOptions{})
 		return err == nil
@@ -324,7 +323,7 @@ func TestColdStartJobLifecycle(t *testing.T) {
 	if exists() {
 		t.Error("Sandbox still exists after cleanup")
 	}
-	if claims, _ := h.cluster.Extensions.ExtensionsV1beta1().SandboxClaims(executortest.Namespace).List(context.Background(), metav1.ListOptions{}); len(claims.Items) != 0 {
+	if claims, _ := h.cluster.Extensions.ExtensionsV1beta1().SandboxClaims(fakecluster.Namespace).List(context.Background(), metav1.ListOptions{}); len(claims.Items) != 0 {
 		t.Errorf("a cold start made %d claims", len(claims.Items))
 	}
 
@@ -345,7 +344,7 @@ func TestColdStartJobLifecycle(t *testing.T) {
 		!strings.Contains(errOut, `image not allowed: "evil/tools:1": allowed images are ci:*; cold starts (unknown_image = "cold") allow tools/*:*`) {
 		t.Errorf("an image in neither list: exit %d, stderr %q; want BUILD_FAILURE (1) with one line naming both lists", code, errOut)
 	}
-	if list, _ := refused.cluster.Sandboxes.AgentsV1beta1().Sandboxes(executortest.Namespace).List(context.Background(), metav1.ListOptions{}); len(list.Items) != 0 {
+	if list, _ := refused.cluster.Sandboxes.AgentsV1beta1().Sandboxes(fakecluster.Namespace).List(context.Background(), metav1.ListOptions{}); len(list.Items) != 0 {
 		t.Errorf("a refused image got %d Sandboxes", len(list.Items))
 	}
 }
@@ -353,12 +352,12 @@ func TestColdStartJobLifecycle(t *testing.T) {
 func TestGCReapsOnlyThisRunnersExpiredColdStarts(t *testing.T) {
 	h := newHarnessWithConfig(t, "ci:1", coldConfig)
 	ctx := context.Background()
-	sandboxes := h.cluster.Sandboxes.AgentsV1beta1().Sandboxes(executortest.Namespace)
+	sandboxes := h.cluster.Sandboxes.AgentsV1beta1().Sandboxes(fakecluster.Namespace)
 	isController := true
 	mk := func(name, runner, owner string, shutdown time.Time) {
 		t.Helper()
 		ts := metav1.NewTime(shutdown)
-		sbx := &sandboxv1beta1.Sandbox{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: executortest.Namespace,
+		sbx := &sandboxv1beta1.Sandbox{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: fakecluster.Namespace,
 			Labels:          map[string]string{kube.LabelManagedBy: kube.ManagedByValue, kube.LabelRunner: runner, kube.LabelJobID: name},
 			OwnerReferences: []metav1.OwnerReference{{APIVersion: "extensions.agents.x-k8s.io/v1beta1", Kind: owner, Name: "x", Controller: &isController}}}}
 		sbx.Spec.ShutdownTime = &ts
@@ -410,7 +409,7 @@ func TestAnotherJobWithTheSameNameNeverGetsThePod(t *testing.T) {
 	second := newHarness(t, "ci:bookworm")
 	second.cluster, second.local = first.cluster, first.local
 	second.withToken("glcbt-64_anotherInstancesT0ken")
-	claims := first.cluster.Extensions.ExtensionsV1beta1().SandboxClaims(executortest.Namespace)
+	claims := first.cluster.Extensions.ExtensionsV1beta1().SandboxClaims(fakecluster.Namespace)
 	name := kube.ClaimName("test-runner", 777)
 	if code, out, errOut := first.run("prepare"); code != 0 {
 		t.Fatalf("first prepare: exit %d\n%s%s", code, out, errOut)
@@ -421,8 +420,8 @@ func TestAnotherJobWithTheSameNameNeverGetsThePod(t *testing.T) {
 	}
 
 	code, _, errOut := second.run("prepare")
-	fix := "kubectl delete sandboxclaim " + name + " -n " + executortest.Namespace
-	if code != 1 || !strings.Contains(errOut, "SandboxClaim "+executortest.Namespace+"/"+name+" was made by another job") || !strings.Contains(errOut, fix) {
+	fix := "kubectl delete sandboxclaim " + name + " -n " + fakecluster.Namespace
+	if code != 1 || !strings.Contains(errOut, "SandboxClaim "+fakecluster.Namespace+"/"+name+" was made by another job") || !strings.Contains(errOut, fix) {
 		t.Errorf("second prepare: exit %d, stderr %q; want BUILD_FAILURE (1) naming the claim and %q", code, errOut, fix)
 	}
 	marker := filepath.Join(t.TempDir(), "ran")
@@ -477,7 +476,7 @@ func loopback(t *testing.T, accept bool) string {
 // does not exist still fails the job with the pool's own one line, and leaves no claim behind.
 func TestPrepareWithAMissingPoolLeavesNoClaim(t *testing.T) {
 	h := newHarness(t, "ci:bookworm")
-	if err := h.cluster.Extensions.ExtensionsV1beta1().SandboxWarmPools(executortest.Namespace).Delete(context.Background(), executortest.Pool, metav1.DeleteOptions{}); err != nil {
+	if err := h.cluster.Extensions.ExtensionsV1beta1().SandboxWarmPools(fakecluster.Namespace).Delete(context.Background(), fakecluster.Pool, metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	code, _, errOut := h.run("prepare")
@@ -485,7 +484,7 @@ func TestPrepareWithAMissingPoolLeavesNoClaim(t *testing.T) {
 	if code != 1 || !strings.Contains(errOut, want) {
 		t.Fatalf("prepare: exit %d, stderr %q; want BUILD_FAILURE (1) and %q", code, errOut, want)
 	}
-	claims, err := h.cluster.Extensions.ExtensionsV1beta1().SandboxClaims(executortest.Namespace).List(context.Background(), metav1.ListOptions{})
+	claims, err := h.cluster.Extensions.ExtensionsV1beta1().SandboxClaims(fakecluster.Namespace).List(context.Background(), metav1.ListOptions{})
 	if err != nil || len(claims.Items) != 0 {
 		t.Errorf("claims left behind: %d (%v), want none", len(claims.Items), err)
 	}
@@ -499,7 +498,7 @@ func TestPrepareFailsClosedOnTheFence(t *testing.T) {
 		want                     string
 	}{
 		{"holds", closed, open, "", 0, "Sandbox ready"},
-		{"canary reachable", open, open, "", 2, "the egress fence of pod " + executortest.Namespace + "/duo-default-abcde does not hold: denied canary " + open + " is reachable"},
+		{"canary reachable", open, open, "", 2, "the egress fence of pod " + fakecluster.Namespace + "/duo-default-abcde does not hold: denied canary " + open + " is reachable"},
 		{"instance unreachable", closed, closed, "", 2, "allowed " + closed + " is not reachable (refused)"},
 		{"not configured", "", "", "", 0, "Sandbox ready"},
 		{"not configured, required", "", "", "require_fence = true", 1, "has no egress fence check and require_fence is set: give the SandboxTemplate of pool duo-default SANDBOX_EXECUTOR_FENCE_DENY"},
@@ -512,7 +511,7 @@ func TestPrepareFailsClosedOnTheFence(t *testing.T) {
 			if code != tc.code || !strings.Contains(errOut, tc.want) {
 				t.Fatalf("prepare: exit %d, stderr %q; want %d and %q", code, errOut, tc.code, tc.want)
 			}
-			_, err := h.cluster.Extensions.ExtensionsV1beta1().SandboxClaims(executortest.Namespace).Get(context.Background(), kube.ClaimName("test-runner", 777), metav1.GetOptions{})
+			_, err := h.cluster.Extensions.ExtensionsV1beta1().SandboxClaims(fakecluster.Namespace).Get(context.Background(), kube.ClaimName("test-runner", 777), metav1.GetOptions{})
 			if released := err != nil; released != (code != 0) {
 				t.Errorf("claim released: %t, want %t (a refused pod is released at once)", released, code != 0)
 			}

@@ -14,9 +14,9 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/sandbox-executor/sandbox-executor/cmd/sandbox-executor/app"
+	"github.com/sandbox-executor/sandbox-executor/internal/testing/fakecluster"
+	"github.com/sandbox-executor/sandbox-executor/internal/testing/testutil"
 	"github.com/sandbox-executor/sandbox-executor/kube"
-	"github.com/sandbox-executor/sandbox-executor/tests/executortest"
-	"github.com/sandbox-executor/sandbox-executor/tests/testutil"
 )
 
 // startStageServer serves the harness's stages on socket until stop is called.
@@ -63,7 +63,7 @@ func TestStagesGoThroughTheStageServer(t *testing.T) {
 	if code, out, errOut := h.run("cleanup"); code != 0 {
 		t.Fatalf("cleanup: exit %d\n%s%s", code, out, errOut)
 	}
-	claims := h.cluster.Extensions.ExtensionsV1beta1().SandboxClaims(executortest.Namespace)
+	claims := h.cluster.Extensions.ExtensionsV1beta1().SandboxClaims(fakecluster.Namespace)
 	if _, err := claims.Get(context.Background(), kube.ClaimName("test-runner", 777), metav1.GetOptions{}); err == nil {
 		t.Error("the claim outlived cleanup")
 	}

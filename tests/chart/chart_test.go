@@ -1,0 +1,641 @@
+package chart_test
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+
+	admissionv1 "k8s.io/api/admissionregistration/v1"
+	appsv1 "k8s.io/api/apps/v1"
+	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	extv1beta1 "sigs.k8s.io/agent-sandbox/extensions/api/v1beta1"
+
+	"github.com/sandbox-executor/sandbox-executor/config"
+	"github.com/sandbox-executor/sandbox-executor/egress"
+	"github.com/sandbox-executor/sandbox-executor/internal/testing/helmchart"
+	"github.com/sandbox-executor/sandbox-executor/internal/testing/testutil"
+	"github.com/sandbox-executor/sandbox-executor/operator/doctor"
+)
+
+// The value sets a user is likely to install with; every invariant below holds for each.
+var valueSets = []struct {
+	name, release, namespace, values string
+}{
+	{"defaults", "sandbox-executor", "sandbox-executor", ""},
+	{"another namespace", "ci", "ci-sandbox", ""},
+	{"egress proxy and cold starts", "duo", "duo-ci", `
+egressProxy: {enabled: true, allow: ["gitlab.example.com", "registry.npmjs.org:443"]}
+coldStart: {enabled: true, template: duo-gvisor, images: ["registry.example.com/duo/tools/*:*"]}
+executor: {unknownImage: cold}
+images: {tag: v1.2.3}
+templates:
+  - {name: duo-gvisor, image: "registry.example.com/duo/ci:bookworm"}
+  - {name: duo-gvisor-proxied, image: "registry.example.com/duo/ci:bookworm", egress: proxied}
+pools:
+  - {name: duo-default, template: duo-gvisor, replicas: 2, images: ["registry.example.com/duo/ci:*"]}
+  - {name: duo-proxied, template: duo-gvisor-proxied, replicas: 1, images: ["registry.example.com/duo/ci-proxied:*"]}
+`},
+	{"existing RuntimeClass and non-root jobs", "sandbox-executor", "gke-ci", `
+runtimeClass: {create: false, name: gvisor}
+jobDefaults: {nonRoot: true}
+`},
+	{"the local cluster", "sandbox-executor", "sandbox-executor", localValues()},
+	{"GitLab's default flow images", "duo", "duo-flows", chartFile("values-duo-flow.yaml")},
+	{"monitoring and autoscaling", "ci", "ci-sandbox", `
+exporter: {enabled: true}
+metricsAdapter: {enabled: true}
+pools:
+  - {name: duo-default, template: duo-gvisor, replicas: 2, images: ["registry.example.com/duo/ci:*"], autoscaling: {maxReplicas: 8}}
+`},
+}
+
+// kubernetesOwn are the roles and identities of Kubernetes itself that the metrics adapter's
+// bindings name, as every extension API server's do: delegated authentication and
+// authorization, the front proxy's CA (readable in kube-system only), and the HPA controller,
+// which reads the External metrics. TestMetricsAdapter checks each binding.
+var kubernetesOwn = []string{
+	"ClusterRole/system:auth-delegator",
+	"Role/extension-apiserver-authentication-reader",
+	"ServiceAccount/kube-system/horizontal-pod-autoscaler",
+}
+
+// chartFile is a values file shipped with the chart.
+func chartFile(name string) string {
+	root, err := testutil.ModuleRoot()
+	if err != nil {
+		panic(err)
+	}
+	b, err := os.ReadFile(filepath.Join(root, "deploy", "chart", "sandbox-executor", name))
+	if err != nil {
+		panic(err)
+	}
+	return string(b)
+}
+
+func localValues() string {
+	root, err := testutil.ModuleRoot()
+	if err != nil {
+		panic(err)
+	}
+	b, err := os.ReadFile(filepath.Join(root, "deploy", "local", "values.yaml"))
+	if err != nil {
+		panic(err)
+	}
+	return string(b) + "\nimages: {agent: sandbox-executor.local/sandbox-executor-agent:0123abcd}\n"
+}
+
+var clusterScoped = []string{"Namespace", "RuntimeClass", "ClusterRole", "ClusterRoleBinding", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding", "APIService"}
+
+// authReaderBinding is the metrics adapter's RoleBinding in kube-system, the one namespaced
+// object of the chart outside the release's namespace.
+func authReaderBinding(u unstructured.Unstructured) bool {
+	ref, _, _ := unstructured.NestedString(u.Object, "roleRef", "name")
+	return u.GetKind() == "RoleBinding" && u.GetNamespace() == "kube-system" && ref == "extension-apiserver-authentication-reader"
+}
+
+func TestHelmLint(t *testing.T) {
+	out, err := exec.Command(helmchart.Helm(t), "lint", "--strict", helmchart.Chart(t)).CombinedOutput()
+	if err != nil {
+		t.Fatalf("helm lint: %v\n%s", err, out)
+	}
+}
+
+// Everything follows the release's namespace: each namespaced object lives there, and every
+// binding names ServiceAccounts of that namespace that the chart creates.
+func TestEverythingFollowsTheReleaseNamespace(t *testing.T) {
+	for _, vs := range valueSets {
+		t.Run(vs.name, func(t *testing.T) {
+			objs := helmchart.Render(t, vs.release, vs.namespace, vs.values)
+			for _, u := range objs.Items {
+				if slices.Contains(clusterScoped, u.GetKind()) {
+					continue
+				}
+				if u.GetNamespace() != vs.namespace && !authReaderBinding(u) {
+					t.Errorf("%s %s is in namespace %q, want %q", u.GetKind(), u.GetName(), u.GetNamespace(), vs.namespace)
+				}
+			}
+			for _, kind := range []string{"RoleBinding", "ClusterRoleBinding"} {
+				for _, u := range objs.OfKind(kind) {
+					var b rbacv1.RoleBinding
+					objs.Decode(t, kind, u.GetName(), &b)
+					if objs.Find(b.RoleRef.Kind, b.RoleRef.Name) == nil && !slices.Contains(kubernetesOwn, b.RoleRef.Kind+"/"+b.RoleRef.Name) {
+						t.Errorf("%s %s binds %s %s, which the chart does not create", kind, b.Name, b.RoleRef.Kind, b.RoleRef.Name)
+					}
+					for _, s := range b.Subjects {
+						if slices.Contains(kubernetesOwn, s.Kind+"/"+s.Namespace+"/"+s.Name) {
+							continue
+						}
+						if s.Kind != "ServiceAccount" || s.Namespace != vs.namespace || objs.Find("ServiceAccount", s.Name) == nil {
+							t.Errorf("%s %s binds %s %s/%s: want a ServiceAccount of this release in %s", kind, b.Name, s.Kind, s.Namespace, s.Name, vs.namespace)
+						}
+					}
+				}
+			}
+			cfg := executorConfig(t, objs, vs.release)
+			if cfg.Namespace != vs.namespace || cfg.Kubeconfig != "" {
+				t.Errorf("executor config: namespace %q, kubeconfig %q; want %q and the in-cluster ServiceAccount", cfg.Namespace, cfg.Kubeconfig, vs.namespace)
+			}
+			if cfg.StageTransport != config.TransportExec {
+				t.Errorf("gc's executor config: stage_transport %q, want exec (gc runs no stages, and has no agent CA)", cfg.StageTransport)
+			}
+			for _, p := range cfg.Pools {
+				var pool extv1beta1.SandboxWarmPool
+				objs.Decode(t, "SandboxWarmPool", p.Name, &pool)
+				if objs.Find("SandboxTemplate", pool.Spec.TemplateRef.Name) == nil {
+					t.Errorf("pool %s uses template %s, which the chart does not render", p.Name, pool.Spec.TemplateRef.Name)
+				}
+			}
+		})
+	}
+}
+
+// Two releases in two namespaces share no cluster-scoped name, so both install on one cluster.
+func TestClusterScopedNamesAreReleaseUnique(t *testing.T) {
+	a := helmchart.Render(t, "sandbox-executor", "sandbox-executor", "coldStart: {enabled: true}\n")
+	b := helmchart.Render(t, "sandbox-executor", "e2e-install", "coldStart: {enabled: true}\n")
+	for _, kind := range clusterScoped {
+		for _, u := range a.OfKind(kind) {
+			if b.Find(kind, u.GetName()) != nil {
+				t.Errorf("both releases render %s %q", kind, u.GetName())
+			}
+		}
+	}
+}
+
+// The chart's templates pass doctor's own hardening checks (gVisor, no token, no privilege
+// escalation, limits, egress restricted, the fence check), and ours containers are locked down.
+func TestEverythingIsHardened(t *testing.T) {
+	for _, vs := range valueSets {
+		t.Run(vs.name, func(t *testing.T) {
+			objs := helmchart.Render(t, vs.release, vs.namespace, vs.values)
+			cfg := executorConfig(t, objs, vs.release)
+			for _, u := range objs.OfKind("SandboxTemplate") {
+				var tmpl extv1beta1.SandboxTemplate
+				objs.Decode(t, "SandboxTemplate", u.GetName(), &tmpl)
+				if fails, warns := doctor.TemplateProblems(&tmpl, cfg.RuntimeClasses, cfg.RequireFence); len(fails)+len(warns) > 0 {
+					t.Errorf("template %s: %s", tmpl.Name, strings.Join(append(fails, warns...), "; "))
+				}
+				if tmpl.Spec.EnvVarsInjectionPolicy != extv1beta1.EnvVarsInjectionPolicyDisallowed {
+					t.Errorf("template %s: claims may inject env (%q)", tmpl.Name, tmpl.Spec.EnvVarsInjectionPolicy)
+				}
+			}
+			for _, spec := range ourPods(t, objs) {
+				sc := spec.SecurityContext
+				if sc == nil || sc.RunAsNonRoot == nil || !*sc.RunAsNonRoot || sc.SeccompProfile == nil || sc.SeccompProfile.Type != corev1.SeccompProfileTypeRuntimeDefault {
+					t.Errorf("pod %s: want runAsNonRoot and seccomp RuntimeDefault, got %+v", spec.name, sc)
+				}
+				for _, c := range slices.Concat(spec.InitContainers, spec.Containers) {
+					csc := c.SecurityContext
+					if csc == nil || csc.AllowPrivilegeEscalation == nil || *csc.AllowPrivilegeEscalation ||
+						csc.ReadOnlyRootFilesystem == nil || !*csc.ReadOnlyRootFilesystem ||
+						csc.Capabilities == nil || !slices.Equal(csc.Capabilities.Drop, []corev1.Capability{"ALL"}) || len(csc.Capabilities.Add) > 0 {
+						t.Errorf("pod %s container %s: want no privilege escalation, a read-only root and all capabilities dropped, got %+v", spec.name, c.Name, csc)
+					}
+					if c.Resources.Limits.Cpu().IsZero() || c.Resources.Limits.Memory().IsZero() {
+						t.Errorf("pod %s container %s: no CPU or memory limit", spec.name, c.Name)
+					}
+				}
+			}
+		})
+	}
+}
+
+// Images are pinned: by default to the chart's appVersion (make release stamps it), never latest.
+func TestImagesArePinned(t *testing.T) {
+	tag := regexp.MustCompile(`^[^:@]+(:[^/:@]+|@sha256:[0-9a-f]{64})$`)
+	for _, vs := range valueSets {
+		t.Run(vs.name, func(t *testing.T) {
+			objs := helmchart.Render(t, vs.release, vs.namespace, vs.values)
+			for _, img := range allImages(t, objs) {
+				if !tag.MatchString(img) || strings.HasSuffix(img, ":latest") {
+					t.Errorf("image %q: want a pinned tag or digest", img)
+				}
+			}
+		})
+	}
+	out, err := helmchart.Template(t, "sandbox-executor", "sandbox-executor", "images: {tag: latest}\n")
+	if err == nil || !strings.Contains(err.Error(), "registry.example.com/sandbox-executor/sandbox-executor-agent:latest: pin a tag or digest") {
+		t.Errorf("images.tag latest: want a one-line refusal, got %v\n%s", err, out)
+	}
+}
+
+// The runner: GitLab's Secret key name, the executor's ServiceAccount, the runner's own label
+// (which the NetworkPolicies select), registration retries, and the token kept out of the pod spec.
+func TestRunnerDeployment(t *testing.T) {
+	objs := helmchart.Render(t, "ci", "ci-sandbox", "runner: {secret: my-runner-secret, registerAttempts: 5}\n")
+	var d appsv1.Deployment
+	objs.Decode(t, "Deployment", "ci-sandbox-executor-runner", &d)
+	pod := d.Spec.Template.Spec
+	if pod.ServiceAccountName != "ci-sandbox-executor" || pod.AutomountServiceAccountToken == nil || !*pod.AutomountServiceAccountToken {
+		t.Errorf("runner pod: ServiceAccount %q with its token mounted, want ci-sandbox-executor", pod.ServiceAccountName)
+	}
+	c := pod.Containers[0]
+	const socket = "/home/nonroot/.sandbox-executor/stages.sock"
+	// The runner image's entrypoint is `sandbox-executor start-runner` (tools/images): the args
+	// are its flags, not the verb again, which would end flag parsing there.
+	if !slices.Equal(c.Args, []string{"--register-attempts", "5", "--stage-server", socket}) {
+		t.Errorf("runner args %q: want start-runner's flags, 5 registration attempts and the stage server", c.Args)
+	}
+	var cm corev1.ConfigMap
+	objs.Decode(t, "ConfigMap", "ci-sandbox-executor-config", &cm)
+	if !strings.Contains(cm.Data["config.toml"], `stage_server = "`+socket+`"`) {
+		t.Errorf("the runner's executor config does not name the stage server's socket:\n%s", cm.Data["config.toml"])
+	}
+	if strings.Contains(cm.Data["gc.toml"], "stage_server") {
+		t.Errorf("gc's config names a stage server:\n%s", cm.Data["gc.toml"])
+	}
+	// prepare and cleanup start the stage launcher, which hands them to the server; the other
+	// stages start the executor.
+	var runnerCM corev1.ConfigMap
+	objs.Decode(t, "ConfigMap", "ci-sandbox-executor-runner", &runnerCM)
+	template := runnerCM.Data["runner-template.toml"]
+	for _, line := range []string{`prepare_exec = "/usr/local/bin/sandbox-executor-stage"`, `cleanup_exec = "/usr/local/bin/sandbox-executor-stage"`,
+		`run_exec = "/usr/local/bin/sandbox-executor"`, `config_exec = "/usr/local/bin/sandbox-executor"`} {
+		if !strings.Contains(template, line) {
+			t.Errorf("the runner's [runners.custom] lacks %s:\n%s", line, template)
+		}
+	}
+	off := helmchart.Render(t, "ci", "ci-sandbox", "runner: {secret: s, registerAttempts: 5, stageServer: false}\n")
+	off.Decode(t, "Deployment", "ci-sandbox-executor-runner", &d)
+	off.Decode(t, "ConfigMap", "ci-sandbox-executor-config", &cm)
+	if args := d.Spec.Template.Spec.Containers[0].Args; slices.Contains(args, "--stage-server") || strings.Contains(cm.Data["config.toml"], "stage_server") {
+		t.Errorf("runner.stageServer false still serves stages: args %q", args)
+	}
+	off.Decode(t, "ConfigMap", "ci-sandbox-executor-runner", &runnerCM)
+	if template := runnerCM.Data["runner-template.toml"]; strings.Contains(template, "sandbox-executor-stage") {
+		t.Errorf("runner.stageServer false still starts the stage launcher:\n%s", template)
+	}
+	var token *corev1.EnvVar
+	for i := range c.Env {
+		if c.Env[i].Name == "CI_SERVER_TOKEN" {
+			token = &c.Env[i]
+		}
+	}
+	if token == nil || token.Value != "" || token.ValueFrom == nil || token.ValueFrom.SecretKeyRef == nil ||
+		token.ValueFrom.SecretKeyRef.Name != "my-runner-secret" || token.ValueFrom.SecretKeyRef.Key != "runner-token" {
+		t.Errorf("CI_SERVER_TOKEN: want it from Secret my-runner-secret key runner-token, got %+v", token)
+	}
+	if got := d.Spec.Template.Labels["app.kubernetes.io/name"]; got != "sandbox-executor-runner" {
+		t.Errorf("runner pods labelled app.kubernetes.io/name=%q", got)
+	}
+	var tmpl extv1beta1.SandboxTemplate
+	objs.Decode(t, "SandboxTemplate", "duo-gvisor", &tmpl)
+	ingress := tmpl.Spec.NetworkPolicy.Ingress
+	if len(ingress) != 1 || len(ingress[0].From) != 1 || ingress[0].From[0].PodSelector == nil ||
+		!selects(ingress[0].From[0].PodSelector.MatchLabels, d.Spec.Template.Labels) {
+		t.Errorf("template duo-gvisor's ingress does not admit the runner pods by label: %+v", ingress)
+	}
+}
+
+// NetworkPolicies admit runners by label, never by address.
+func TestNetworkPoliciesSelectRunnersByLabel(t *testing.T) {
+	objs := helmchart.Render(t, "ci", "ci-sandbox", `
+egressProxy: {enabled: true}
+templates:
+  - {name: duo-gvisor, image: "registry.example.com/duo/ci:bookworm"}
+  - {name: duo-proxied, image: "registry.example.com/duo/ci:bookworm", egress: proxied}
+`)
+	var runner appsv1.Deployment
+	objs.Decode(t, "Deployment", "ci-sandbox-executor-runner", &runner)
+	var np networkingv1.NetworkPolicy
+	objs.Decode(t, "NetworkPolicy", "ci-sandbox-executor-egress-proxy", &np)
+	var admin bool
+	for _, rule := range np.Spec.Ingress {
+		for _, peer := range rule.From {
+			if peer.IPBlock != nil {
+				t.Errorf("egress proxy NetworkPolicy admits an ipBlock %s", peer.IPBlock.CIDR)
+			}
+			if peer.PodSelector != nil && selects(peer.PodSelector.MatchLabels, runner.Spec.Template.Labels) && rule.Ports[0].Port.IntValue() == 3129 {
+				admin = true
+			}
+		}
+	}
+	if !admin {
+		t.Errorf("egress proxy NetworkPolicy does not admit the runners to the admin port: %+v", np.Spec.Ingress)
+	}
+	var proxy appsv1.Deployment
+	objs.Decode(t, "Deployment", "ci-sandbox-executor-egress-proxy", &proxy)
+	var proxied extv1beta1.SandboxTemplate
+	objs.Decode(t, "SandboxTemplate", "duo-proxied", &proxied)
+	egressRules := proxied.Spec.NetworkPolicy.Egress
+	if len(egressRules) != 2 || egressRules[1].To[0].PodSelector == nil || !selects(egressRules[1].To[0].PodSelector.MatchLabels, proxy.Spec.Template.Labels) {
+		t.Errorf("proxied template: egress should be DNS and the proxy's pods, got %+v", egressRules)
+	}
+	if !selects(np.Spec.Ingress[0].From[0].PodSelector.MatchLabels, proxied.Spec.PodTemplate.ObjectMeta.Labels) {
+		t.Errorf("the proxy does not admit the proxied template's pods")
+	}
+	var cfgMap corev1.ConfigMap
+	objs.Decode(t, "ConfigMap", "ci-sandbox-executor-egress-proxy", &cfgMap)
+	path := filepath.Join(t.TempDir(), "config.toml")
+	if err := os.WriteFile(path, []byte(cfgMap.Data["config.toml"]), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := egress.LoadConfig(path); err != nil {
+		t.Errorf("the egress proxy's config does not load: %v", err)
+	}
+}
+
+// gc has its own ServiceAccount, which may list and delete claims (and with cold starts,
+// Sandboxes) and nothing else.
+func TestGCHasItsOwnLeastPrivilege(t *testing.T) {
+	for _, cold := range []bool{false, true} {
+		values := ""
+		want := []string{"delete sandboxclaims.extensions.agents.x-k8s.io", "list sandboxclaims.extensions.agents.x-k8s.io"}
+		if cold {
+			values = "coldStart: {enabled: true}\n"
+			want = append(want, "delete sandboxes.agents.x-k8s.io", "list sandboxes.agents.x-k8s.io")
+		}
+		objs := helmchart.Render(t, "sandbox-executor", "ci", values)
+		var cj batchv1.CronJob
+		objs.Decode(t, "CronJob", "sandbox-executor-gc", &cj)
+		pod := cj.Spec.JobTemplate.Spec.Template.Spec
+		if pod.ServiceAccountName != "sandbox-executor-gc" {
+			t.Errorf("gc runs as ServiceAccount %q, want its own sandbox-executor-gc", pod.ServiceAccountName)
+		}
+		var role rbacv1.Role
+		objs.Decode(t, "Role", "sandbox-executor-gc", &role)
+		var got []string
+		for _, r := range role.Rules {
+			for _, g := range r.APIGroups {
+				for _, res := range r.Resources {
+					for _, v := range r.Verbs {
+						got = append(got, v+" "+res+"."+g)
+					}
+				}
+			}
+		}
+		slices.Sort(got)
+		slices.Sort(want)
+		if !slices.Equal(got, want) {
+			t.Errorf("cold starts %v: gc's Role grants %q, want exactly %q", cold, got, want)
+		}
+	}
+}
+
+// The cold-start admission policy holds this release's ServiceAccount, in this release's
+// namespace, to this release's RuntimeClass; without coldStart it is not there at all.
+func TestColdStartPolicyMatchesTheRelease(t *testing.T) {
+	objs := helmchart.Render(t, "duo", "duo-ci", "coldStart: {enabled: true}\nexecutor: {unknownImage: cold}\n")
+	name := "duo-ci-duo-sandbox-executor-cold-images"
+	var vap admissionv1.ValidatingAdmissionPolicy
+	objs.Decode(t, "ValidatingAdmissionPolicy", name, &vap)
+	if got := vap.Spec.MatchConditions[0].Expression; got != "request.userInfo.username == 'system:serviceaccount:duo-ci:duo-sandbox-executor'" {
+		t.Errorf("policy matches %s, want this release's ServiceAccount", got)
+	}
+	var rc unstructured.Unstructured = *objs.Find("RuntimeClass", "duo-ci-duo-sandbox-executor-gvisor")
+	if !strings.Contains(vap.Spec.Validations[0].Expression, "'"+rc.GetName()+"'") {
+		t.Errorf("policy holds sandboxes to %s, want RuntimeClass %s", vap.Spec.Validations[0].Expression, rc.GetName())
+	}
+	var binding admissionv1.ValidatingAdmissionPolicyBinding
+	objs.Decode(t, "ValidatingAdmissionPolicyBinding", name, &binding)
+	if binding.Spec.PolicyName != name || !slices.Equal(binding.Spec.ValidationActions, []admissionv1.ValidationAction{admissionv1.Deny}) ||
+		binding.Spec.MatchResources.NamespaceSelector.MatchLabels["kubernetes.io/metadata.name"] != "duo-ci" {
+		t.Errorf("binding %+v: want Deny on policy %s in namespace duo-ci", binding.Spec, name)
+	}
+	off := helmchart.Render(t, "duo", "duo-ci", "")
+	if off.Find("ValidatingAdmissionPolicy", name) != nil || off.Find("ValidatingAdmissionPolicyBinding", name) != nil || off.Find("Role", "duo-sandbox-executor-cold-images") != nil {
+		t.Error("without coldStart the chart still renders the cold-start policy or Role")
+	}
+}
+
+// helm install needs the namespace before it renders anything (it stores the release there), so
+// by default the chart renders none; with namespace.create it renders one with Pod Security labels.
+func TestNamespaceOnlyWhenAsked(t *testing.T) {
+	if ns := helmchart.Render(t, "ci", "ci-sandbox", "").OfKind("Namespace"); len(ns) > 0 {
+		t.Errorf("the default render has a Namespace, which helm install cannot create: %v", ns[0].GetName())
+	}
+	var ns corev1.Namespace
+	helmchart.Render(t, "ci", "ci-sandbox", "namespace: {create: true}\n").Decode(t, "Namespace", "ci-sandbox", &ns)
+	if ns.Labels["pod-security.kubernetes.io/enforce"] != "baseline" {
+		t.Errorf("namespace labels %v: want Pod Security enforce baseline", ns.Labels)
+	}
+}
+
+// Values that cannot work are refused with one line that says what to change.
+func TestBadValuesAreRefused(t *testing.T) {
+	for _, tc := range []struct{ values, want string }{
+		{"executor: {unknownImage: cold}\n", "executor.unknownImage cold needs coldStart.enabled"},
+		{"runtimeClass: {create: false}\n", "runtimeClass.name is required when runtimeClass.create is false"},
+		{"templates: [{name: t, image: x:1, egress: open}]\n", `templates[t].egress "open": use direct, proxied or none`},
+		{"templates: [{name: t}]\n", "templates[t].image is required"},
+		{"runner: {secret: \"\"}\n", "runner.secret: name the Secret holding key runner-token"},
+	} {
+		_, err := helmchart.Template(t, "sandbox-executor", "sandbox-executor", tc.values)
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("values %q: want an error with %q, got %v", tc.values, tc.want, err)
+		}
+	}
+}
+
+// The local cluster's values keep the names the e2e and security suites use.
+func TestLocalValuesKeepTheSuitesNames(t *testing.T) {
+	objs := helmchart.Render(t, "sandbox-executor", "sandbox-executor", localValues())
+	for _, want := range []struct{ kind, name string }{
+		{"SandboxWarmPool", "duo-default"}, {"SandboxWarmPool", "duo-proxied"}, {"SandboxWarmPool", "duo-posix"},
+		{"SandboxWarmPool", "duo-flow"}, {"SandboxWarmPool", "duo-flow-hardened"},
+		{"SandboxTemplate", "duo-gvisor"}, {"SandboxTemplate", "duo-gvisor-proxied"}, {"SandboxTemplate", "posix-gvisor"},
+		{"Namespace", "sandbox-executor"}, {"ServiceAccount", "sandbox-executor"}, {"Role", "sandbox-executor"}, {"Role", "sandbox-executor-cold-images"},
+		{"ClusterRole", "sandbox-executor-doctor"}, {"ValidatingAdmissionPolicy", "sandbox-executor-cold-images"},
+	} {
+		if objs.Find(want.kind, want.name) == nil {
+			t.Errorf("the local values render no %s %s", want.kind, want.name)
+		}
+	}
+	if objs.Find("RuntimeClass", "gvisor") != nil || objs.Find("Deployment", "sandbox-executor-runner") != nil {
+		t.Error("the local cluster applies RuntimeClass gvisor itself and runs the runner on the host")
+	}
+}
+
+// executorConfig loads gc's config (gc.toml) and checks that the runner's (config.toml) is the
+// same plus the runner image's binaries, which exist only in that image.
+func executorConfig(t *testing.T, objs *helmchart.Objects, release string) *config.Config {
+	t.Helper()
+	var cm corev1.ConfigMap
+	objs.Decode(t, "ConfigMap", fullname(release)+"-config", &cm)
+	cfg, err := config.Parse("gc.toml", []byte(cm.Data["gc.toml"]))
+	if err != nil {
+		t.Fatalf("the executor config the chart renders does not load: %v\n%s", err, cm.Data["gc.toml"])
+	}
+	var extra []string
+	for _, l := range strings.Split(cm.Data["config.toml"], "\n") {
+		if !strings.HasPrefix(l, "#") && !strings.Contains(cm.Data["gc.toml"], l) {
+			extra = append(extra, l)
+		}
+	}
+	want := []string{`agent_binary = "/usr/local/bin/sandbox-executor-agent"`, `helper_binary = "/usr/bin/gitlab-runner-helper"`}
+	if strings.Contains(cm.Data["config.toml"], "stage_server") {
+		want = append(want, `stage_server = "/home/nonroot/.sandbox-executor/stages.sock"`)
+	}
+	if strings.Contains(cm.Data["config.toml"], "agent_ca_key") {
+		want = append(want, `agent_ca_cert = "/etc/sandbox-executor-agent-ca/tls.crt"`, `agent_ca_key = "/etc/sandbox-executor-agent-ca/tls.key"`, `stage_transport = "network"`)
+	}
+	if !slices.Equal(extra, want) {
+		t.Errorf("config.toml differs from gc.toml by %q, want only %q", extra, want)
+	}
+	return cfg
+}
+
+type podSpec struct {
+	name string
+	corev1.PodSpec
+}
+
+// ourPods are the pods running the project's own images (not job pods).
+func ourPods(t *testing.T, objs *helmchart.Objects) []podSpec {
+	var out []podSpec
+	for _, u := range objs.OfKind("Deployment") {
+		var d appsv1.Deployment
+		objs.Decode(t, "Deployment", u.GetName(), &d)
+		out = append(out, podSpec{d.Name, d.Spec.Template.Spec})
+	}
+	for _, u := range objs.OfKind("CronJob") {
+		var cj batchv1.CronJob
+		objs.Decode(t, "CronJob", u.GetName(), &cj)
+		out = append(out, podSpec{cj.Name, cj.Spec.JobTemplate.Spec.Template.Spec})
+	}
+	return out
+}
+
+func allImages(t *testing.T, objs *helmchart.Objects) []string {
+	var out []string
+	add := func(spec corev1.PodSpec) {
+		for _, c := range slices.Concat(spec.InitContainers, spec.Containers) {
+			out = append(out, c.Image)
+		}
+	}
+	for _, p := range ourPods(t, objs) {
+		add(p.PodSpec)
+	}
+	for _, u := range objs.OfKind("SandboxTemplate") {
+		var tmpl extv1beta1.SandboxTemplate
+		objs.Decode(t, "SandboxTemplate", u.GetName(), &tmpl)
+		add(tmpl.Spec.PodTemplate.Spec)
+	}
+	return out
+}
+
+func selects(selector, labels map[string]string) bool {
+	if len(selector) == 0 {
+		return false
+	}
+	for k, v := range selector {
+		if labels[k] != v {
+			return false
+		}
+	}
+	return true
+}
+
+func fullname(release string) string {
+	if strings.Contains(release, "sandbox-executor") {
+		return release
+	}
+	return release + "-sandbox-executor"
+}
+
+// values-duo-flow.yaml serves GitLab's default flow image and its hardened variant: each pool
+// grants its jobs their own instance on the egress proxy (and npm for the default image only),
+// and the hardened image runs as its own UID with builds and cache it can write.
+func TestDuoFlowValues(t *testing.T) {
+	const release = "duo"
+	objs := helmchart.Render(t, release, "duo-flows", chartFile("values-duo-flow.yaml"))
+	cfg := executorConfig(t, objs, release)
+	for _, want := range []struct {
+		pool, image string
+		npm         bool
+	}{
+		{"duo-flow", "registry.gitlab.com/gitlab-org/duo-workflow/default-docker-image/workflow-generic-image:v0.0.9", true},
+		{"duo-flow-hardened", "registry.gitlab.com/gitlab-org/duo-workflow/default-docker-image/workflow-generic-image-hardened:v0.0.9", false},
+	} {
+		placement, err := cfg.Place(want.image)
+		if err != nil || placement.Pool != want.pool {
+			t.Errorf("image %s goes to %+v, %v; want pool %s", want.image, placement, err, want.pool)
+			continue
+		}
+		p := cfg.Pool(want.pool)
+		if p.EgressProxy == "" || !p.EgressInstance || !p.EgressInstanceWildcard || slices.Contains(p.EgressAllow, "registry.npmjs.org:443") != want.npm {
+			t.Errorf("pool %s: egress_proxy %q, egress_instance %t, wildcard %t, egress_allow %v", want.pool, p.EgressProxy, p.EgressInstance, p.EgressInstanceWildcard, p.EgressAllow)
+		}
+	}
+	var hardened extv1beta1.SandboxTemplate
+	objs.Decode(t, "SandboxTemplate", "duo-gvisor-flow-hardened", &hardened)
+	spec := hardened.Spec.PodTemplate.Spec
+	sc := spec.SecurityContext
+	if sc == nil || sc.RunAsUser == nil || *sc.RunAsUser != 1001 || sc.FSGroup == nil || *sc.FSGroup != 1001 || sc.RunAsNonRoot == nil || !*sc.RunAsNonRoot {
+		t.Errorf("the hardened image's pod security context: %+v; want UID 1001, fsGroup 1001, non-root", sc)
+	}
+	var mounts []string
+	for _, m := range spec.Containers[0].VolumeMounts {
+		mounts = append(mounts, m.MountPath)
+	}
+	if !slices.Contains(mounts, "/builds") || !slices.Contains(mounts, "/cache") {
+		t.Errorf("the hardened image's mounts %v lack /builds or /cache", mounts)
+	}
+}
+
+// With agentTLS, job pods trust the agent CA's certificate from its ConfigMap, the runner pods
+// alone mount its key from the Secret, and the runner's stages go over the network; without
+// it, over exec, and job pods get no CA.
+func TestAgentTLS(t *testing.T) {
+	for _, enabled := range []bool{true, false} {
+		const release = "sandbox-executor"
+		objs := helmchart.Render(t, release, "ci-sandbox", fmt.Sprintf("agentTLS: {enabled: %t, name: my-agent-ca}\n", enabled))
+		var cm corev1.ConfigMap
+		objs.Decode(t, "ConfigMap", fullname(release)+"-config", &cm)
+		runnerConfig := cm.Data["config.toml"]
+		if got := strings.Contains(runnerConfig, `stage_transport = "network"`) && strings.Contains(runnerConfig, `agent_ca_key = "/etc/sandbox-executor-agent-ca/tls.key"`); got != enabled {
+			t.Errorf("agentTLS %t: the runner's config says network with the agent CA: %t\n%s", enabled, got, runnerConfig)
+		}
+		var tmpl extv1beta1.SandboxTemplate
+		objs.Decode(t, "SandboxTemplate", "duo-gvisor", &tmpl)
+		var trusted bool
+		for _, e := range tmpl.Spec.PodTemplate.Spec.Containers[0].Env {
+			if e.Name == "SANDBOX_EXECUTOR_AGENT_CLIENT_CA" {
+				trusted = e.ValueFrom != nil && e.ValueFrom.ConfigMapKeyRef != nil && e.ValueFrom.ConfigMapKeyRef.Name == "my-agent-ca" && e.Value == ""
+			}
+		}
+		if trusted != enabled {
+			t.Errorf("agentTLS %t: job pods trust the CA from ConfigMap my-agent-ca: %t", enabled, trusted)
+		}
+		for _, pod := range ourPods(t, objs) {
+			mounted := false
+			for _, v := range pod.Volumes {
+				if v.Secret != nil && v.Secret.SecretName == "my-agent-ca" {
+					mounted = true
+				}
+			}
+			if want := enabled && strings.HasSuffix(pod.name, "-runner"); mounted != want {
+				t.Errorf("agentTLS %t: pod %s mounts the agent CA's key: %t, want %t", enabled, pod.name, mounted, want)
+			}
+		}
+	}
+}
+
+// The executor may patch its claims and Sandboxes (the job's outcome), and the chart holds those
+// patches to annotations, for this release's ServiceAccount in this release's namespace.
+func TestPatchesHeldToAnnotations(t *testing.T) {
+	objs := helmchart.Render(t, "duo", "duo-ci", "")
+	name := "duo-ci-duo-sandbox-executor-annotations-only"
+	var vap admissionv1.ValidatingAdmissionPolicy
+	objs.Decode(t, "ValidatingAdmissionPolicy", name, &vap)
+	if got := vap.Spec.MatchConditions[0].Expression; got != "request.userInfo.username == 'system:serviceaccount:duo-ci:duo-sandbox-executor'" {
+		t.Errorf("policy matches %s, want this release's ServiceAccount", got)
+	}
+	if len(vap.Spec.Validations) == 0 || vap.Spec.Validations[0].Expression != "object.spec == oldObject.spec" {
+		t.Errorf("policy validations %+v: want the spec unchanged first", vap.Spec.Validations)
+	}
+	var binding admissionv1.ValidatingAdmissionPolicyBinding
+	objs.Decode(t, "ValidatingAdmissionPolicyBinding", name, &binding)
+	if binding.Spec.PolicyName != name || binding.Spec.MatchResources.NamespaceSelector.MatchLabels["kubernetes.io/metadata.name"] != "duo-ci" {
+		t.Errorf("binding %+v: want policy %s in namespace duo-ci", binding.Spec, name)
+	}
+}
