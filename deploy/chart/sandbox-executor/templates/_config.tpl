@@ -1,6 +1,7 @@
 {{/* The executor's config.toml; (dict "ctx" $ "runner" true) adds the runner image's binaries. */}}
 {{- define "sandbox-executor.config" -}}
 {{- $ctx := .ctx -}}
+{{- include "sandbox-executor.validate" $ctx -}}
 {{- $proxied := list }}
 {{- range $ctx.Values.templates }}{{ if eq (.egress | default "direct") "proxied" }}{{ $proxied = append $proxied .name }}{{ end }}{{ end }}
 # In the cluster: the pod's ServiceAccount token.
@@ -21,6 +22,10 @@ cold_images = {{ toJson $ctx.Values.coldStart.images }}
 runtime_classes = [{{ include "sandbox-executor.runtimeClassName" $ctx | quote }}]
 require_fence = {{ $ctx.Values.executor.requireFence }}
 {{- if .runner }}
+{{- if $ctx.Values.egressProxy.enabled }}
+# The egress proxy's admin API takes this bearer token (Secret {{ include "sandbox-executor.egressAdminSecret" $ctx }}).
+egress_admin_token_file = {{ printf "%s/token" (include "sandbox-executor.egressAdminDir" $ctx) | quote }}
+{{- end }}
 # The runner image's binaries: the agent for templates that do not bake it in, the helper
 # for jobs with cache: or artifacts:.
 agent_binary = "/usr/local/bin/sandbox-executor-agent"
@@ -64,4 +69,46 @@ egress_allow = {{ toJson . }}
 {{- end }}
 {{- end }}
 {{- end }}
+{{- end -}}
+
+
+{{/* Values that would render but fail every job, refused at install in one line each. */}}
+{{- define "sandbox-executor.validate" -}}
+{{- $duration := "^([0-9]+(\\.[0-9]+)?(ns|us|µs|ms|s|m|h))+$" -}}
+{{- range $key := list "readyTimeout" "claimGrace" -}}
+{{- $v := toString (index $.Values.executor $key) -}}
+{{- if not (regexMatch $duration $v) -}}
+{{- fail (printf "executor.%s %q is not a Go duration: write it like 90s, 2m or 1h30m" $key $v) -}}
+{{- end -}}
+{{- end -}}
+{{- $pools := list -}}
+{{- $templates := list -}}
+{{- range $.Values.templates }}{{ $templates = append $templates .name }}{{ end -}}
+{{- range $.Values.pools -}}
+{{- $pools = append $pools .name -}}
+{{- if not (has .template $templates) -}}
+{{- fail (printf "pools[%s].template %q: no templates[] entry has that name, so the pool serves no image" .name .template) -}}
+{{- end -}}
+{{- end -}}
+{{- if not (has $.Values.executor.defaultPool $pools) -}}
+{{- fail (printf "executor.defaultPool %q names no pool: use one of %s" $.Values.executor.defaultPool (join ", " $pools)) -}}
+{{- end -}}
+{{- if and $.Values.coldStart.enabled (not (has $.Values.coldStart.template $templates)) -}}
+{{- fail (printf "coldStart.template %q: no templates[] entry has that name" $.Values.coldStart.template) -}}
+{{- end -}}
+{{- $v4 := "^((25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])\\.){3}(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])/(3[0-2]|[12]?[0-9])$" -}}
+{{- $v6 := "^[0-9a-fA-F:.]*:[0-9a-fA-F:.]*/(12[0-8]|1[01][0-9]|[1-9]?[0-9])$" -}}
+{{- range $.Values.gitlab.cidrs -}}
+{{- if not (or (regexMatch $v4 .) (and (regexMatch $v6 .) (le (len (regexFindAll "::" . -1)) 1))) -}}
+{{- fail (printf "gitlab.cidrs %q is not a CIDR: write an address and a prefix length, like 10.20.0.5/32 or 2001:db8::5/128" .) -}}
+{{- end -}}
+{{- end -}}
+{{- if not $.Values.clusterScoped.create -}}
+{{- if $.Values.coldStart.enabled -}}
+{{- fail "coldStart.enabled needs clusterScoped.create: cold starts are safe only under their ValidatingAdmissionPolicy" -}}
+{{- end -}}
+{{- if $.Values.metricsAdapter.enabled -}}
+{{- fail "metricsAdapter.enabled needs clusterScoped.create: it registers a cluster-scoped APIService" -}}
+{{- end -}}
+{{- end -}}
 {{- end -}}

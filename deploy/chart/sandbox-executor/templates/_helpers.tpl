@@ -22,10 +22,10 @@ namespace too (once, when it is the same as the release's name). */}}
 {{- define "sandbox-executor.runtimeClassName" -}}
 {{- if .Values.runtimeClass.name -}}
 {{- .Values.runtimeClass.name -}}
-{{- else if .Values.runtimeClass.create -}}
+{{- else if and .Values.runtimeClass.create .Values.clusterScoped.create -}}
 {{- printf "%s-gvisor" (include "sandbox-executor.clusterName" .) -}}
 {{- else -}}
-{{- fail "runtimeClass.name is required when runtimeClass.create is false: name the gVisor RuntimeClass your cluster has" -}}
+{{- fail "runtimeClass.name is required when runtimeClass.create or clusterScoped.create is false: name the gVisor RuntimeClass your cluster has" -}}
 {{- end -}}
 {{- end -}}
 
@@ -118,3 +118,58 @@ namespace: the exporter's and the metrics adapter's Roles. Nothing secret. */}}
 {{- define "sandbox-executor.servedStageExec" -}}
 {{- if .Values.runner.stageServer }}sandbox-executor-stage{{ else }}sandbox-executor{{ end }}
 {{- end }}
+
+{{/* Where a pod of ours runs: a component's nodeSelector, tolerations, affinity and
+priorityClassName (each optional), at the pod spec's indentation. */}}
+{{- define "sandbox-executor.scheduling" -}}
+{{- with .nodeSelector }}
+nodeSelector:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .tolerations }}
+tolerations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .affinity }}
+affinity:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .priorityClassName }}
+priorityClassName: {{ . | quote }}
+{{- end }}
+{{- end -}}
+
+{{/* The cluster's DNS servers as a NetworkPolicy peer (dns values). */}}
+{{- define "sandbox-executor.dnsPeer" -}}
+- namespaceSelector:
+    matchLabels:
+      kubernetes.io/metadata.name: {{ .Values.dns.namespace }}
+  podSelector:
+    matchLabels:
+      {{- toYaml .Values.dns.podLabels | nindent 6 }}
+{{- end -}}
+
+{{/* The egress proxy's admin token: a Secret with key token, the chart's unless the user names one. */}}
+{{- define "sandbox-executor.egressAdminSecret" -}}
+{{- .Values.egressProxy.adminToken.existingSecret | default (printf "%s-egress-admin" (include "sandbox-executor.fullname" .)) -}}
+{{- end -}}
+
+{{/* Where runner and proxy pods mount the admin token (the contract with egress/ and the executor config). */}}
+{{- define "sandbox-executor.egressAdminDir" -}}
+/etc/sandbox-executor/egress-admin
+{{- end -}}
+
+{{/* The instance's CA (gitlab.certsSecretName) in the runner pod. */}}
+{{- define "sandbox-executor.gitlabCAFile" -}}
+/etc/gitlab-runner-certs/ca.crt
+{{- end -}}
+
+{{/* The agent CA comes from the hook Job: the Secret and ConfigMap exist before anything uses them. */}}
+{{- define "sandbox-executor.agentCAJob" -}}
+{{- printf "%s-agent-ca" (include "sandbox-executor.fullname" .) -}}
+{{- end -}}
+
+{{/* The cluster-scoped objects are rendered (clusterScoped.create). */}}
+{{- define "sandbox-executor.clusterScoped" -}}
+{{- if .Values.clusterScoped.create }}true{{ end -}}
+{{- end -}}
