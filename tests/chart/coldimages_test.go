@@ -1,0 +1,177 @@
+package chart_test
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/google/cel-go/cel"
+	admissionv1 "k8s.io/api/admissionregistration/v1"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/utils/ptr"
+	sandboxv1beta1 "sigs.k8s.io/agent-sandbox/api/v1beta1"
+	extv1beta1 "sigs.k8s.io/agent-sandbox/extensions/api/v1beta1"
+
+	"github.com/sandbox-executor/sandbox-executor/internal/testing/helmchart"
+)
+
+// coldPolicy renders the cold-start policy and the cold template it holds Sandboxes to.
+func coldPolicy(t *testing.T, values string) (*admissionv1.ValidatingAdmissionPolicy, *extv1beta1.SandboxTemplate) {
+	t.Helper()
+	objs := helmchart.Render(t, "duo", "duo-ci", "coldStart: {enabled: true, template: duo-gvisor}\nexecutor: {unknownImage: cold}\n"+values)
+	var vap admissionv1.ValidatingAdmissionPolicy
+	objs.Decode(t, "ValidatingAdmissionPolicy", "duo-ci-duo-sandbox-executor-cold-images", &vap)
+	var tmpl extv1beta1.SandboxTemplate
+	objs.Decode(t, "SandboxTemplate", "duo-gvisor", &tmpl)
+	return &vap, &tmpl
+}
+
+// coldSandbox is what the executor creates for a cold start (kube.ColdStart): the template's
+// pod, the job's image, no token.
+func coldSandbox(tmpl *extv1beta1.SandboxTemplate) *sandboxv1beta1.Sandbox {
+	sbx := &sandboxv1beta1.Sandbox{Spec: sandboxv1beta1.SandboxSpec{SandboxBlueprint: *tmpl.Spec.SandboxBlueprint.DeepCopy()}}
+	pod := &sbx.Spec.PodTemplate.Spec
+	pod.Containers[0].Image = "registry.example.com/duo/tools/node:22"
+	pod.AutomountServiceAccountToken = ptr.To(false)
+	sbx.Spec.PodTemplate.ObjectMeta.Labels = map[string]string{sandboxv1beta1.SandboxTemplateRefHashLabel: "0123abcd"}
+	return sbx
+}
+
+// admit evaluates the policy's own CEL expressions as the API server does for a create by
+// the release's ServiceAccount: its variables in order, then every validation; an expression
+// that errors denies (failurePolicy Fail). It returns the messages of the validations that deny.
+func admit(t *testing.T, vap *admissionv1.ValidatingAdmissionPolicy, sbx *sandboxv1beta1.Sandbox) []string {
+	t.Helper()
+	object, err := runtime.DefaultUnstructuredConverter.ToUnstructured(sbx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	env, err := cel.NewEnv(cel.Variable("object", cel.DynType), cel.Variable("variables", cel.MapType(cel.StringType, cel.DynType)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	eval := func(expr string, variables map[string]any) (any, error) {
+		ast, iss := env.Compile(expr)
+		if iss.Err() != nil {
+			t.Fatalf("the policy's expression %q does not compile: %v", expr, iss.Err())
+		}
+		prg, err := env.Program(ast)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out, _, err := prg.Eval(map[string]any{"object": object, "variables": variables})
+		if err != nil {
+			return nil, err
+		}
+		return out.Value(), nil
+	}
+	variables := map[string]any{}
+	for _, v := range vap.Spec.Variables {
+		value, err := eval(v.Expression, variables)
+		if err != nil {
+			return []string{"variable " + v.Name + ": " + err.Error()}
+		}
+		variables[v.Name] = value
+	}
+	var denied []string
+	for _, v := range vap.Spec.Validations {
+		if ok, err := eval(v.Expression, variables); err != nil || ok != true {
+			denied = append(denied, v.Message)
+		}
+	}
+	return denied
+}
+
+// The cold-start policy is an allow-list: the Sandbox the executor makes from the cold template
+// is admitted, and each way a stolen executor token could widen a pod beyond a job's is refused
+// (issue 26, finding 2).
+func TestColdStartPolicyAdmitsOnlyTheColdTemplatesShape(t *testing.T) {
+	for _, nonRoot := range []bool{false, true} {
+		values := ""
+		if nonRoot {
+			values = "jobDefaults: {nonRoot: true}\n"
+		}
+		vap, tmpl := coldPolicy(t, values)
+		if denied := admit(t, vap, coldSandbox(tmpl)); len(denied) > 0 {
+			t.Fatalf("nonRoot %t: the executor's own cold start is refused: %q", nonRoot, denied)
+		}
+		for _, tc := range []struct {
+			name, want string
+			widen      func(*sandboxv1beta1.Sandbox)
+		}{
+			{"hostPath /", "emptyDir volumes only", func(s *sandboxv1beta1.Sandbox) {
+				s.Spec.PodTemplate.Spec.Volumes = append(s.Spec.PodTemplate.Spec.Volumes, corev1.Volume{Name: "root", VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: "/"}}})
+			}},
+			{"a Secret volume", "emptyDir volumes only", func(s *sandboxv1beta1.Sandbox) {
+				s.Spec.PodTemplate.Spec.Volumes = append(s.Spec.PodTemplate.Spec.Volumes, corev1.Volume{Name: "s", VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{SecretName: "gitlab-runner-token"}}})
+			}},
+			{"envFrom a Secret", "may not read Secrets", func(s *sandboxv1beta1.Sandbox) {
+				s.Spec.PodTemplate.Spec.Containers[0].EnvFrom = []corev1.EnvFromSource{{SecretRef: &corev1.SecretEnvSource{LocalObjectReference: corev1.LocalObjectReference{Name: "gitlab-runner-token"}}}}
+			}},
+			{"env from a Secret key", "may not read Secrets", func(s *sandboxv1beta1.Sandbox) {
+				s.Spec.PodTemplate.Spec.Containers[0].Env = append(s.Spec.PodTemplate.Spec.Containers[0].Env, corev1.EnvVar{Name: "T", ValueFrom: &corev1.EnvVarSource{
+					SecretKeyRef: &corev1.SecretKeySelector{LocalObjectReference: corev1.LocalObjectReference{Name: "gitlab-runner-token"}, Key: "runner-token"}}})
+			}},
+			{"privileged", "may not be privileged", func(s *sandboxv1beta1.Sandbox) {
+				s.Spec.PodTemplate.Spec.Containers[0].SecurityContext.Privileged = ptr.To(true)
+			}},
+			{"privilege escalation", "allowPrivilegeEscalation false", func(s *sandboxv1beta1.Sandbox) {
+				s.Spec.PodTemplate.Spec.Containers[0].SecurityContext.AllowPrivilegeEscalation = nil
+			}},
+			{"SYS_ADMIN added", "drop ALL capabilities", func(s *sandboxv1beta1.Sandbox) {
+				caps := s.Spec.PodTemplate.Spec.Containers[0].SecurityContext.Capabilities
+				caps.Add = append(caps.Add, "SYS_ADMIN")
+			}},
+			{"no capabilities dropped", "drop ALL capabilities", func(s *sandboxv1beta1.Sandbox) {
+				s.Spec.PodTemplate.Spec.Containers[0].SecurityContext.Capabilities.Drop = nil
+			}},
+			{"nodeName", "may not choose their node", func(s *sandboxv1beta1.Sandbox) { s.Spec.PodTemplate.Spec.NodeName = "control-plane" }},
+			{"tolerate everything", "may not choose their node", func(s *sandboxv1beta1.Sandbox) {
+				s.Spec.PodTemplate.Spec.Tolerations = []corev1.Toleration{{Operator: corev1.TolerationOpExists}}
+			}},
+			{"hostPort", "host ports", func(s *sandboxv1beta1.Sandbox) {
+				s.Spec.PodTemplate.Spec.Containers[0].Ports = []corev1.ContainerPort{{ContainerPort: 22, HostPort: 22}}
+			}},
+			{"hostNetwork", "share the node's network", func(s *sandboxv1beta1.Sandbox) { s.Spec.PodTemplate.Spec.HostNetwork = true }},
+			{"runc", "runtimeClassName", func(s *sandboxv1beta1.Sandbox) { s.Spec.PodTemplate.Spec.RuntimeClassName = ptr.To("runc") }},
+			{"a ServiceAccount token", "automountServiceAccountToken false", func(s *sandboxv1beta1.Sandbox) {
+				s.Spec.PodTemplate.Spec.AutomountServiceAccountToken = ptr.To(true)
+			}},
+			{"another ServiceAccount", "default ServiceAccount", func(s *sandboxv1beta1.Sandbox) { s.Spec.PodTemplate.Spec.ServiceAccountName = "duo-sandbox-executor" }},
+			{"a second container", "one job container", func(s *sandboxv1beta1.Sandbox) {
+				s.Spec.PodTemplate.Spec.Containers = append(s.Spec.PodTemplate.Spec.Containers, *s.Spec.PodTemplate.Spec.Containers[0].DeepCopy())
+			}},
+			{"an init container of another image", "init containers of the agent image only", func(s *sandboxv1beta1.Sandbox) {
+				s.Spec.PodTemplate.Spec.InitContainers[0].Image = "registry.example.com/evil:1"
+			}},
+			{"seccomp unconfined", "unconfined by seccomp", func(s *sandboxv1beta1.Sandbox) {
+				s.Spec.PodTemplate.Spec.SecurityContext.SeccompProfile = &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeUnconfined}
+			}},
+			{"a persistent volume claim", "persistent volumes", func(s *sandboxv1beta1.Sandbox) {
+				s.Spec.VolumeClaimTemplates = []sandboxv1beta1.PersistentVolumeClaimTemplate{{}}
+			}},
+			{"pod annotations", "may not annotate", func(s *sandboxv1beta1.Sandbox) {
+				s.Spec.PodTemplate.ObjectMeta.Annotations = map[string]string{"container.apparmor.security.beta.kubernetes.io/job": "unconfined"}
+			}},
+		} {
+			sbx := coldSandbox(tmpl)
+			tc.widen(sbx)
+			denied := admit(t, vap, sbx)
+			if !strings.Contains(strings.Join(denied, "\n"), tc.want) {
+				t.Errorf("nonRoot %t, %s: denied by %q; want a denial saying %q", nonRoot, tc.name, denied, tc.want)
+			}
+		}
+		if nonRoot {
+			sbx := coldSandbox(tmpl)
+			sbx.Spec.PodTemplate.Spec.SecurityContext.RunAsNonRoot = nil
+			if denied := admit(t, vap, sbx); !strings.Contains(strings.Join(denied, "\n"), "runAsNonRoot") {
+				t.Errorf("a root pod from a non-root cold template: denied by %q", denied)
+			}
+			sbx = coldSandbox(tmpl)
+			sbx.Spec.PodTemplate.Spec.Containers[0].SecurityContext.Capabilities.Add = []corev1.Capability{"CHOWN"}
+			if denied := admit(t, vap, sbx); len(denied) == 0 {
+				t.Error("a non-root cold template's pod adding CHOWN is admitted; its template adds none")
+			}
+		}
+	}
+}
