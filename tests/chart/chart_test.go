@@ -34,6 +34,7 @@ var valueSets = []struct {
 	{"another namespace", "ci", "ci-sandbox", ""},
 	{"egress proxy and cold starts", "duo", "duo-ci", `
 egressProxy: {enabled: true, allow: ["gitlab.example.com", "registry.npmjs.org:443"]}
+gitlab: {cidrs: [192.0.2.10/32]}
 coldStart: {enabled: true, template: duo-gvisor, images: ["registry.example.com/duo/tools/*:*"]}
 executor: {unknownImage: cold}
 images: {tag: v1.2.3}
@@ -92,6 +93,9 @@ func localValues() string {
 	}
 	return string(b) + "\nimages: {agent: sandbox-executor.local/sandbox-executor-agent:0123abcd}\n"
 }
+
+// egressAdminToken is where runner and proxy pods read the admin API's token (issue 26.6).
+const egressAdminToken = "/etc/sandbox-executor/egress-admin/token"
 
 var clusterScoped = []string{"Namespace", "RuntimeClass", "ClusterRole", "ClusterRoleBinding", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding", "APIService"}
 
@@ -300,6 +304,7 @@ func TestRunnerDeployment(t *testing.T) {
 func TestNetworkPoliciesSelectRunnersByLabel(t *testing.T) {
 	objs := helmchart.Render(t, "ci", "ci-sandbox", `
 egressProxy: {enabled: true}
+gitlab: {cidrs: [192.0.2.10/32]}
 templates:
   - {name: duo-gvisor, image: "registry.example.com/duo/ci:bookworm"}
   - {name: duo-proxied, image: "registry.example.com/duo/ci:bookworm", egress: proxied}
@@ -333,15 +338,28 @@ templates:
 	if !selects(np.Spec.Ingress[0].From[0].PodSelector.MatchLabels, proxied.Spec.PodTemplate.ObjectMeta.Labels) {
 		t.Errorf("the proxy does not admit the proxied template's pods")
 	}
-	var cfgMap corev1.ConfigMap
-	objs.Decode(t, "ConfigMap", "ci-sandbox-executor-egress-proxy", &cfgMap)
-	path := filepath.Join(t.TempDir(), "config.toml")
-	if err := os.WriteFile(path, []byte(cfgMap.Data["config.toml"]), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := egress.LoadConfig(path); err != nil {
+	if _, err := loadEgressConfig(t, objs, "ci-sandbox-executor-egress-proxy"); err != nil {
 		t.Errorf("the egress proxy's config does not load: %v", err)
 	}
+}
+
+// loadEgressConfig loads the proxy's rendered config as the proxy would, with its admin token
+// file (a Secret in the pod) moved to a file of this test.
+func loadEgressConfig(t *testing.T, objs *helmchart.Objects, name string) (*egress.Built, error) {
+	t.Helper()
+	var cfgMap corev1.ConfigMap
+	objs.Decode(t, "ConfigMap", name, &cfgMap)
+	dir := t.TempDir()
+	token := filepath.Join(dir, "token")
+	if err := os.WriteFile(token, []byte("a-token-of-at-least-16-characters"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(dir, "config.toml")
+	text := strings.ReplaceAll(cfgMap.Data["config.toml"], egressAdminToken, token)
+	if err := os.WriteFile(path, []byte(text), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return egress.LoadConfig(path)
 }
 
 // gc has its own ServiceAccount, which may list and delete claims (and with cold starts,
@@ -424,9 +442,9 @@ func TestNamespaceOnlyWhenAsked(t *testing.T) {
 func TestBadValuesAreRefused(t *testing.T) {
 	for _, tc := range []struct{ values, want string }{
 		{"executor: {unknownImage: cold}\n", "executor.unknownImage cold needs coldStart.enabled"},
-		{"runtimeClass: {create: false}\n", "runtimeClass.name is required when runtimeClass.create is false"},
+		{"runtimeClass: {create: false}\n", "runtimeClass.name is required when runtimeClass.create or clusterScoped.create is false"},
 		{"templates: [{name: t, image: x:1, egress: open}]\n", `templates[t].egress "open": use direct, proxied or none`},
-		{"templates: [{name: t}]\n", "templates[t].image is required"},
+		{"templates: [{name: duo-gvisor, egress: proxied}]\n", "templates[duo-gvisor].image is required"},
 		{"runner: {secret: \"\"}\n", "runner.secret: name the Secret holding key runner-token"},
 	} {
 		_, err := helmchart.Template(t, "sandbox-executor", "sandbox-executor", tc.values)
@@ -471,7 +489,11 @@ func executorConfig(t *testing.T, objs *helmchart.Objects, release string) *conf
 			extra = append(extra, l)
 		}
 	}
-	want := []string{`agent_binary = "/usr/local/bin/sandbox-executor-agent"`, `helper_binary = "/usr/bin/gitlab-runner-helper"`}
+	var want []string
+	if strings.Contains(cm.Data["config.toml"], "egress_admin_token_file") {
+		want = append(want, `egress_admin_token_file = "/etc/sandbox-executor/egress-admin/token"`)
+	}
+	want = append(want, `agent_binary = "/usr/local/bin/sandbox-executor-agent"`, `helper_binary = "/usr/bin/gitlab-runner-helper"`)
 	if strings.Contains(cm.Data["config.toml"], "stage_server") {
 		want = append(want, `stage_server = "/home/nonroot/.sandbox-executor/stages.sock"`)
 	}
