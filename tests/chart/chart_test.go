@@ -443,7 +443,7 @@ func TestBadValuesAreRefused(t *testing.T) {
 	for _, tc := range []struct{ values, want string }{
 		{"executor: {unknownImage: cold}\n", "executor.unknownImage cold needs coldStart.enabled"},
 		{"runtimeClass: {create: false}\n", "runtimeClass.name is required when runtimeClass.create or clusterScoped.create is false"},
-		{"templates: [{name: t, image: x:1, egress: open}]\n", `templates[t].egress "open": use direct, proxied or none`},
+		{"templates: [{name: t, image: x:1, egress: open}]\n", `at '/templates/0/egress': value must be one of 'direct', 'proxied', 'none'`},
 		{"templates: [{name: duo-gvisor, egress: proxied}]\n", "templates[duo-gvisor].image is required"},
 		{"runner: {secret: \"\"}\n", "runner.secret: name the Secret holding key runner-token"},
 	} {

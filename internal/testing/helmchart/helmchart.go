@@ -73,15 +73,17 @@ func Render(t testing.TB, release, namespace, values string) *Objects {
 	return objs
 }
 
-// Template runs helm template and returns its output, or an error with helm's message.
-func Template(t testing.TB, release, namespace, values string) ([]byte, error) {
+// Template runs helm template (with extra flags, if any) and returns its output, or an error
+// with helm's message.
+func Template(t testing.TB, release, namespace, values string, flags ...string) ([]byte, error) {
 	t.Helper()
 	file := filepath.Join(t.TempDir(), "values.yaml")
 	if err := os.WriteFile(file, []byte(values), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	var stderr bytes.Buffer
-	cmd := exec.Command(Helm(t), "template", release, Chart(t), "--namespace", namespace, "-f", file)
+	args := append([]string{"template", release, Chart(t), "--namespace", namespace, "-f", file}, flags...)
+	cmd := exec.Command(Helm(t), args...)
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
 	if err != nil {
@@ -147,4 +149,47 @@ func Grants(role *unstructured.Unstructured) []string {
 	}
 	slices.Sort(out)
 	return out
+}
+
+// Notes renders the chart's NOTES.txt, what helm install prints, for the values. helm template
+// skips NOTES.txt, so it renders a copy of the chart in which the notes are a named template and
+// a ConfigMap carries their text.
+func Notes(t testing.TB, release, namespace, values string) string {
+	t.Helper()
+	chart := filepath.Join(t.TempDir(), "sandbox-executor")
+	if err := os.CopyFS(chart, os.DirFS(Chart(t))); err != nil {
+		t.Fatal(err)
+	}
+	templates := filepath.Join(chart, "templates")
+	notes, err := os.ReadFile(filepath.Join(templates, "NOTES.txt"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, text := range map[string]string{
+		"NOTES.txt":  "",
+		"_notes.tpl": `{{- define "helmchart.notes" -}}` + string(notes) + `{{- end -}}`,
+		"notes.yaml": "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: helmchart-notes}\ndata:\n  notes: {{ include \"helmchart.notes\" . | toJson }}\n",
+	} {
+		if err := os.WriteFile(filepath.Join(templates, name), []byte(text), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	file := filepath.Join(t.TempDir(), "values.yaml")
+	if err := os.WriteFile(file, []byte(values), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var stderr bytes.Buffer
+	cmd := exec.Command(Helm(t), "template", release, chart, "--namespace", namespace, "-f", file, "--show-only", "templates/notes.yaml")
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("helm template of NOTES.txt: %s", strings.TrimSpace(stderr.String()))
+	}
+	var cm struct {
+		Data map[string]string `json:"data"`
+	}
+	if err := utilyaml.Unmarshal(out, &cm); err != nil {
+		t.Fatalf("the rendered NOTES.txt: %v", err)
+	}
+	return cm.Data["notes"]
 }

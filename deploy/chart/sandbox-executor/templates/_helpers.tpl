@@ -146,7 +146,7 @@ priorityClassName: {{ . | quote }}
       kubernetes.io/metadata.name: {{ .Values.dns.namespace }}
   podSelector:
     matchLabels:
-      {{- toYaml .Values.dns.podLabels | nindent 6 }}
+      {{- toYaml (.Values.dns.podLabels | default (dict "k8s-app" "kube-dns")) | nindent 6 }}
 {{- end -}}
 
 {{/* The egress proxy's admin token: a Secret with key token, the chart's unless the user names one. */}}
