@@ -511,7 +511,8 @@ type podSpec struct {
 	corev1.PodSpec
 }
 
-// ourPods are the pods running the project's own images (not job pods).
+// ourPods are the pods running the project's own images (not job pods): Deployments, CronJobs
+// and the agent CA's hook Job.
 func ourPods(t *testing.T, objs *helmchart.Objects) []podSpec {
 	var out []podSpec
 	for _, u := range objs.OfKind("Deployment") {
@@ -523,6 +524,11 @@ func ourPods(t *testing.T, objs *helmchart.Objects) []podSpec {
 		var cj batchv1.CronJob
 		objs.Decode(t, "CronJob", u.GetName(), &cj)
 		out = append(out, podSpec{cj.Name, cj.Spec.JobTemplate.Spec.Template.Spec})
+	}
+	for _, u := range objs.OfKind("Job") {
+		var job batchv1.Job
+		objs.Decode(t, "Job", u.GetName(), &job)
+		out = append(out, podSpec{job.Name, job.Spec.Template.Spec})
 	}
 	return out
 }

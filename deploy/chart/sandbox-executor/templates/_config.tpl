@@ -21,9 +21,11 @@ cold_images = {{ toJson $ctx.Values.coldStart.images }}
 {{- end }}
 runtime_classes = [{{ include "sandbox-executor.runtimeClassName" $ctx | quote }}]
 require_fence = {{ $ctx.Values.executor.requireFence }}
+{{- $proxiedPools := list }}
+{{- range $ctx.Values.pools }}{{ if has .template $proxied }}{{ $proxiedPools = append $proxiedPools .name }}{{ end }}{{ end }}
 {{- if .runner }}
-{{- if $ctx.Values.egressProxy.enabled }}
-# The egress proxy's admin API takes this bearer token (Secret {{ include "sandbox-executor.egressAdminSecret" $ctx }}).
+{{- if and $ctx.Values.egressProxy.enabled $proxiedPools }}
+# The egress proxy's admin API (grants and blocked attempts of proxied pools) takes this bearer token (Secret {{ include "sandbox-executor.egressAdminSecret" $ctx }}).
 egress_admin_token_file = {{ printf "%s/token" (include "sandbox-executor.egressAdminDir" $ctx) | quote }}
 {{- end }}
 # The runner image's binaries: the agent for templates that do not bake it in, the helper
