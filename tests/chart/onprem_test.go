@@ -333,6 +333,7 @@ func TestBadOnPremValuesAreRefused(t *testing.T) {
 		{"gitlab: {cidrs: [10.20.0.300/32]}\n", `gitlab.cidrs "10.20.0.300/32" is not a CIDR`},
 		{"templates: [{name: duo-gvisor, image: 'r.example/ci:1', egress: direct}]\n", "templates[duo-gvisor].egress direct needs gitlab.cidrs"},
 		{"egressProxy: {enabled: false}\n", "templates[duo-gvisor].egress proxied needs egressProxy.enabled"},
+		{"gitlab: {cidrs: [10.20.0.0/24]}\ntemplates: [{name: duo-gvisor, image: 'r.example/ci:1', egress: direct}]\n", "set jobDefaults.fence.allow (or the template's fence.allow) to the instance's address: gitlab.cidrs 10.20.0.0/24 is a range"},
 		{"coldStart: {enabled: true, template: nope}\n", `coldStart.template "nope": no templates[] entry has that name`},
 	} {
 		refused(t, tc.values, tc.want)
