@@ -11,8 +11,11 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	k8sruntime "k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
 
 	"github.com/sandbox-executor/sandbox-executor/agentca"
 	"github.com/sandbox-executor/sandbox-executor/failure"
@@ -115,5 +118,33 @@ func TestInitInClusterRefusesASecretWithoutACA(t *testing.T) {
 	err := tlsinit.RunInCluster(context.Background(), io.Discard, clients, kube.AgentCAObjects{Namespace: "ci", Secret: "agent-ca", ConfigMap: "agent-ca"}, tlsinit.Options{Validity: 48 * time.Hour})
 	if failure.KindOf(err) != failure.KindPermanent || !strings.Contains(err.Error(), "has no tls.crt and tls.key") {
 		t.Errorf("got %v; want a permanent error naming what the Secret lacks", err)
+	}
+}
+
+// Two hook Jobs at once (two upgrades racing): the one whose create loses keeps the winner's CA
+// and makes the ConfigMap from it, so job pods and runners agree.
+func TestInitInClusterLosingTheRaceKeepsTheWinnersCA(t *testing.T) {
+	ctx := context.Background()
+	client := fake.NewClientset()
+	winner, winnerKey, err := agentca.Generate("winner", 48*time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	client.PrependReactor("create", "secrets", func(action k8stesting.Action) (bool, k8sruntime.Object, error) {
+		secret := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "agent-ca", Namespace: "ci"}, Type: corev1.SecretTypeTLS,
+			Data: map[string][]byte{"tls.crt": winner, "tls.key": winnerKey}}
+		if err := client.Tracker().Add(secret); err != nil {
+			return true, nil, err
+		}
+		return true, nil, apierrors.NewAlreadyExists(corev1.Resource("secrets"), "agent-ca")
+	})
+	var out bytes.Buffer
+	at := kube.AgentCAObjects{Namespace: "ci", Secret: "agent-ca", ConfigMap: "agent-ca"}
+	if err := tlsinit.RunInCluster(ctx, &out, &kube.Clients{Kube: client}, at, tlsinit.Options{Validity: 48 * time.Hour}); err != nil {
+		t.Fatal(err)
+	}
+	cm, err := client.CoreV1().ConfigMaps("ci").Get(ctx, "agent-ca", metav1.GetOptions{})
+	if err != nil || cm.Data["ca.crt"] != string(winner) || !strings.Contains(out.String(), "kept") {
+		t.Errorf("after a lost race the ConfigMap holds another CA than the Secret (%v), or the run says %q", err, out.String())
 	}
 }
