@@ -1,0 +1,234 @@
+package netfence
+
+import (
+	"encoding/binary"
+	"net/netip"
+)
+
+// The IPv4 netfilter ABI (linux/netfilter_ipv4/ip_tables.h, linux/netfilter/x_tables.h) as laid
+// out on the 64-bit little-endian Linux the agent runs on (amd64, arm64). gVisor's netstack
+// parses the same structures (pkg/abi/linux/netfilter.go).
+const (
+	// struct ipt_replace: name[32], valid_hooks, num_entries, size, hook_entry[5],
+	// underflow[5], num_counters, then the user pointer to the old counters (8-aligned).
+	replaceSize                = 96
+	replaceValidHooksAt        = 32
+	replaceNumEntriesAt        = 36
+	replaceSizeAt              = 40
+	replaceHookEntryAt         = 44
+	replaceUnderflowAt         = 64
+	replaceNumCountersAt       = 84
+	replaceCountersPtrAt       = 88
+	countersSize               = 16 // struct xt_counters: pcnt, bcnt
+	tableNameSize              = 32
+	interfaceNameSize          = 16
+	getInfoSize                = 84 // struct ipt_getinfo: name[32], valid_hooks, hook_entry[5], underflow[5], num_entries, size
+	getInfoValidHooksAt        = 32
+	getInfoHookEntryAt         = 36
+	getInfoUnderflowAt         = 56
+	getInfoNumEntriesAt        = 76
+	getInfoSizeAt              = 80
+	entrySize                  = 112 // struct ipt_entry: ipt_ip (84), nfcache, target_offset, next_offset, comefrom, counters
+	entryTargetOffsetAt        = 88
+	entryNextOffsetAt          = 90
+	ipDstAt                    = 4
+	ipDstMaskAt                = 12
+	ipOutInterfaceAt           = 32
+	ipOutInterfaceMaskAt       = 64
+	ipProtoAt                  = 80
+	matchHeaderSize            = 32 // struct xt_entry_match: match_size, name[29], revision
+	portMatchSize              = matchHeaderSize + 16
+	targetHeaderSize           = 32 // struct xt_entry_target: target_size, name[29], revision
+	standardTargetSize         = 40 // xt_entry_target + int verdict, padded to 8
+	errorTargetSize            = 64 // xt_entry_target + char errorname[30], padded to 8
+	extensionNameAt            = 2  // the name in xt_entry_match and xt_entry_target
+	extensionDataAt            = 32 // a match's data, a standard target's verdict, an error's name
+	hookLocalIn                = 1  // NF_INET_LOCAL_IN
+	hookForward                = 2  // NF_INET_FORWARD
+	hookLocalOut               = 3  // NF_INET_LOCAL_OUT
+	numHooks                   = 5  // NF_INET_NUMHOOKS
+	filterValidHooks           = 1<<hookLocalIn | 1<<hookForward | 1<<hookLocalOut
+	verdictDrop          int32 = -1 // -NF_DROP - 1
+	verdictAccept        int32 = -2 // -NF_ACCEPT - 1
+)
+
+// Proto is an IP protocol number a rule matches; zero matches every protocol.
+type Proto uint8
+
+// The protocols a rule can name: gVisor's netstack has port matches for these two only.
+const (
+	TCP Proto = 6
+	UDP Proto = 17
+)
+
+func (p Proto) String() string {
+	switch p {
+	case TCP:
+		return "tcp"
+	case UDP:
+		return "udp"
+	}
+	return "any"
+}
+
+// Ports is an inclusive port range; the zero value is every port.
+type Ports struct{ First, Last uint16 }
+
+// Any reports whether r matches every port.
+func (r Ports) Any() bool { return r.First == 0 && (r.Last == 0 || r.Last == 65535) }
+
+// Rule is one ACCEPT rule of the OUTPUT chain. Its fields are all netstack can match: the output
+// interface, the destination, the protocol and its ports.
+type Rule struct {
+	OutInterface string       // "-o lo"; empty matches every interface
+	Dst          netip.Prefix // "-d"; the zero Prefix matches every destination
+	Proto        Proto        // "-p"; required by SrcPorts and DstPorts
+	SrcPorts     Ports        // "--sport"
+	DstPorts     Ports        // "--dport"
+}
+
+func (r Rule) hasPortMatch() bool { return !r.SrcPorts.Any() || !r.DstPorts.Any() }
+
+// Layout is where the filter table's chains begin and end inside its entries, as
+// IPT_SO_SET_REPLACE wants it and IPT_SO_GET_INFO reports it.
+type Layout struct {
+	HookEntry, Underflow [numHooks]uint32
+	NumEntries, Size     uint32
+}
+
+// SameChains reports whether l and o have the same entries and the same chains: the hooks a
+// filter table does not have are left out (Linux reads them back as 0xffffffff, written as 0).
+func (l Layout) SameChains(o Layout) bool {
+	for hook := range numHooks {
+		if filterValidHooks&(1<<hook) != 0 && (l.HookEntry[hook] != o.HookEntry[hook] || l.Underflow[hook] != o.Underflow[hook]) {
+			return false
+		}
+	}
+	return l.NumEntries == o.NumEntries && l.Size == o.Size
+}
+
+var le = binary.LittleEndian
+
+// FilterTable encodes the filter table iptables-restore would write for
+//
+//	*filter
+//	:INPUT ACCEPT
+//	:FORWARD ACCEPT
+//	:OUTPUT DROP
+//	-A OUTPUT <each of output> -j ACCEPT
+//	COMMIT
+//
+// and returns its entries and their layout. FORWARD accepts because netstack refuses a FORWARD
+// chain that is not one unconditional ACCEPT; the sandbox forwards nothing, so it holds nothing.
+func FilterTable(output []Rule) ([]byte, Layout) {
+	var (
+		buf    []byte
+		layout Layout
+	)
+	add := func(entry []byte) uint32 {
+		at := uint32(len(buf))
+		buf = append(buf, entry...)
+		layout.NumEntries++
+		return at
+	}
+	policy := func(hook int, verdict int32) {
+		at := add(entry(Rule{}, standardTarget(verdict)))
+		layout.HookEntry[hook], layout.Underflow[hook] = at, at
+	}
+	policy(hookLocalIn, verdictAccept)
+	policy(hookForward, verdictAccept)
+	layout.HookEntry[hookLocalOut] = uint32(len(buf))
+	for _, r := range output {
+		add(entry(r, standardTarget(verdictAccept)))
+	}
+	layout.Underflow[hookLocalOut] = add(entry(Rule{}, standardTarget(verdictDrop)))
+	add(entry(Rule{}, errorTarget("ERROR")))
+	layout.Size = uint32(len(buf))
+	return buf, layout
+}
+
+// ReplaceRequest is the IPT_SO_SET_REPLACE argument for the filter table: struct ipt_replace and
+// the entries. The pointer to the old counters (numCounters of them, what IPT_SO_GET_INFO
+// reported) is left zero for the caller to set.
+func ReplaceRequest(entries []byte, layout Layout, numCounters uint32) []byte {
+	req := make([]byte, replaceSize, replaceSize+len(entries))
+	copy(req, "filter")
+	le.PutUint32(req[replaceValidHooksAt:], filterValidHooks)
+	le.PutUint32(req[replaceNumEntriesAt:], layout.NumEntries)
+	le.PutUint32(req[replaceSizeAt:], layout.Size)
+	for hook := range numHooks {
+		le.PutUint32(req[replaceHookEntryAt+4*hook:], layout.HookEntry[hook])
+		le.PutUint32(req[replaceUnderflowAt+4*hook:], layout.Underflow[hook])
+	}
+	le.PutUint32(req[replaceNumCountersAt:], numCounters)
+	return append(req, entries...)
+}
+
+// entry encodes struct ipt_entry for r, its port match if any, and target.
+func entry(r Rule, target []byte) []byte {
+	e := make([]byte, entrySize, entrySize+portMatchSize+len(target))
+	if r.Dst.IsValid() {
+		dst := r.Dst.Addr().As4()
+		copy(e[ipDstAt:], dst[:])
+		copy(e[ipDstMaskAt:], prefixMask(r.Dst.Bits()))
+	}
+	if r.OutInterface != "" {
+		copy(e[ipOutInterfaceAt:interfaceNameSize+ipOutInterfaceAt], r.OutInterface)
+		// iptables masks the name and its terminating NUL: an exact match, not a prefix.
+		for i := range min(len(r.OutInterface)+1, interfaceNameSize) {
+			e[ipOutInterfaceMaskAt+i] = 0xff
+		}
+	}
+	le.PutUint16(e[ipProtoAt:], uint16(r.Proto))
+	if r.hasPortMatch() {
+		e = append(e, portMatch(r)...)
+	}
+	le.PutUint16(e[entryTargetOffsetAt:], uint16(len(e)))
+	e = append(e, target...)
+	le.PutUint16(e[entryNextOffsetAt:], uint16(len(e)))
+	return e
+}
+
+// prefixMask is the network-order netmask of an IPv4 prefix of bits bits.
+func prefixMask(bits int) []byte {
+	var m [4]byte
+	be := binary.BigEndian
+	if bits > 0 {
+		be.PutUint32(m[:], ^uint32(0)<<(32-bits))
+	}
+	return m[:]
+}
+
+// portMatch encodes the "tcp" or "udp" match (xt_tcp, xt_udp: source then destination range,
+// host order; no flags, options or inversions, which netstack refuses).
+func portMatch(r Rule) []byte {
+	m := make([]byte, portMatchSize)
+	le.PutUint16(m, portMatchSize)
+	copy(m[extensionNameAt:], r.Proto.String())
+	for i, ports := range []Ports{r.SrcPorts, r.DstPorts} {
+		first, last := ports.First, ports.Last
+		if ports.Any() {
+			first, last = 0, 65535
+		}
+		le.PutUint16(m[extensionDataAt+4*i:], first)
+		le.PutUint16(m[extensionDataAt+4*i+2:], last)
+	}
+	return m
+}
+
+// standardTarget encodes xt_standard_target: the empty name and a verdict.
+func standardTarget(verdict int32) []byte {
+	t := make([]byte, standardTargetSize)
+	le.PutUint16(t, standardTargetSize)
+	le.PutUint32(t[extensionDataAt:], uint32(verdict))
+	return t
+}
+
+// errorTarget encodes xt_error_target, which ends a table (and would start a user chain).
+func errorTarget(name string) []byte {
+	t := make([]byte, errorTargetSize)
+	le.PutUint16(t, errorTargetSize)
+	copy(t[extensionNameAt:], "ERROR")
+	copy(t[extensionDataAt:], name)
+	return t
+}
