@@ -22,7 +22,7 @@ const (
 func Apply(output []Rule) error {
 	fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_RAW, syscall.IPPROTO_RAW)
 	if err != nil {
-		return fmt.Errorf("can't initialize iptables table `filter': raw socket: %v: %s", err, fixCapabilities)
+		return fmt.Errorf("can't initialize iptables table `filter': raw socket: %w: %s", err, fixCapabilities)
 	}
 	defer syscall.Close(fd)
 	old, err := tableInfo(fd)
@@ -38,7 +38,7 @@ func Apply(output []Rule) error {
 	defer pinner.Unpin()
 	le.PutUint64(req[replaceCountersPtrAt:], uint64(uintptr(unsafe.Pointer(&counters[0]))))
 	if err := setsockopt(fd, iptSoSetReplace, req); err != nil {
-		return fmt.Errorf("can't replace iptables table `filter': %v: %s", err, fixCapabilities)
+		return fmt.Errorf("can't replace iptables table `filter': %w: %s", err, fixCapabilities)
 	}
 	now, err := tableInfo(fd)
 	if err != nil {
@@ -55,7 +55,7 @@ func tableInfo(fd int) (Layout, error) {
 	info := make([]byte, getInfoSize)
 	copy(info, "filter")
 	if err := getsockopt(fd, iptSoGetInfo, info); err != nil {
-		return Layout{}, fmt.Errorf("can't initialize iptables table `filter': %v: %s", err, fixCapabilities)
+		return Layout{}, fmt.Errorf("can't initialize iptables table `filter': %w: %s", err, fixCapabilities)
 	}
 	if hooks := le.Uint32(info[getInfoValidHooksAt:]); hooks != filterValidHooks {
 		return Layout{}, fmt.Errorf("the filter table has hooks %#x, not INPUT, FORWARD and OUTPUT (%#x): this runtime's netfilter is not one netfence knows; set the chart's jobDefaults.netstackFence=false", hooks, filterValidHooks)

@@ -1,0 +1,134 @@
+package netfence
+
+import (
+	"bytes"
+	"encoding/hex"
+	"flag"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"testing"
+)
+
+var update = flag.Bool("update", false, "rewrite testdata/*.golden")
+
+// goldenRules: loopback, the agent's replies and one destination.
+func goldenRules() []Rule {
+	return OutputRules([]Rule{{Dst: netip.MustParsePrefix("10.1.0.0/16"), Proto: TCP, DstPorts: Ports{443, 443}}})
+}
+
+func TestFilterTableLayout(t *testing.T) {
+	entries, layout := FilterTable(goldenRules())
+	// INPUT policy 152, FORWARD policy 152, OUTPUT: -o lo 152, two --sport 200 each, -d 200,
+	// the DROP policy 152, then the ERROR entry 176.
+	want := Layout{
+		HookEntry:  [numHooks]uint32{hookLocalIn: 0, hookForward: 152, hookLocalOut: 304},
+		Underflow:  [numHooks]uint32{hookLocalIn: 0, hookForward: 152, hookLocalOut: 1056},
+		NumEntries: 8,
+		Size:       1384,
+	}
+	if layout != want {
+		t.Fatalf("layout = %+v, want %+v", layout, want)
+	}
+	if len(entries) != int(want.Size) {
+		t.Fatalf("%d bytes of entries, layout says %d", len(entries), want.Size)
+	}
+	type offsets struct{ at, target, next int }
+	var got []offsets
+	for at := 0; at < len(entries); {
+		e := entries[at:]
+		o := offsets{at, int(le.Uint16(e[entryTargetOffsetAt:])), int(le.Uint16(e[entryNextOffsetAt:]))}
+		if at%8 != 0 || o.target%8 != 0 || o.next%8 != 0 {
+			t.Errorf("entry at %d is not 8-byte aligned: %+v", at, o)
+		}
+		got = append(got, o)
+		at += o.next
+	}
+	wantOffsets := []offsets{{0, 112, 152}, {152, 112, 152}, {304, 112, 152}, {456, 160, 200}, {656, 160, 200}, {856, 160, 200}, {1056, 112, 152}, {1208, 112, 176}}
+	if len(got) != len(wantOffsets) {
+		t.Fatalf("entries = %+v, want %+v", got, wantOffsets)
+	}
+	for i := range got {
+		if got[i] != wantOffsets[i] {
+			t.Errorf("entry %d = %+v, want %+v", i, got[i], wantOffsets[i])
+		}
+	}
+
+	verdict := func(at int) int32 { return int32(le.Uint32(entries[at+extensionDataAt:])) }
+	for _, at := range []int{0 + 112, 152 + 112, 304 + 112, 456 + 160, 656 + 160, 856 + 160} {
+		if v := verdict(at); v != verdictAccept {
+			t.Errorf("verdict at %d = %d, want ACCEPT (%d)", at, v, verdictAccept)
+		}
+	}
+	if v := verdict(1056 + 112); v != verdictDrop {
+		t.Errorf("OUTPUT policy verdict = %d, want DROP (%d)", v, verdictDrop)
+	}
+
+	lo := entries[304:]
+	if name, mask := lo[ipOutInterfaceAt:ipOutInterfaceAt+4], lo[ipOutInterfaceMaskAt:ipOutInterfaceMaskAt+4]; !bytes.Equal(name, []byte("lo\x00\x00")) || !bytes.Equal(mask, []byte{0xff, 0xff, 0xff, 0}) {
+		t.Errorf("-o lo: name % x, mask % x", name, mask)
+	}
+	sport := entries[456:]
+	if proto := le.Uint16(sport[ipProtoAt:]); proto != uint16(TCP) {
+		t.Errorf("--sport rule protocol %d, want tcp", proto)
+	}
+	match := sport[entrySize:]
+	if size, name := le.Uint16(match), string(match[extensionNameAt:extensionNameAt+4]); size != portMatchSize || name != "tcp\x00" {
+		t.Errorf("--sport match: size %d name %q", size, name)
+	}
+	if ports := match[extensionDataAt : extensionDataAt+8]; !bytes.Equal(ports, []byte{0x77, 0x1d, 0x77, 0x1d, 0, 0, 0xff, 0xff}) {
+		t.Errorf("--sport 7543 ports % x", ports)
+	}
+	dst := entries[856:]
+	if addr, mask := dst[ipDstAt:ipDstAt+4], dst[ipDstMaskAt:ipDstMaskAt+4]; !bytes.Equal(addr, []byte{10, 1, 0, 0}) || !bytes.Equal(mask, []byte{255, 255, 0, 0}) {
+		t.Errorf("-d 10.1.0.0/16: address % x, mask % x", addr, mask)
+	}
+	if ports := dst[entrySize+extensionDataAt : entrySize+extensionDataAt+8]; !bytes.Equal(ports, []byte{0, 0, 0xff, 0xff, 0xbb, 1, 0xbb, 1}) {
+		t.Errorf("--dport 443 ports % x", ports)
+	}
+	errorEntry := entries[1208+112:]
+	if size, name, errName := le.Uint16(errorEntry), string(errorEntry[extensionNameAt:extensionNameAt+6]), string(errorEntry[extensionDataAt:extensionDataAt+6]); size != errorTargetSize || name != "ERROR\x00" || errName != "ERROR\x00" {
+		t.Errorf("last entry: target size %d, name %q, error %q", size, name, errName)
+	}
+}
+
+func TestReplaceRequestGolden(t *testing.T) {
+	entries, layout := FilterTable(goldenRules())
+	req := ReplaceRequest(entries, layout, 3)
+	if got := le.Uint32(req[replaceValidHooksAt:]); got != 0b01110 {
+		t.Errorf("valid_hooks = %#x, want INPUT|FORWARD|OUTPUT", got)
+	}
+	if got := le.Uint32(req[replaceNumCountersAt:]); got != 3 {
+		t.Errorf("num_counters = %d, want the old table's 3 entries", got)
+	}
+	if !bytes.Equal(req[replaceSize:], entries) {
+		t.Error("the entries do not follow struct ipt_replace")
+	}
+	golden := filepath.Join("testdata", "replace.golden")
+	dump := []byte(hex.Dump(req))
+	if *update {
+		if err := os.WriteFile(golden, dump, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want, err := os.ReadFile(golden)
+	if err != nil {
+		t.Fatalf("%v (go test ./agent/netfence/ -run Golden -update writes it)", err)
+	}
+	if !bytes.Equal(dump, want) {
+		t.Errorf("IPT_SO_SET_REPLACE request differs from %s:\n%s", golden, dump)
+	}
+}
+
+func TestLayoutSameChainsIgnoresHooksTheFilterTableLacks(t *testing.T) {
+	_, written := FilterTable(goldenRules())
+	readBack := written
+	readBack.HookEntry[0], readBack.Underflow[4] = 0xffffffff, 0xffffffff
+	if !written.SameChains(readBack) {
+		t.Error("PREROUTING and POSTROUTING differ only: the same chains")
+	}
+	readBack.Underflow[hookLocalOut] += 8
+	if written.SameChains(readBack) {
+		t.Error("a moved OUTPUT policy is not the same chains")
+	}
+}
