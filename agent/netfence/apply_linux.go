@@ -3,33 +3,45 @@
 package netfence
 
 import (
+	"errors"
 	"fmt"
 	"runtime"
 	"syscall"
 	"unsafe"
 )
 
-// The socket options of ip_tables (linux/netfilter_ipv4/ip_tables.h), at level SOL_IP.
-const (
-	iptSoSetReplace = 64 // IPT_SO_SET_REPLACE
-	iptSoGetInfo    = 64 // IPT_SO_GET_INFO
-)
+// Apply replaces the IPv4 and the IPv6 filter tables of the calling thread's network namespace
+// with FilterTable(output) of each family, and returns the families it fenced. IPv6 is left
+// out only when the sandbox has no IPv6 at all (no IPv6 raw socket: EAFNOSUPPORT).
+func Apply(output []Rule) ([]string, error) {
+	var fenced []string
+	for _, f := range []family{ipv4, ipv6} {
+		err := f.apply(output)
+		if f.name == ipv6.name && errors.Is(err, syscall.EAFNOSUPPORT) {
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		fenced = append(fenced, f.name)
+	}
+	return fenced, nil
+}
 
-// Apply replaces the IPv4 filter table of the calling thread's network namespace with
-// FilterTable(output), as iptables-restore does: IPT_SO_GET_INFO for the current table (its
-// entry count is how many old counters the kernel hands back), then IPT_SO_SET_REPLACE, then
-// IPT_SO_GET_INFO again to check the table in place is the one written.
-func Apply(output []Rule) error {
-	fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_RAW, syscall.IPPROTO_RAW)
+// apply writes f's filter table as iptables-restore does: IPT_SO_GET_INFO for the current
+// table (its entry count is how many old counters the kernel hands back), then
+// IPT_SO_SET_REPLACE, then IPT_SO_GET_INFO again to check the table in place is the one written.
+func (f family) apply(output []Rule) error {
+	fd, err := syscall.Socket(f.domain, syscall.SOCK_RAW, syscall.IPPROTO_RAW)
 	if err != nil {
-		return fmt.Errorf("can't initialize iptables table `filter': raw socket: %w: %s", err, fixCapabilities)
+		return fmt.Errorf("can't initialize %s table `filter': raw socket: %w: %s", f.tool, err, fixCapabilities)
 	}
 	defer syscall.Close(fd)
-	old, err := tableInfo(fd)
+	old, err := f.tableInfo(fd)
 	if err != nil {
 		return err
 	}
-	entries, layout := FilterTable(output)
+	entries, layout := f.FilterTable(output)
 	req := ReplaceRequest(entries, layout, old.NumEntries)
 	counters := make([]byte, countersSize*max(old.NumEntries, 1))
 	// The kernel writes the old counters through this pointer during the call: pin them.
@@ -37,28 +49,28 @@ func Apply(output []Rule) error {
 	pinner.Pin(&counters[0])
 	defer pinner.Unpin()
 	le.PutUint64(req[replaceCountersPtrAt:], uint64(uintptr(unsafe.Pointer(&counters[0]))))
-	if err := setsockopt(fd, iptSoSetReplace, req); err != nil {
-		return fmt.Errorf("can't replace iptables table `filter': %w: %s", err, fixCapabilities)
+	if err := f.setsockopt(fd, req); err != nil {
+		return fmt.Errorf("can't replace %s table `filter': %w: %s", f.tool, err, fixCapabilities)
 	}
-	now, err := tableInfo(fd)
+	now, err := f.tableInfo(fd)
 	if err != nil {
 		return err
 	}
 	if !now.SameChains(layout) {
-		return fmt.Errorf("the filter table read back (%d entries, %d bytes) is not the one written (%d entries, %d bytes): this runtime's netfilter does not keep the fence; set the chart's jobDefaults.netstackFence=false", now.NumEntries, now.Size, layout.NumEntries, layout.Size)
+		return fmt.Errorf("the %s filter table read back (%d entries, %d bytes) is not the one written (%d entries, %d bytes): this runtime's netfilter does not keep the fence; set the chart's jobDefaults.netstackFence=false", f.name, now.NumEntries, now.Size, layout.NumEntries, layout.Size)
 	}
 	return nil
 }
 
-// tableInfo reads the filter table's layout (IPT_SO_GET_INFO).
-func tableInfo(fd int) (Layout, error) {
+// tableInfo reads the layout of f's filter table (IPT_SO_GET_INFO).
+func (f family) tableInfo(fd int) (Layout, error) {
 	info := make([]byte, getInfoSize)
 	copy(info, "filter")
-	if err := getsockopt(fd, iptSoGetInfo, info); err != nil {
-		return Layout{}, fmt.Errorf("can't initialize iptables table `filter': %w: %s", err, fixCapabilities)
+	if err := f.getsockopt(fd, info); err != nil {
+		return Layout{}, fmt.Errorf("can't initialize %s table `filter': %w: %s", f.tool, err, fixCapabilities)
 	}
 	if hooks := le.Uint32(info[getInfoValidHooksAt:]); hooks != filterValidHooks {
-		return Layout{}, fmt.Errorf("the filter table has hooks %#x, not INPUT, FORWARD and OUTPUT (%#x): this runtime's netfilter is not one netfence knows; set the chart's jobDefaults.netstackFence=false", hooks, filterValidHooks)
+		return Layout{}, fmt.Errorf("the %s filter table has hooks %#x, not INPUT, FORWARD and OUTPUT (%#x): this runtime's netfilter is not one netfence knows; set the chart's jobDefaults.netstackFence=false", f.name, hooks, filterValidHooks)
 	}
 	var l Layout
 	for hook := range numHooks {
@@ -70,15 +82,16 @@ func tableInfo(fd int) (Layout, error) {
 	return l, nil
 }
 
-// getsockopt and setsockopt at level SOL_IP: the syscall package has no wrapper for a buffer.
-func getsockopt(fd, opt int, buf []byte) error {
+// getsockopt and setsockopt of f's table option (the syscall package has no wrapper for a
+// buffer).
+func (f family) getsockopt(fd int, buf []byte) error {
 	size := uint32(len(buf))
-	_, _, errno := syscall.Syscall6(syscall.SYS_GETSOCKOPT, uintptr(fd), syscall.SOL_IP, uintptr(opt), uintptr(unsafe.Pointer(&buf[0])), uintptr(unsafe.Pointer(&size)), 0)
+	_, _, errno := syscall.Syscall6(syscall.SYS_GETSOCKOPT, uintptr(fd), uintptr(f.level), uintptr(f.opt), uintptr(unsafe.Pointer(&buf[0])), uintptr(unsafe.Pointer(&size)), 0)
 	return errnoError(errno)
 }
 
-func setsockopt(fd, opt int, buf []byte) error {
-	_, _, errno := syscall.Syscall6(syscall.SYS_SETSOCKOPT, uintptr(fd), syscall.SOL_IP, uintptr(opt), uintptr(unsafe.Pointer(&buf[0])), uintptr(len(buf)), 0)
+func (f family) setsockopt(fd int, buf []byte) error {
+	_, _, errno := syscall.Syscall6(syscall.SYS_SETSOCKOPT, uintptr(fd), uintptr(f.level), uintptr(f.opt), uintptr(unsafe.Pointer(&buf[0])), uintptr(len(buf)), 0)
 	return errnoError(errno)
 }
 

@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"regexp"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -73,7 +74,7 @@ func (ns *netns) listen(t *testing.T, addr string) {
 	t.Helper()
 	var l net.Listener
 	var err error
-	ns.do(func() { l, err = net.Listen("tcp4", addr) })
+	ns.do(func() { l, err = net.Listen("tcp", addr) })
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -93,7 +94,7 @@ func (ns *netns) listen(t *testing.T, addr string) {
 func (ns *netns) connects(addr string, timeout time.Duration) (err error) {
 	ns.do(func() {
 		var c net.Conn
-		if c, err = net.DialTimeout("tcp4", addr, timeout); err == nil {
+		if c, err = net.DialTimeout("tcp", addr, timeout); err == nil {
 			c.Close()
 		}
 	})
@@ -101,62 +102,65 @@ func (ns *netns) connects(addr string, timeout time.Duration) (err error) {
 }
 
 // TestApplyFencesANetworkNamespace writes the fence into a fresh network namespace of the real
-// kernel, joined by a veth pair to a peer namespace: iptables-legacy-save must show exactly the
-// rules, an allowed destination must connect, others must not, and only the agent's ports may
-// answer connections from outside.
+// kernel, joined by a veth pair to a peer namespace: iptables-legacy-save and
+// ip6tables-legacy-save must show exactly the rules, allowed destinations must connect, others
+// must not, and only the agent's ports may answer connections from outside, on IPv4 and IPv6.
 func TestApplyFencesANetworkNamespace(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("not root: this test makes network namespaces and writes netfilter tables in them")
 	}
-	save, err := exec.LookPath("iptables-legacy-save")
-	if err != nil {
-		t.Fatalf("iptables-legacy-save: %v (install iptables: it reads the table back)", err)
+	for _, tool := range []string{"iptables-legacy-save", "ip6tables-legacy-save"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			t.Fatalf("%s: %v (install iptables: it reads the tables back)", tool, err)
+		}
 	}
 	fenced, peer := newNetns(t), newNetns(t)
 	fenced.sh(t,
 		"ip link set lo up",
 		"ip link add fence0 type veth peer name peer0 netns "+strconv.Itoa(peer.tid),
 		"ip addr add 10.201.0.1/24 dev fence0",
+		"ip addr add fd00:201::1/64 dev fence0 nodad",
 		"ip link set fence0 up")
 	peer.sh(t,
 		"ip link set lo up",
 		"ip addr add 10.201.0.2/24 dev peer0",
 		"ip addr add 10.201.0.3/24 dev peer0",
+		"ip addr add fd00:201::2/64 dev peer0 nodad",
+		"ip addr add fd00:201::3/64 dev peer0 nodad",
 		"ip link set peer0 up")
-	peer.listen(t, "0.0.0.0:8443")
-	peer.listen(t, "0.0.0.0:8444")
-	fenced.listen(t, "127.0.0.1:9000")
-	fenced.listen(t, "0.0.0.0:"+strconv.Itoa(int(AgentReplyPorts[0])))
-	fenced.listen(t, "0.0.0.0:9001")
+	peer.listen(t, ":8443")
+	peer.listen(t, ":8444")
+	fenced.listen(t, ":9000")
+	fenced.listen(t, ":"+strconv.Itoa(int(AgentReplyPorts[0])))
+	fenced.listen(t, ":9001")
 
-	unfenced := []string{"10.201.0.2:8443", "10.201.0.3:8443", "10.201.0.2:8444", "127.0.0.1:9000"}
+	allowedAddrs := []string{"10.201.0.2:8443", "[fd00:201::2]:8443", "127.0.0.1:9000", "[::1]:9000"}
+	deniedAddrs := []string{"10.201.0.3:8443", "10.201.0.2:8444", "[fd00:201::3]:8443", "[fd00:201::2]:8444"}
+	unfenced := append(slices.Clone(allowedAddrs), deniedAddrs...)
 	for _, addr := range unfenced {
 		if err := fenced.connects(addr, 5*time.Second); err != nil {
 			t.Fatalf("before the fence, %s: %v (the namespaces' network is not up)", addr, err)
 		}
 	}
 
-	allowed := Rule{Dst: netip.MustParsePrefix("10.201.0.2/32"), Proto: TCP, DstPorts: Ports{8443, 8443}}
-	fenced.do(func() { err = Apply(OutputRules([]Rule{allowed})) })
+	allowed := []Rule{
+		{Dst: netip.MustParsePrefix("10.201.0.2/32"), Proto: TCP, DstPorts: Ports{8443, 8443}},
+		{Dst: netip.MustParsePrefix("fd00:201::2/128"), Proto: TCP, DstPorts: Ports{8443, 8443}},
+	}
+	var families []string
+	var err error
+	fenced.do(func() { families, err = Apply(OutputRules(allowed)) })
 	if errors.Is(err, syscall.ENOPROTOOPT) || errors.Is(err, syscall.ENOENT) || errors.Is(err, syscall.EAFNOSUPPORT) {
 		t.Skipf("this kernel cannot load ip_tables' filter table: %v", err)
 	}
 	if err != nil {
 		t.Fatal(err)
 	}
+	if strings.Join(families, " ") != "IPv4 IPv6" {
+		t.Errorf("Apply fenced %q, want IPv4 and IPv6", families)
+	}
 
-	var out []byte
-	fenced.do(func() { out, err = exec.Command(save, "-t", "filter").Output() })
-	if err != nil {
-		t.Fatalf("iptables-legacy-save: %v", err)
-	}
-	var got []string
-	for _, line := range strings.Split(string(out), "\n") {
-		if line != "" && !strings.HasPrefix(line, "#") {
-			got = append(got, regexp.MustCompile(`\[\d+:\d+\]$`).ReplaceAllString(line, "[0:0]"))
-		}
-	}
-	want := []string{
+	head := []string{
 		"*filter",
 		":INPUT ACCEPT [0:0]",
 		":FORWARD ACCEPT [0:0]",
@@ -164,29 +168,56 @@ func TestApplyFencesANetworkNamespace(t *testing.T) {
 		"-A OUTPUT -o lo -j ACCEPT",
 		"-A OUTPUT -p tcp -m tcp --sport 7543 -j ACCEPT",
 		"-A OUTPUT -p tcp -m tcp --sport 7544 -j ACCEPT",
+	}
+	fenced.checkSave(t, "iptables-legacy-save", append(slices.Clone(head),
 		"-A OUTPUT -d 10.201.0.2/32 -p tcp -m tcp --dport 8443 -j ACCEPT",
-		"COMMIT",
-	}
-	if strings.Join(got, "\n") != strings.Join(want, "\n") {
-		t.Errorf("iptables-legacy-save in the fenced namespace:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
-	}
+		"COMMIT"))
+	fenced.checkSave(t, "ip6tables-legacy-save", append(slices.Clone(head),
+		"-A OUTPUT -d fd00:201::2/128 -p tcp -m tcp --dport 8443 -j ACCEPT",
+		"-A OUTPUT -d fe80::/10 -p ipv6-icmp -j ACCEPT",
+		"-A OUTPUT -d ff02::/16 -p ipv6-icmp -j ACCEPT",
+		"COMMIT"))
 
-	for _, addr := range []string{"10.201.0.2:8443", "127.0.0.1:9000"} {
+	for _, addr := range allowedAddrs {
 		if err := fenced.connects(addr, 5*time.Second); err != nil {
 			t.Errorf("allowed %s: %v", addr, err)
 		}
 	}
-	for _, addr := range []string{"10.201.0.3:8443", "10.201.0.2:8444"} {
+	for _, addr := range deniedAddrs {
 		if err := fenced.connects(addr, time.Second); err == nil {
 			t.Errorf("denied %s connected", addr)
 		}
 	}
 	// From outside, the agent's port answers (its replies are allowed); any other port's
 	// replies are dropped, so its connect times out.
-	if err := peer.connects("10.201.0.1:"+strconv.Itoa(int(AgentReplyPorts[0])), 5*time.Second); err != nil {
-		t.Errorf("the agent's port from the peer: %v", err)
+	for _, host := range []string{"10.201.0.1", "fd00:201::1"} {
+		if err := peer.connects(net.JoinHostPort(host, strconv.Itoa(int(AgentReplyPorts[0]))), 5*time.Second); err != nil {
+			t.Errorf("the agent's port from the peer, %s: %v", host, err)
+		}
+		if err := peer.connects(net.JoinHostPort(host, "9001"), time.Second); err == nil {
+			t.Errorf("another port of the fenced namespace answered the peer, %s", host)
+		}
 	}
-	if err := peer.connects("10.201.0.1:9001", time.Second); err == nil {
-		t.Error("another port of the fenced namespace answered the peer")
+}
+
+// checkSave runs an iptables-save in the namespace and compares its filter table with want,
+// counters aside.
+func (ns *netns) checkSave(t *testing.T, save string, want []string) {
+	t.Helper()
+	var out []byte
+	var err error
+	ns.do(func() { out, err = exec.Command(save, "-t", "filter").Output() })
+	if err != nil {
+		t.Fatalf("%s: %v", save, err)
+	}
+	counters := regexp.MustCompile(`\[\d+:\d+\]$`)
+	var got []string
+	for _, line := range strings.Split(string(out), "\n") {
+		if line != "" && !strings.HasPrefix(line, "#") {
+			got = append(got, counters.ReplaceAllString(line, "[0:0]"))
+		}
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("%s in the fenced namespace:\n%s\nwant:\n%s", save, strings.Join(got, "\n"), strings.Join(want, "\n"))
 	}
 }

@@ -30,20 +30,18 @@ import (
 // Usage is the verb's help.
 const Usage = `usage: sandbox-executor-agent netfence [--allow CIDR:PORT[-PORT][/tcp|/udp]]... [--allow-host HOST:PORT[-PORT][/tcp|/udp]]... [--allow-dns]
 
-Replaces the sandbox's IPv4 filter table: INPUT and FORWARD accept; OUTPUT accepts loopback,
-the replies of the agent's servers (tcp source ports 7543 and 7544), and the destinations
-allowed below, and drops everything else. Run it as root with CAP_NET_ADMIN and CAP_NET_RAW
-in an init container of a gVisor pod whose runsc has net-raw = true.
+Replaces the sandbox's IPv4 and IPv6 filter tables: INPUT and FORWARD accept; OUTPUT accepts
+loopback, the replies of the agent's servers (tcp source ports 7543 and 7544), and the
+destinations allowed below, and drops everything else. Run it as root with CAP_NET_ADMIN and
+CAP_NET_RAW in an init container of a gVisor pod whose runsc has net-raw = true.
 
-  --allow CIDR:PORT[-PORT][/tcp|/udp]   a destination network and port range (tcp when no
-                                        protocol is named); repeat for more
+  --allow CIDR:PORT[-PORT][/tcp|/udp]   a destination network (or address; [ADDR] for IPv6)
+                                        and port range, tcp when no protocol is named;
+                                        repeat for more
   --allow-host HOST:PORT[-PORT][/tcp|/udp]
-                                        every IPv4 address HOST resolves to now, through the
-                                        pod's resolver; an unresolvable HOST fails
+                                        every address HOST resolves to now, through the pod's
+                                        resolver; an unresolvable HOST fails
   --allow-dns                           udp and tcp port 53 to each nameserver of /etc/resolv.conf
-
-It refuses to run when an interface has an IPv6 address beyond loopback and link-local: it
-fences IPv4 only.
 `
 
 // resolvConf is where --allow-dns reads the pod's nameservers.
@@ -90,9 +88,6 @@ func Command(args []string, stdout io.Writer) error {
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected argument %q (see netfence -h)", fs.Arg(0))
 	}
-	if err := refuseGlobalIPv6(); err != nil {
-		return err
-	}
 	if allowDNS {
 		servers, err := readNameservers(resolvConf)
 		if err != nil {
@@ -110,15 +105,24 @@ func Command(args []string, stdout io.Writer) error {
 		allows = append(allows, resolved...)
 	}
 	output := OutputRules(allows)
-	if err := Apply(output); err != nil {
+	families, err := Apply(output)
+	if err != nil {
 		return err
 	}
-	_, err := fmt.Fprintln(stdout, Describe(output))
+	_, err = fmt.Fprintln(stdout, Describe(families, output))
 	return err
 }
 
+// neighborDiscovery lets IPv6 find its neighbours: ICMPv6 to link-local addresses (answers)
+// and to link-local multicast (solicitations). netstack cannot match ICMPv6 types, so these
+// are written only when an IPv6 destination is allowed: without them none could be reached.
+var neighborDiscovery = []Rule{
+	{Dst: netip.MustParsePrefix("fe80::/10"), Proto: ICMPv6},
+	{Dst: netip.MustParsePrefix("ff02::/16"), Proto: ICMPv6},
+}
+
 // OutputRules is the OUTPUT chain before its DROP policy: loopback, the agent's replies, then
-// allows in order, each once.
+// allows in order, each once, and neighbour discovery if any allowed destination is IPv6.
 func OutputRules(allows []Rule) []Rule {
 	rules := []Rule{{OutInterface: "lo"}}
 	for _, port := range AgentReplyPorts {
@@ -129,16 +133,19 @@ func OutputRules(allows []Rule) []Rule {
 			rules = append(rules, r)
 		}
 	}
+	if slices.ContainsFunc(allows, func(r Rule) bool { return r.Dst.Addr().Is6() }) {
+		rules = append(rules, neighborDiscovery...)
+	}
 	return rules
 }
 
-// Describe is the success line: every rule OUTPUT accepts, in order.
-func Describe(output []Rule) string {
+// Describe is the success line: the families fenced and every rule OUTPUT accepts, in order.
+func Describe(families []string, output []Rule) string {
 	parts := make([]string, len(output))
 	for i, r := range output {
 		parts[i] = r.String()
 	}
-	return "netfence: IPv4 egress allowed only to " + strings.Join(parts, ", ") + "; everything else is dropped"
+	return "netfence: " + strings.Join(families, " and ") + " egress allowed only to " + strings.Join(parts, ", ") + "; everything else is dropped"
 }
 
 func (r Rule) String() string {
@@ -168,27 +175,44 @@ func (r Ports) String() string {
 	return fmt.Sprintf("%d-%d", r.First, r.Last)
 }
 
-// ParseAllow parses --allow's CIDR:PORT[-PORT][/tcp|/udp]; a bare address is a /32.
+// ParseAllow parses --allow's CIDR:PORT[-PORT][/tcp|/udp]. A bare address is a network of
+// one, and an IPv6 one is bracketed ([2001:db8::1]:443) so that its port cannot be misread.
 func ParseAllow(v string) (Rule, error) {
 	dst, ports, proto, err := splitAllow(v)
 	if err != nil {
 		return Rule{}, err
 	}
-	prefix, err := netip.ParsePrefix(dst)
+	prefix, err := parseDestination(dst)
 	if err != nil {
-		addr, addrErr := netip.ParseAddr(dst)
-		if addrErr != nil {
-			return Rule{}, fmt.Errorf("%q is neither an IPv4 CIDR nor an address", dst)
-		}
-		prefix = netip.PrefixFrom(addr, addr.BitLen())
-	}
-	if !prefix.Addr().Is4() {
-		return Rule{}, fmt.Errorf("%s is not IPv4, and netfence fences IPv4 only", prefix)
-	}
-	if prefix.Masked() != prefix {
-		return Rule{}, fmt.Errorf("%s has host bits set; write %s", prefix, prefix.Masked())
+		return Rule{}, err
 	}
 	return Rule{Dst: prefix, Proto: proto, DstPorts: ports}, nil
+}
+
+func parseDestination(dst string) (netip.Prefix, error) {
+	if prefix, err := netip.ParsePrefix(dst); err == nil {
+		if prefix.Masked() != prefix {
+			return netip.Prefix{}, fmt.Errorf("%s has host bits set; write %s", prefix, prefix.Masked())
+		}
+		if prefix.Addr().Is4In6() {
+			return netip.Prefix{}, fmt.Errorf("%s is an IPv4-mapped IPv6 network; write it as IPv4", prefix)
+		}
+		return prefix, nil
+	}
+	inner, bracketed := strings.CutPrefix(dst, "[")
+	if bracketed {
+		inner, bracketed = strings.CutSuffix(inner, "]")
+	}
+	addr, err := netip.ParseAddr(inner)
+	switch {
+	case err != nil || addr.Zone() != "":
+		return netip.Prefix{}, fmt.Errorf("%q is neither a CIDR nor an address", dst)
+	case addr.Is6() != bracketed:
+		return netip.Prefix{}, fmt.Errorf("%q: write an IPv6 address in brackets, [ADDR]:PORT, and an IPv4 one without", dst)
+	case addr.Is4In6():
+		return netip.Prefix{}, fmt.Errorf("%s is an IPv4-mapped IPv6 address; write it as IPv4", addr)
+	}
+	return netip.PrefixFrom(addr, addr.BitLen()), nil
 }
 
 // hostAllow is one --allow-host before resolution.
@@ -236,13 +260,13 @@ func DNSRules(servers []netip.Addr) []Rule {
 	var rules []Rule
 	for _, s := range servers {
 		for _, proto := range []Proto{UDP, TCP} {
-			rules = append(rules, Rule{Dst: netip.PrefixFrom(s, 32), Proto: proto, DstPorts: Ports{53, 53}})
+			rules = append(rules, Rule{Dst: netip.PrefixFrom(s, s.BitLen()), Proto: proto, DstPorts: Ports{53, 53}})
 		}
 	}
 	return rules
 }
 
-// readNameservers returns the IPv4 nameservers of a resolv.conf; none is an error, since
+// readNameservers returns the nameservers of a resolv.conf; none is an error, since
 // --allow-dns would then allow nothing the job expects.
 func readNameservers(path string) ([]netip.Addr, error) {
 	f, err := os.Open(path)
@@ -257,7 +281,7 @@ func readNameservers(path string) ([]netip.Addr, error) {
 		if len(fields) < 2 || fields[0] != "nameserver" {
 			continue
 		}
-		if addr, err := netip.ParseAddr(fields[1]); err == nil && addr.Unmap().Is4() {
+		if addr, err := netip.ParseAddr(fields[1]); err == nil && addr.Zone() == "" {
 			servers = append(servers, addr.Unmap())
 		}
 	}
@@ -265,7 +289,7 @@ func readNameservers(path string) ([]netip.Addr, error) {
 		return nil, fmt.Errorf("--allow-dns: %s: %v", path, err)
 	}
 	if len(servers) == 0 {
-		return nil, fmt.Errorf("--allow-dns: %s names no IPv4 nameserver", path)
+		return nil, fmt.Errorf("--allow-dns: %s names no nameserver", path)
 	}
 	return servers, nil
 }
@@ -275,54 +299,20 @@ type resolver interface {
 	LookupNetIP(ctx context.Context, network, host string) ([]netip.Addr, error)
 }
 
-// resolveHosts turns each --allow-host into one rule per IPv4 address it has now. Failing to
+// resolveHosts turns each --allow-host into one rule per address it has now. Failing to
 // resolve one fails the fence: a fence that silently allows less than asked would fail the job
 // later, and one that allowed more is not a fence.
 func resolveHosts(ctx context.Context, r resolver, hosts []hostAllow) ([]Rule, error) {
 	var rules []Rule
 	for _, h := range hosts {
-		addrs, err := r.LookupNetIP(ctx, "ip4", h.host)
+		addrs, err := r.LookupNetIP(ctx, "ip", h.host)
 		if err != nil {
 			return nil, fmt.Errorf("--allow-host %s: cannot resolve it through the pod's resolver: %v", h.host, err)
 		}
 		for _, a := range addrs {
-			rules = append(rules, Rule{Dst: netip.PrefixFrom(a.Unmap(), 32), Proto: h.proto, DstPorts: h.ports})
+			a = a.Unmap()
+			rules = append(rules, Rule{Dst: netip.PrefixFrom(a, a.BitLen()), Proto: h.proto, DstPorts: h.ports})
 		}
 	}
 	return rules, nil
-}
-
-// refuseGlobalIPv6 fails when an interface has an IPv6 address that could reach beyond the
-// link: netfence writes the IPv4 table only, and must not leave IPv6 open.
-func refuseGlobalIPv6() error {
-	ifaces, err := net.Interfaces()
-	if err != nil {
-		return fmt.Errorf("cannot list the pod's interfaces to check for IPv6: %v", err)
-	}
-	for _, iface := range ifaces {
-		addrs, err := iface.Addrs()
-		if err != nil {
-			return fmt.Errorf("cannot list the addresses of interface %s to check for IPv6: %v", iface.Name, err)
-		}
-		if addr, ok := globalIPv6(addrs); ok {
-			return fmt.Errorf("interface %s has IPv6 address %s and netfence fences IPv4 only: give job pods no IPv6, or set the chart's jobDefaults.netstackFence=false", iface.Name, addr)
-		}
-	}
-	return nil
-}
-
-// globalIPv6 returns the first IPv6 address of addrs that is neither loopback nor link-local.
-func globalIPv6(addrs []net.Addr) (netip.Addr, bool) {
-	for _, a := range addrs {
-		ipnet, ok := a.(*net.IPNet)
-		if !ok {
-			continue
-		}
-		addr, ok := netip.AddrFromSlice(ipnet.IP)
-		if !ok || addr.Unmap().Is4() || addr.IsLoopback() || addr.IsLinkLocalUnicast() {
-			continue
-		}
-		return addr, true
-	}
-	return netip.Addr{}, false
 }

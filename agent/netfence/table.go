@@ -2,12 +2,15 @@ package netfence
 
 import (
 	"encoding/binary"
+	"net"
 	"net/netip"
 )
 
-// The IPv4 netfilter ABI (linux/netfilter_ipv4/ip_tables.h, linux/netfilter/x_tables.h) as laid
-// out on the 64-bit little-endian Linux the agent runs on (amd64, arm64). gVisor's netstack
-// parses the same structures (pkg/abi/linux/netfilter.go).
+// The netfilter ABI (linux/netfilter_ipv4/ip_tables.h, linux/netfilter_ipv6/ip6_tables.h,
+// linux/netfilter/x_tables.h) as laid out on the 64-bit little-endian Linux the agent runs on
+// (amd64, arm64). gVisor's netstack parses the same structures (pkg/abi/linux/netfilter*.go).
+// ipt_replace and ipt_getinfo are ip6t_replace and ip6t_getinfo; the families differ in
+// struct ipt_entry and ip6t_entry (family below).
 const (
 	// struct ipt_replace: name[32], valid_hooks, num_entries, size, hook_entry[5],
 	// underflow[5], num_counters, then the user pointer to the old counters (8-aligned).
@@ -20,7 +23,6 @@ const (
 	replaceNumCountersAt       = 84
 	replaceCountersPtrAt       = 88
 	countersSize               = 16 // struct xt_counters: pcnt, bcnt
-	tableNameSize              = 32
 	interfaceNameSize          = 16
 	getInfoSize                = 84 // struct ipt_getinfo: name[32], valid_hooks, hook_entry[5], underflow[5], num_entries, size
 	getInfoValidHooksAt        = 32
@@ -28,18 +30,9 @@ const (
 	getInfoUnderflowAt         = 56
 	getInfoNumEntriesAt        = 76
 	getInfoSizeAt              = 80
-	entrySize                  = 112 // struct ipt_entry: ipt_ip (84), nfcache, target_offset, next_offset, comefrom, counters
-	entryTargetOffsetAt        = 88
-	entryNextOffsetAt          = 90
-	ipDstAt                    = 4
-	ipDstMaskAt                = 12
-	ipOutInterfaceAt           = 32
-	ipOutInterfaceMaskAt       = 64
-	ipProtoAt                  = 80
 	matchHeaderSize            = 32 // struct xt_entry_match: match_size, name[29], revision
 	portMatchSize              = matchHeaderSize + 16
-	targetHeaderSize           = 32 // struct xt_entry_target: target_size, name[29], revision
-	standardTargetSize         = 40 // xt_entry_target + int verdict, padded to 8
+	standardTargetSize         = 40 // xt_entry_target (32: target_size, name[29], revision) + int verdict, padded to 8
 	errorTargetSize            = 64 // xt_entry_target + char errorname[30], padded to 8
 	extensionNameAt            = 2  // the name in xt_entry_match and xt_entry_target
 	extensionDataAt            = 32 // a match's data, a standard target's verdict, an error's name
@@ -52,13 +45,46 @@ const (
 	verdictAccept        int32 = -2 // -NF_ACCEPT - 1
 )
 
+// family is where one address family's entry (struct ipt_entry or ip6t_entry, which begin with
+// struct ipt_ip or ip6t_ip6) keeps the fields a rule sets.
+type family struct {
+	name                 string // for messages: "IPv4", "IPv6"
+	tool                 string // its iptables, for messages in iptables' words
+	is4                  bool   // the family of a rule's Dst
+	entrySize            int
+	targetOffsetAt       int
+	nextOffsetAt         int
+	dstAt, dstMaskAt     int
+	outIfAt, outIfMaskAt int
+	protoAt              int
+	flagsAt              int
+	protoFlag            byte // ip6tables matches the protocol only with IP6T_F_PROTO set
+	domain, level, opt   int  // the raw socket's family and the sockopt level and names
+}
+
+var (
+	// struct ipt_entry: ipt_ip (src, dst, smsk, dmsk, iniface[16], outiface[16],
+	// iniface_mask[16], outiface_mask[16], proto u16, flags, invflags: 84), nfcache,
+	// target_offset, next_offset, comefrom, counters (8-aligned): 112.
+	ipv4 = family{name: "IPv4", tool: "iptables", is4: true, entrySize: 112, targetOffsetAt: 88, nextOffsetAt: 90,
+		dstAt: 4, dstMaskAt: 12, outIfAt: 32, outIfMaskAt: 64, protoAt: 80, flagsAt: 82,
+		domain: 2 /* AF_INET */, level: 0 /* SOL_IP */, opt: 64 /* IPT_SO_GET_INFO, IPT_SO_SET_REPLACE */}
+	// struct ip6t_entry: ip6t_ip6 (src, dst, smsk, dmsk of 16 bytes, the four interface
+	// fields, proto u16, tos, flags, invflags: 136), nfcache, target_offset, next_offset,
+	// comefrom, counters: 168.
+	ipv6 = family{name: "IPv6", tool: "ip6tables", entrySize: 168, targetOffsetAt: 140, nextOffsetAt: 142,
+		dstAt: 16, dstMaskAt: 48, outIfAt: 80, outIfMaskAt: 112, protoAt: 128, flagsAt: 131, protoFlag: 0x01, /* IP6T_F_PROTO */
+		domain: 10 /* AF_INET6 */, level: 41 /* SOL_IPV6 */, opt: 64 /* IP6T_SO_GET_INFO, IP6T_SO_SET_REPLACE */}
+)
+
 // Proto is an IP protocol number a rule matches; zero matches every protocol.
 type Proto uint8
 
-// The protocols a rule can name: gVisor's netstack has port matches for these two only.
+// The protocols a rule can name. gVisor's netstack has port matches for TCP and UDP only.
 const (
-	TCP Proto = 6
-	UDP Proto = 17
+	TCP    Proto = 6
+	UDP    Proto = 17
+	ICMPv6 Proto = 58
 )
 
 func (p Proto) String() string {
@@ -67,6 +93,8 @@ func (p Proto) String() string {
 		return "tcp"
 	case UDP:
 		return "udp"
+	case ICMPv6:
+		return "ipv6-icmp"
 	}
 	return "any"
 }
@@ -109,18 +137,19 @@ func (l Layout) SameChains(o Layout) bool {
 
 var le = binary.LittleEndian
 
-// FilterTable encodes the filter table iptables-restore would write for
+// FilterTable encodes the filter table of family f that iptables-restore would write for
 //
 //	*filter
 //	:INPUT ACCEPT
 //	:FORWARD ACCEPT
 //	:OUTPUT DROP
-//	-A OUTPUT <each of output> -j ACCEPT
+//	-A OUTPUT <each of output of family f> -j ACCEPT
 //	COMMIT
 //
-// and returns its entries and their layout. FORWARD accepts because netstack refuses a FORWARD
+// and returns its entries and their layout; a rule for the other family's destinations is left
+// out. FORWARD accepts because netstack refuses a FORWARD
 // chain that is not one unconditional ACCEPT; the sandbox forwards nothing, so it holds nothing.
-func FilterTable(output []Rule) ([]byte, Layout) {
+func (f family) FilterTable(output []Rule) ([]byte, Layout) {
 	var (
 		buf    []byte
 		layout Layout
@@ -132,17 +161,19 @@ func FilterTable(output []Rule) ([]byte, Layout) {
 		return at
 	}
 	policy := func(hook int, verdict int32) {
-		at := add(entry(Rule{}, standardTarget(verdict)))
+		at := add(f.entry(Rule{}, standardTarget(verdict)))
 		layout.HookEntry[hook], layout.Underflow[hook] = at, at
 	}
 	policy(hookLocalIn, verdictAccept)
 	policy(hookForward, verdictAccept)
 	layout.HookEntry[hookLocalOut] = uint32(len(buf))
 	for _, r := range output {
-		add(entry(r, standardTarget(verdictAccept)))
+		if !r.Dst.IsValid() || r.Dst.Addr().Is4() == f.is4 {
+			add(f.entry(r, standardTarget(verdictAccept)))
+		}
 	}
-	layout.Underflow[hookLocalOut] = add(entry(Rule{}, standardTarget(verdictDrop)))
-	add(entry(Rule{}, errorTarget("ERROR")))
+	layout.Underflow[hookLocalOut] = add(f.entry(Rule{}, standardTarget(verdictDrop)))
+	add(f.entry(Rule{}, errorTarget("ERROR")))
 	layout.Size = uint32(len(buf))
 	return buf, layout
 }
@@ -164,39 +195,31 @@ func ReplaceRequest(entries []byte, layout Layout, numCounters uint32) []byte {
 	return append(req, entries...)
 }
 
-// entry encodes struct ipt_entry for r, its port match if any, and target.
-func entry(r Rule, target []byte) []byte {
-	e := make([]byte, entrySize, entrySize+portMatchSize+len(target))
+// entry encodes f's struct ipt_entry or ip6t_entry for r, its port match if any, and target.
+func (f family) entry(r Rule, target []byte) []byte {
+	e := make([]byte, f.entrySize, f.entrySize+portMatchSize+len(target))
 	if r.Dst.IsValid() {
-		dst := r.Dst.Addr().As4()
-		copy(e[ipDstAt:], dst[:])
-		copy(e[ipDstMaskAt:], prefixMask(r.Dst.Bits()))
+		copy(e[f.dstAt:], r.Dst.Addr().AsSlice())
+		copy(e[f.dstMaskAt:], net.CIDRMask(r.Dst.Bits(), r.Dst.Addr().BitLen()))
 	}
 	if r.OutInterface != "" {
-		copy(e[ipOutInterfaceAt:interfaceNameSize+ipOutInterfaceAt], r.OutInterface)
+		copy(e[f.outIfAt:f.outIfAt+interfaceNameSize], r.OutInterface)
 		// iptables masks the name and its terminating NUL: an exact match, not a prefix.
 		for i := range min(len(r.OutInterface)+1, interfaceNameSize) {
-			e[ipOutInterfaceMaskAt+i] = 0xff
+			e[f.outIfMaskAt+i] = 0xff
 		}
 	}
-	le.PutUint16(e[ipProtoAt:], uint16(r.Proto))
+	if r.Proto != 0 {
+		le.PutUint16(e[f.protoAt:], uint16(r.Proto))
+		e[f.flagsAt] |= f.protoFlag
+	}
 	if r.hasPortMatch() {
 		e = append(e, portMatch(r)...)
 	}
-	le.PutUint16(e[entryTargetOffsetAt:], uint16(len(e)))
+	le.PutUint16(e[f.targetOffsetAt:], uint16(len(e)))
 	e = append(e, target...)
-	le.PutUint16(e[entryNextOffsetAt:], uint16(len(e)))
+	le.PutUint16(e[f.nextOffsetAt:], uint16(len(e)))
 	return e
-}
-
-// prefixMask is the network-order netmask of an IPv4 prefix of bits bits.
-func prefixMask(bits int) []byte {
-	var m [4]byte
-	be := binary.BigEndian
-	if bits > 0 {
-		be.PutUint32(m[:], ^uint32(0)<<(32-bits))
-	}
-	return m[:]
 }
 
 // portMatch encodes the "tcp" or "udp" match (xt_tcp, xt_udp: source then destination range,

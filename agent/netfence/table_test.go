@@ -18,7 +18,7 @@ func goldenRules() []Rule {
 }
 
 func TestFilterTableLayout(t *testing.T) {
-	entries, layout := FilterTable(goldenRules())
+	entries, layout := ipv4.FilterTable(goldenRules())
 	// INPUT policy 152, FORWARD policy 152, OUTPUT: -o lo 152, two --sport 200 each, -d 200,
 	// the DROP policy 152, then the ERROR entry 176.
 	want := Layout{
@@ -37,7 +37,7 @@ func TestFilterTableLayout(t *testing.T) {
 	var got []offsets
 	for at := 0; at < len(entries); {
 		e := entries[at:]
-		o := offsets{at, int(le.Uint16(e[entryTargetOffsetAt:])), int(le.Uint16(e[entryNextOffsetAt:]))}
+		o := offsets{at, int(le.Uint16(e[ipv4.targetOffsetAt:])), int(le.Uint16(e[ipv4.nextOffsetAt:]))}
 		if at%8 != 0 || o.target%8 != 0 || o.next%8 != 0 {
 			t.Errorf("entry at %d is not 8-byte aligned: %+v", at, o)
 		}
@@ -65,14 +65,14 @@ func TestFilterTableLayout(t *testing.T) {
 	}
 
 	lo := entries[304:]
-	if name, mask := lo[ipOutInterfaceAt:ipOutInterfaceAt+4], lo[ipOutInterfaceMaskAt:ipOutInterfaceMaskAt+4]; !bytes.Equal(name, []byte("lo\x00\x00")) || !bytes.Equal(mask, []byte{0xff, 0xff, 0xff, 0}) {
+	if name, mask := lo[ipv4.outIfAt:ipv4.outIfAt+4], lo[ipv4.outIfMaskAt:ipv4.outIfMaskAt+4]; !bytes.Equal(name, []byte("lo\x00\x00")) || !bytes.Equal(mask, []byte{0xff, 0xff, 0xff, 0}) {
 		t.Errorf("-o lo: name % x, mask % x", name, mask)
 	}
 	sport := entries[456:]
-	if proto := le.Uint16(sport[ipProtoAt:]); proto != uint16(TCP) {
+	if proto := le.Uint16(sport[ipv4.protoAt:]); proto != uint16(TCP) {
 		t.Errorf("--sport rule protocol %d, want tcp", proto)
 	}
-	match := sport[entrySize:]
+	match := sport[ipv4.entrySize:]
 	if size, name := le.Uint16(match), string(match[extensionNameAt:extensionNameAt+4]); size != portMatchSize || name != "tcp\x00" {
 		t.Errorf("--sport match: size %d name %q", size, name)
 	}
@@ -80,10 +80,10 @@ func TestFilterTableLayout(t *testing.T) {
 		t.Errorf("--sport 7543 ports % x", ports)
 	}
 	dst := entries[856:]
-	if addr, mask := dst[ipDstAt:ipDstAt+4], dst[ipDstMaskAt:ipDstMaskAt+4]; !bytes.Equal(addr, []byte{10, 1, 0, 0}) || !bytes.Equal(mask, []byte{255, 255, 0, 0}) {
+	if addr, mask := dst[ipv4.dstAt:ipv4.dstAt+4], dst[ipv4.dstMaskAt:ipv4.dstMaskAt+4]; !bytes.Equal(addr, []byte{10, 1, 0, 0}) || !bytes.Equal(mask, []byte{255, 255, 0, 0}) {
 		t.Errorf("-d 10.1.0.0/16: address % x, mask % x", addr, mask)
 	}
-	if ports := dst[entrySize+extensionDataAt : entrySize+extensionDataAt+8]; !bytes.Equal(ports, []byte{0, 0, 0xff, 0xff, 0xbb, 1, 0xbb, 1}) {
+	if ports := dst[ipv4.entrySize+extensionDataAt : ipv4.entrySize+extensionDataAt+8]; !bytes.Equal(ports, []byte{0, 0, 0xff, 0xff, 0xbb, 1, 0xbb, 1}) {
 		t.Errorf("--dport 443 ports % x", ports)
 	}
 	errorEntry := entries[1208+112:]
@@ -92,8 +92,46 @@ func TestFilterTableLayout(t *testing.T) {
 	}
 }
 
+func TestFilterTableIPv6Layout(t *testing.T) {
+	rules := OutputRules([]Rule{
+		{Dst: netip.MustParsePrefix("10.1.0.0/16"), Proto: TCP, DstPorts: Ports{443, 443}},
+		{Dst: netip.MustParsePrefix("2001:db8::/32"), Proto: UDP, DstPorts: Ports{53, 53}},
+	})
+	entries, layout := ipv6.FilterTable(rules)
+	// ip6t_entry is 168 bytes: policies 208, -o lo 208, two --sport 256, the IPv6 -d 256 (the
+	// IPv4 rule is left out), two ICMPv6 rules for neighbour discovery 208, DROP 208, ERROR 232.
+	want := Layout{
+		HookEntry:  [numHooks]uint32{hookLocalIn: 0, hookForward: 208, hookLocalOut: 416},
+		Underflow:  [numHooks]uint32{hookLocalIn: 0, hookForward: 208, hookLocalOut: 1808},
+		NumEntries: 10,
+		Size:       2248,
+	}
+	if layout != want || len(entries) != int(want.Size) {
+		t.Fatalf("layout = %+v (%d bytes), want %+v", layout, len(entries), want)
+	}
+	sport := entries[624:]
+	if proto, flags := le.Uint16(sport[ipv6.protoAt:]), sport[ipv6.flagsAt]; proto != uint16(TCP) || flags != 0x01 {
+		t.Errorf("--sport rule: protocol %d, flags %#x; want tcp and IP6T_F_PROTO", proto, flags)
+	}
+	dst := entries[1136:]
+	wantDst := []byte{0x20, 0x01, 0x0d, 0xb8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}
+	wantMask := []byte{0xff, 0xff, 0xff, 0xff, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}
+	if addr, mask := dst[ipv6.dstAt:ipv6.dstAt+16], dst[ipv6.dstMaskAt:ipv6.dstMaskAt+16]; !bytes.Equal(addr, wantDst) || !bytes.Equal(mask, wantMask) {
+		t.Errorf("-d 2001:db8::/32: address % x, mask % x", addr, mask)
+	}
+	if target, next := le.Uint16(dst[ipv6.targetOffsetAt:]), le.Uint16(dst[ipv6.nextOffsetAt:]); target != 216 || next != 256 {
+		t.Errorf("-d rule: target_offset %d, next_offset %d; want 216, 256", target, next)
+	}
+	if name := string(dst[ipv6.entrySize+extensionNameAt : ipv6.entrySize+extensionNameAt+4]); name != "udp\x00" {
+		t.Errorf("-d rule's match %q, want udp", name)
+	}
+	if icmp := entries[1392:]; icmp[ipv6.protoAt] != byte(ICMPv6) || le.Uint16(icmp[ipv6.targetOffsetAt:]) != uint16(ipv6.entrySize) {
+		t.Errorf("neighbour discovery rule: protocol %d, target_offset %d; want ICMPv6 and no match", icmp[ipv6.protoAt], le.Uint16(icmp[ipv6.targetOffsetAt:]))
+	}
+}
+
 func TestReplaceRequestGolden(t *testing.T) {
-	entries, layout := FilterTable(goldenRules())
+	entries, layout := ipv4.FilterTable(goldenRules())
 	req := ReplaceRequest(entries, layout, 3)
 	if got := le.Uint32(req[replaceValidHooksAt:]); got != 0b01110 {
 		t.Errorf("valid_hooks = %#x, want INPUT|FORWARD|OUTPUT", got)
@@ -121,7 +159,7 @@ func TestReplaceRequestGolden(t *testing.T) {
 }
 
 func TestLayoutSameChainsIgnoresHooksTheFilterTableLacks(t *testing.T) {
-	_, written := FilterTable(goldenRules())
+	_, written := ipv4.FilterTable(goldenRules())
 	readBack := written
 	readBack.HookEntry[0], readBack.Underflow[4] = 0xffffffff, 0xffffffff
 	if !written.SameChains(readBack) {
