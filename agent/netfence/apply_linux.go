@@ -49,7 +49,9 @@ func (f family) apply(output []Rule) error {
 	pinner.Pin(&counters[0])
 	defer pinner.Unpin()
 	le.PutUint64(req[replaceCountersPtrAt:], uint64(uintptr(unsafe.Pointer(&counters[0]))))
-	if err := f.setsockopt(fd, req); err != nil {
+	if err := f.setsockopt(fd, req); errors.Is(err, syscall.EINVAL) {
+		return fmt.Errorf("can't replace %s table `filter': %w: this runtime refuses the table (older gVisor releases accept no FORWARD policy but ACCEPT); upgrade runsc, or set the chart's jobDefaults.netstackFence=false", f.tool, err)
+	} else if err != nil {
 		return fmt.Errorf("can't replace %s table `filter': %w: %s", f.tool, err, fixCapabilities)
 	}
 	now, err := f.tableInfo(fd)

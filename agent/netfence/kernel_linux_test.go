@@ -163,7 +163,7 @@ func TestApplyFencesANetworkNamespace(t *testing.T) {
 	head := []string{
 		"*filter",
 		":INPUT ACCEPT [0:0]",
-		":FORWARD ACCEPT [0:0]",
+		":FORWARD DROP [0:0]",
 		":OUTPUT DROP [0:0]",
 		"-A OUTPUT -o lo -j ACCEPT",
 		"-A OUTPUT -p tcp -m tcp --sport 7543 -j ACCEPT",

@@ -30,7 +30,7 @@ import (
 // Usage is the verb's help.
 const Usage = `usage: sandbox-executor-agent netfence [--allow CIDR:PORT[-PORT][/tcp|/udp]]... [--allow-host HOST:PORT[-PORT][/tcp|/udp]]... [--allow-dns]
 
-Replaces the sandbox's IPv4 and IPv6 filter tables: INPUT and FORWARD accept; OUTPUT accepts
+Replaces the sandbox's IPv4 and IPv6 filter tables: INPUT accepts, FORWARD drops; OUTPUT accepts
 loopback, the replies of the agent's servers (tcp source ports 7543 and 7544), and the
 destinations allowed below, and drops everything else. Run it as root with CAP_NET_ADMIN and
 CAP_NET_RAW in an init container of a gVisor pod whose runsc has net-raw = true.

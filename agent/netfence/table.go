@@ -141,14 +141,13 @@ var le = binary.LittleEndian
 //
 //	*filter
 //	:INPUT ACCEPT
-//	:FORWARD ACCEPT
+//	:FORWARD DROP
 //	:OUTPUT DROP
 //	-A OUTPUT <each of output of family f> -j ACCEPT
 //	COMMIT
 //
 // and returns its entries and their layout; a rule for the other family's destinations is left
-// out. FORWARD accepts because netstack refuses a FORWARD
-// chain that is not one unconditional ACCEPT; the sandbox forwards nothing, so it holds nothing.
+// out.
 func (f family) FilterTable(output []Rule) ([]byte, Layout) {
 	var (
 		buf    []byte
@@ -165,7 +164,7 @@ func (f family) FilterTable(output []Rule) ([]byte, Layout) {
 		layout.HookEntry[hook], layout.Underflow[hook] = at, at
 	}
 	policy(hookLocalIn, verdictAccept)
-	policy(hookForward, verdictAccept)
+	policy(hookForward, verdictDrop)
 	layout.HookEntry[hookLocalOut] = uint32(len(buf))
 	for _, r := range output {
 		if !r.Dst.IsValid() || r.Dst.Addr().Is4() == f.is4 {

@@ -55,13 +55,15 @@ func TestFilterTableLayout(t *testing.T) {
 	}
 
 	verdict := func(at int) int32 { return int32(le.Uint32(entries[at+extensionDataAt:])) }
-	for _, at := range []int{0 + 112, 152 + 112, 304 + 112, 456 + 160, 656 + 160, 856 + 160} {
+	for _, at := range []int{0 + 112, 304 + 112, 456 + 160, 656 + 160, 856 + 160} {
 		if v := verdict(at); v != verdictAccept {
 			t.Errorf("verdict at %d = %d, want ACCEPT (%d)", at, v, verdictAccept)
 		}
 	}
-	if v := verdict(1056 + 112); v != verdictDrop {
-		t.Errorf("OUTPUT policy verdict = %d, want DROP (%d)", v, verdictDrop)
+	for _, at := range []int{152 + 112, 1056 + 112} {
+		if v := verdict(at); v != verdictDrop {
+			t.Errorf("FORWARD and OUTPUT policy verdict at %d = %d, want DROP (%d)", at, v, verdictDrop)
+		}
 	}
 
 	lo := entries[304:]
