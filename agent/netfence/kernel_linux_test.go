@@ -91,10 +91,19 @@ func (ns *netns) listen(t *testing.T, addr string) {
 }
 
 // connects reports whether a TCP connect from the namespace to addr succeeds.
-func (ns *netns) connects(addr string, timeout time.Duration) (err error) {
+func (ns *netns) connects(addr string, timeout time.Duration) error {
+	return ns.connectsFrom("", addr, timeout)
+}
+
+// connectsFrom is connects from the local address from (any when empty).
+func (ns *netns) connectsFrom(from, addr string, timeout time.Duration) (err error) {
+	d := net.Dialer{Timeout: timeout}
+	if from != "" {
+		d.LocalAddr = &net.TCPAddr{IP: net.ParseIP(from)}
+	}
 	ns.do(func() {
 		var c net.Conn
-		if c, err = net.DialTimeout("tcp", addr, timeout); err == nil {
+		if c, err = d.Dial("tcp", addr); err == nil {
 			c.Close()
 		}
 	})
@@ -149,7 +158,8 @@ func TestApplyFencesANetworkNamespace(t *testing.T) {
 	}
 	var families []string
 	var err error
-	fenced.do(func() { families, err = Apply(OutputRules(allowed)) })
+	replyTo := []netip.Prefix{netip.MustParsePrefix("10.201.0.2/32"), netip.MustParsePrefix("fd00:201::2/128")}
+	fenced.do(func() { families, err = Apply(OutputRules(replyTo, allowed)) })
 	if errors.Is(err, syscall.ENOPROTOOPT) || errors.Is(err, syscall.ENOENT) || errors.Is(err, syscall.EAFNOSUPPORT) {
 		t.Skipf("this kernel cannot load ip_tables' filter table: %v", err)
 	}
@@ -166,13 +176,15 @@ func TestApplyFencesANetworkNamespace(t *testing.T) {
 		":FORWARD DROP [0:0]",
 		":OUTPUT DROP [0:0]",
 		"-A OUTPUT -o lo -j ACCEPT",
-		"-A OUTPUT -p tcp -m tcp --sport 7543 -j ACCEPT",
-		"-A OUTPUT -p tcp -m tcp --sport 7544 -j ACCEPT",
 	}
 	fenced.checkSave(t, "iptables-legacy-save", append(slices.Clone(head),
+		"-A OUTPUT -d 10.201.0.2/32 -p tcp -m tcp --sport 7543 -j ACCEPT",
+		"-A OUTPUT -d 10.201.0.2/32 -p tcp -m tcp --sport 7544 -j ACCEPT",
 		"-A OUTPUT -d 10.201.0.2/32 -p tcp -m tcp --dport 8443 -j ACCEPT",
 		"COMMIT"))
 	fenced.checkSave(t, "ip6tables-legacy-save", append(slices.Clone(head),
+		"-A OUTPUT -d fd00:201::2/128 -p tcp -m tcp --sport 7543 -j ACCEPT",
+		"-A OUTPUT -d fd00:201::2/128 -p tcp -m tcp --sport 7544 -j ACCEPT",
 		"-A OUTPUT -d fd00:201::2/128 -p tcp -m tcp --dport 8443 -j ACCEPT",
 		"-A OUTPUT -d fe80::/10 -p ipv6-icmp -j ACCEPT",
 		"-A OUTPUT -d ff02::/16 -p ipv6-icmp -j ACCEPT",
@@ -188,14 +200,21 @@ func TestApplyFencesANetworkNamespace(t *testing.T) {
 			t.Errorf("denied %s connected", addr)
 		}
 	}
-	// From outside, the agent's port answers (its replies are allowed); any other port's
-	// replies are dropped, so its connect times out.
-	for _, host := range []string{"10.201.0.1", "fd00:201::1"} {
-		if err := peer.connects(net.JoinHostPort(host, strconv.Itoa(int(AgentReplyPorts[0]))), 5*time.Second); err != nil {
-			t.Errorf("the agent's port from the peer, %s: %v", host, err)
+	// From a --reply-to address, the agent's port answers; any other port's replies are
+	// dropped, and so are the agent's replies to any other address: the connects time out.
+	agentPort := strconv.Itoa(int(AgentReplyPorts[0]))
+	for _, c := range []struct{ host, client, stranger string }{
+		{"10.201.0.1", "10.201.0.2", "10.201.0.3"},
+		{"fd00:201::1", "fd00:201::2", "fd00:201::3"},
+	} {
+		if err := peer.connectsFrom(c.client, net.JoinHostPort(c.host, agentPort), 5*time.Second); err != nil {
+			t.Errorf("the agent's port from %s: %v", c.client, err)
 		}
-		if err := peer.connects(net.JoinHostPort(host, "9001"), time.Second); err == nil {
-			t.Errorf("another port of the fenced namespace answered the peer, %s", host)
+		if err := peer.connectsFrom(c.client, net.JoinHostPort(c.host, "9001"), time.Second); err == nil {
+			t.Errorf("another port of %s answered %s", c.host, c.client)
+		}
+		if err := peer.connectsFrom(c.stranger, net.JoinHostPort(c.host, agentPort), time.Second); err == nil {
+			t.Errorf("the agent's port answered %s, which is not --reply-to", c.stranger)
 		}
 	}
 }

@@ -28,13 +28,15 @@ import (
 )
 
 // Usage is the verb's help.
-const Usage = `usage: sandbox-executor-agent netfence [--allow CIDR:PORT[-PORT][/tcp|/udp]]... [--allow-host HOST:PORT[-PORT][/tcp|/udp]]... [--allow-dns]
+const Usage = `usage: sandbox-executor-agent netfence --reply-to CIDR... [--allow CIDR:PORT[-PORT][/tcp|/udp]]... [--allow-host HOST:PORT[-PORT][/tcp|/udp]]... [--allow-dns]
 
 Replaces the sandbox's IPv4 and IPv6 filter tables: INPUT accepts, FORWARD drops; OUTPUT accepts
-loopback, the replies of the agent's servers (tcp source ports 7543 and 7544), and the
-destinations allowed below, and drops everything else. Run it as root with CAP_NET_ADMIN and
+loopback, the replies of the agent's servers (tcp source ports 7543 and 7544) to --reply-to,
+and the destinations allowed below, and drops everything else. Run it as root with CAP_NET_ADMIN and
 CAP_NET_RAW in an init container of a gVisor pod whose runsc has net-raw = true.
 
+  --reply-to CIDR                       required: a network the agent's clients connect from
+                                        (runner pods, the kubelet); repeat for more
   --allow CIDR:PORT[-PORT][/tcp|/udp]   a destination network (or address; [ADDR] for IPv6)
                                         and port range, tcp when no protocol is named;
                                         repeat for more
@@ -54,19 +56,28 @@ const resolveTimeout = 10 * time.Second
 const fixCapabilities = "runsc needs net-raw = true and this container CAP_NET_ADMIN and CAP_NET_RAW as root, or set the chart's jobDefaults.netstackFence=false to rely on NetworkPolicy alone"
 
 // AgentReplyPorts are the agent's listening ports whose replies OUTPUT accepts: the stage
-// transport (TLS) and the readiness probe. This is safe because the agent, the job container's
-// PID 1, holds listeners on them on the wildcard address for the pod's whole life: no job
-// process can bind either port to originate connections from it (bind fails with EADDRINUSE
-// even with SO_REUSEADDR, and Go's listeners do not set SO_REUSEPORT).
+// transport (TLS) and the readiness probe. The agent, the job container's PID 1, holds
+// listeners on them on the wildcard address for the pod's whole life. Under Linux that stops a
+// job from binding either port to originate connections from it (EADDRINUSE even with
+// SO_REUSEADDR; Go's listeners do not set SO_REUSEPORT), but gVisor lets a socket with
+// SO_REUSEADDR bind the pod's own address on that port and connect out through the rule
+// (measured: docs/security.md#the-netstack-fence). So replies are accepted only to the
+// --reply-to networks, never to everywhere.
 var AgentReplyPorts = []uint16{wire.NetworkPort, wire.FencePort}
 
 // Command runs `netfence` with args and prints one line saying what is allowed.
 func Command(args []string, stdout io.Writer) error {
+	var replyTo []netip.Prefix
 	var allows []Rule
 	var hosts []hostAllow
 	var allowDNS bool
 	fs := flag.NewFlagSet("netfence", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
+	fs.Func("reply-to", "CIDR", func(v string) error {
+		p, err := parseDestination(v)
+		replyTo = append(replyTo, p)
+		return err
+	})
 	fs.Func("allow", "CIDR:PORT[-PORT][/tcp|/udp]", func(v string) error {
 		r, err := ParseAllow(v)
 		allows = append(allows, r)
@@ -88,6 +99,9 @@ func Command(args []string, stdout io.Writer) error {
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected argument %q (see netfence -h)", fs.Arg(0))
 	}
+	if len(replyTo) == 0 {
+		return errors.New("--reply-to CIDR is required: the networks the agent's clients (runner pods, the kubelet) connect from (see netfence -h)")
+	}
 	if allowDNS {
 		servers, err := readNameservers(resolvConf)
 		if err != nil {
@@ -104,7 +118,7 @@ func Command(args []string, stdout io.Writer) error {
 		}
 		allows = append(allows, resolved...)
 	}
-	output := OutputRules(allows)
+	output := OutputRules(replyTo, allows)
 	families, err := Apply(output)
 	if err != nil {
 		return err
@@ -121,12 +135,15 @@ var neighborDiscovery = []Rule{
 	{Dst: netip.MustParsePrefix("ff02::/16"), Proto: ICMPv6},
 }
 
-// OutputRules is the OUTPUT chain before its DROP policy: loopback, the agent's replies, then
-// allows in order, each once, and neighbour discovery if any allowed destination is IPv6.
-func OutputRules(allows []Rule) []Rule {
+// OutputRules is the OUTPUT chain before its DROP policy: loopback, the agent's replies to
+// each replyTo network, then allows in order, each once, and neighbour discovery if any
+// allowed destination is IPv6.
+func OutputRules(replyTo []netip.Prefix, allows []Rule) []Rule {
 	rules := []Rule{{OutInterface: "lo"}}
 	for _, port := range AgentReplyPorts {
-		rules = append(rules, Rule{Proto: TCP, SrcPorts: Ports{port, port}})
+		for _, dst := range replyTo {
+			rules = append(rules, Rule{Dst: dst, Proto: TCP, SrcPorts: Ports{port, port}})
+		}
 	}
 	for _, r := range allows {
 		if !slices.Contains(rules, r) {
@@ -159,7 +176,9 @@ func (r Rule) String() string {
 	if !r.SrcPorts.Any() {
 		b.WriteString(" replies from port " + r.SrcPorts.String())
 	}
-	if r.Dst.IsValid() {
+	if r.Dst.IsValid() && !r.SrcPorts.Any() {
+		b.WriteString(" to " + r.Dst.String())
+	} else if r.Dst.IsValid() {
 		b.WriteString(" " + r.Dst.String())
 	}
 	if !r.DstPorts.Any() {

@@ -56,8 +56,9 @@ func TestParseAllowRefusesWhatIsNotOneRuleInOneLine(t *testing.T) {
 
 func TestOutputRulesPutLoopbackAndTheAgentsRepliesFirstAndAllowEachOnce(t *testing.T) {
 	allow := Rule{Dst: netip.MustParsePrefix("10.0.0.0/8"), Proto: TCP, DstPorts: Ports{443, 443}}
-	got := OutputRules([]Rule{allow, allow})
-	want := []Rule{{OutInterface: "lo"}, {Proto: TCP, SrcPorts: Ports{7543, 7543}}, {Proto: TCP, SrcPorts: Ports{7544, 7544}}, allow}
+	runners := netip.MustParsePrefix("10.88.0.0/16")
+	got := OutputRules([]netip.Prefix{runners}, []Rule{allow, allow})
+	want := []Rule{{OutInterface: "lo"}, {Dst: runners, Proto: TCP, SrcPorts: Ports{7543, 7543}}, {Dst: runners, Proto: TCP, SrcPorts: Ports{7544, 7544}}, allow}
 	if len(got) != len(want) {
 		t.Fatalf("OutputRules = %+v, want %+v", got, want)
 	}
@@ -67,7 +68,7 @@ func TestOutputRulesPutLoopbackAndTheAgentsRepliesFirstAndAllowEachOnce(t *testi
 		}
 	}
 	line := Describe([]string{"IPv4", "IPv6"}, got)
-	if line != "netfence: IPv4 and IPv6 egress allowed only to interface lo, tcp replies from port 7543, tcp replies from port 7544, tcp 10.0.0.0/8 port 443; everything else is dropped" {
+	if line != "netfence: IPv4 and IPv6 egress allowed only to interface lo, tcp replies from port 7543 to 10.88.0.0/16, tcp replies from port 7544 to 10.88.0.0/16, tcp 10.0.0.0/8 port 443; everything else is dropped" {
 		t.Errorf("Describe = %q", line)
 	}
 }
@@ -75,12 +76,12 @@ func TestOutputRulesPutLoopbackAndTheAgentsRepliesFirstAndAllowEachOnce(t *testi
 func TestOutputRulesAllowNeighborDiscoveryOnlyForIPv6Destinations(t *testing.T) {
 	v4 := Rule{Dst: netip.MustParsePrefix("10.0.0.0/8"), Proto: TCP, DstPorts: Ports{443, 443}}
 	v6 := Rule{Dst: netip.MustParsePrefix("2001:db8::/32"), Proto: TCP, DstPorts: Ports{443, 443}}
-	for _, r := range OutputRules([]Rule{v4}) {
+	for _, r := range OutputRules(nil, []Rule{v4}) {
 		if r.Proto == ICMPv6 {
 			t.Errorf("IPv4 destinations only, yet %s", r)
 		}
 	}
-	if got := OutputRules([]Rule{v4, v6}); !slices.Equal(got[len(got)-2:], neighborDiscovery) {
+	if got := OutputRules(nil, []Rule{v4, v6}); !slices.Equal(got[len(got)-2:], neighborDiscovery) {
 		t.Errorf("an IPv6 destination, yet OUTPUT ends %v", got[len(got)-2:])
 	}
 }
@@ -146,7 +147,7 @@ func TestResolveHostsAllowsEveryAddressAndFailsClosed(t *testing.T) {
 }
 
 func TestCommandRefusesBadFlagsBeforeTouchingTheTable(t *testing.T) {
-	for _, args := range [][]string{{"--allow", "10.0.0.0/8"}, {"--allow-dns=maybe"}, {"--deny", "x"}, {"extra"}} {
+	for _, args := range [][]string{{"--allow", "10.0.0.0/8"}, {"--allow-dns=maybe"}, {"--deny", "x"}, {"extra"}, {"--allow", "10.0.0.0/8:443"}, {"--reply-to", "10.88.0.1/16"}} {
 		var out bytes.Buffer
 		err := Command(args, &out)
 		if err == nil || !strings.Contains(err.Error(), "see netfence -h") || out.Len() != 0 {

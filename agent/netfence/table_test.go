@@ -12,9 +12,9 @@ import (
 
 var update = flag.Bool("update", false, "rewrite testdata/*.golden")
 
-// goldenRules: loopback, the agent's replies and one destination.
+// goldenRules: loopback, the agent's replies to the runners' network and one destination.
 func goldenRules() []Rule {
-	return OutputRules([]Rule{{Dst: netip.MustParsePrefix("10.1.0.0/16"), Proto: TCP, DstPorts: Ports{443, 443}}})
+	return OutputRules([]netip.Prefix{netip.MustParsePrefix("10.88.0.0/16")}, []Rule{{Dst: netip.MustParsePrefix("10.1.0.0/16"), Proto: TCP, DstPorts: Ports{443, 443}}})
 }
 
 func TestFilterTableLayout(t *testing.T) {
@@ -81,6 +81,9 @@ func TestFilterTableLayout(t *testing.T) {
 	if ports := match[extensionDataAt : extensionDataAt+8]; !bytes.Equal(ports, []byte{0x77, 0x1d, 0x77, 0x1d, 0, 0, 0xff, 0xff}) {
 		t.Errorf("--sport 7543 ports % x", ports)
 	}
+	if addr, mask := sport[ipv4.dstAt:ipv4.dstAt+4], sport[ipv4.dstMaskAt:ipv4.dstMaskAt+4]; !bytes.Equal(addr, []byte{10, 88, 0, 0}) || !bytes.Equal(mask, []byte{255, 255, 0, 0}) {
+		t.Errorf("--sport 7543 -d 10.88.0.0/16: address % x, mask % x", addr, mask)
+	}
 	dst := entries[856:]
 	if addr, mask := dst[ipv4.dstAt:ipv4.dstAt+4], dst[ipv4.dstMaskAt:ipv4.dstMaskAt+4]; !bytes.Equal(addr, []byte{10, 1, 0, 0}) || !bytes.Equal(mask, []byte{255, 255, 0, 0}) {
 		t.Errorf("-d 10.1.0.0/16: address % x, mask % x", addr, mask)
@@ -95,13 +98,14 @@ func TestFilterTableLayout(t *testing.T) {
 }
 
 func TestFilterTableIPv6Layout(t *testing.T) {
-	rules := OutputRules([]Rule{
+	replyTo := []netip.Prefix{netip.MustParsePrefix("10.88.0.0/16"), netip.MustParsePrefix("fd00:88::/64")}
+	rules := OutputRules(replyTo, []Rule{
 		{Dst: netip.MustParsePrefix("10.1.0.0/16"), Proto: TCP, DstPorts: Ports{443, 443}},
 		{Dst: netip.MustParsePrefix("2001:db8::/32"), Proto: UDP, DstPorts: Ports{53, 53}},
 	})
 	entries, layout := ipv6.FilterTable(rules)
-	// ip6t_entry is 168 bytes: policies 208, -o lo 208, two --sport 256, the IPv6 -d 256 (the
-	// IPv4 rule is left out), two ICMPv6 rules for neighbour discovery 208, DROP 208, ERROR 232.
+	// ip6t_entry is 168 bytes: policies 208, -o lo 208, two --sport 256 (to the IPv6 network),
+	// the IPv6 -d 256 (the IPv4 rules are left out), two ICMPv6 rules for neighbour discovery 208, DROP 208, ERROR 232.
 	want := Layout{
 		HookEntry:  [numHooks]uint32{hookLocalIn: 0, hookForward: 208, hookLocalOut: 416},
 		Underflow:  [numHooks]uint32{hookLocalIn: 0, hookForward: 208, hookLocalOut: 1808},
