@@ -18,6 +18,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/sandbox-executor/sandbox-executor/agent/netfence"
 	"github.com/sandbox-executor/sandbox-executor/agent/wire"
 )
 
@@ -53,7 +54,7 @@ func Main(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 // Run runs one agent command and returns its exit code.
 func (a *Agent) Run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	if len(args) < 1 {
-		fmt.Fprintln(stderr, "usage: sandbox-executor-agent init|probe|fence|start|kill|serve|install [flags]")
+		fmt.Fprintln(stderr, "usage: sandbox-executor-agent init|probe|fence|netfence|start|kill|serve|install [flags]")
 		return 2
 	}
 	cmd, args := args[0], args[1:]
@@ -63,6 +64,8 @@ func (a *Agent) Run(args []string, stdin io.Reader, stdout, stderr io.Writer) in
 		err = a.probe(args, stdout)
 	case "fence":
 		err = fenceCommand(stdout)
+	case "netfence":
+		err = netfence.Command(args, stdout)
 	case "start":
 		err = a.startCommand(args, stdin, stdout, stderr)
 	case "kill":

@@ -129,6 +129,9 @@ binary_name = "$CLUSTER_BIN/runsc"
 $logs
 [runsc_config]
   platform = "$RUNSC_PLATFORM"
+  # Netstack's iptables (the job pods' second egress fence, set by their fence-init container)
+  # needs raw sockets; job containers drop CAP_NET_RAW, so only that init container gets them.
+  net-raw = "true"
 $([[ $GVISOR_LOGS == 1 ]] && echo "  debug-log = \"$CLUSTER_LOG/runsc/%ID%/gvisor.%COMMAND%.log\"")
 EOF_TOML
 }

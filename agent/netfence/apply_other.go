@@ -1,0 +1,13 @@
+//go:build !linux || !(amd64 || arm64)
+
+package netfence
+
+import (
+	"errors"
+	"runtime"
+)
+
+// Apply fails: the encoding is that of 64-bit little-endian Linux.
+func Apply([]Rule) ([]string, error) {
+	return nil, errors.New("netfence programs Linux on amd64 or arm64 only, not " + runtime.GOOS + "/" + runtime.GOARCH + "; set the chart's jobDefaults.netstackFence=false")
+}

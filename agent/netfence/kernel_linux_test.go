@@ -1,0 +1,242 @@
+//go:build amd64 || arm64
+
+package netfence
+
+import (
+	"errors"
+	"net"
+	"net/netip"
+	"os"
+	"os/exec"
+	"regexp"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// netns runs functions on one OS thread that has a network namespace of its own, so that
+// nothing here reaches the host's namespace: sockets, netfilter calls and commands started from
+// that thread all live in the new namespace. The thread is never unlocked, so the runtime
+// discards it when the test ends.
+type netns struct {
+	tid  int
+	work chan func()
+}
+
+func newNetns(t *testing.T) *netns {
+	t.Helper()
+	ns := &netns{work: make(chan func())}
+	started := make(chan error)
+	go func() {
+		runtime.LockOSThread()
+		if err := syscall.Unshare(syscall.CLONE_NEWNET); err != nil {
+			started <- err
+			return
+		}
+		ns.tid = syscall.Gettid()
+		started <- nil
+		for f := range ns.work {
+			f()
+		}
+	}()
+	if err := <-started; err != nil {
+		t.Skipf("cannot make a network namespace: %v", err)
+	}
+	t.Cleanup(func() { close(ns.work) })
+	return ns
+}
+
+// do runs f on the namespace's thread.
+func (ns *netns) do(f func()) {
+	done := make(chan struct{})
+	ns.work <- func() { defer close(done); f() }
+	<-done
+}
+
+// sh runs commands in the namespace, failing the test on the first that fails.
+func (ns *netns) sh(t *testing.T, commands ...string) {
+	t.Helper()
+	ns.do(func() {
+		for _, c := range commands {
+			if out, err := exec.Command("sh", "-c", c).CombinedOutput(); err != nil {
+				t.Fatalf("%s: %v: %s", c, err, out)
+			}
+		}
+	})
+}
+
+// listen accepts and closes TCP connections on addr in the namespace until the test ends.
+func (ns *netns) listen(t *testing.T, addr string) {
+	t.Helper()
+	var l net.Listener
+	var err error
+	ns.do(func() { l, err = net.Listen("tcp", addr) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			c.Close()
+		}
+	}()
+}
+
+// connects reports whether a TCP connect from the namespace to addr succeeds.
+func (ns *netns) connects(addr string, timeout time.Duration) error {
+	return ns.connectsFrom("", addr, timeout)
+}
+
+// connectsFrom is connects from the local address from (any when empty).
+func (ns *netns) connectsFrom(from, addr string, timeout time.Duration) (err error) {
+	d := net.Dialer{Timeout: timeout}
+	if from != "" {
+		d.LocalAddr = &net.TCPAddr{IP: net.ParseIP(from)}
+	}
+	ns.do(func() {
+		var c net.Conn
+		if c, err = d.Dial("tcp", addr); err == nil {
+			c.Close()
+		}
+	})
+	return err
+}
+
+// TestApplyFencesANetworkNamespace writes the fence into a fresh network namespace of the real
+// kernel, joined by a veth pair to a peer namespace: iptables-legacy-save and
+// ip6tables-legacy-save must show exactly the rules, allowed destinations must connect, others
+// must not, and only the agent's ports may answer connections from outside, on IPv4 and IPv6.
+func TestApplyFencesANetworkNamespace(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("not root: this test makes network namespaces and writes netfilter tables in them")
+	}
+	for _, tool := range []string{"iptables-legacy-save", "ip6tables-legacy-save"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			t.Fatalf("%s: %v (install iptables: it reads the tables back)", tool, err)
+		}
+	}
+	fenced, peer := newNetns(t), newNetns(t)
+	fenced.sh(t,
+		"ip link set lo up",
+		"ip link add fence0 type veth peer name peer0 netns "+strconv.Itoa(peer.tid),
+		"ip addr add 10.201.0.1/24 dev fence0",
+		"ip addr add fd00:201::1/64 dev fence0 nodad",
+		"ip link set fence0 up")
+	peer.sh(t,
+		"ip link set lo up",
+		"ip addr add 10.201.0.2/24 dev peer0",
+		"ip addr add 10.201.0.3/24 dev peer0",
+		"ip addr add fd00:201::2/64 dev peer0 nodad",
+		"ip addr add fd00:201::3/64 dev peer0 nodad",
+		"ip link set peer0 up")
+	peer.listen(t, ":8443")
+	peer.listen(t, ":8444")
+	fenced.listen(t, ":9000")
+	fenced.listen(t, ":"+strconv.Itoa(int(AgentReplyPorts[0])))
+	fenced.listen(t, ":9001")
+
+	allowedAddrs := []string{"10.201.0.2:8443", "[fd00:201::2]:8443", "127.0.0.1:9000", "[::1]:9000"}
+	deniedAddrs := []string{"10.201.0.3:8443", "10.201.0.2:8444", "[fd00:201::3]:8443", "[fd00:201::2]:8444"}
+	unfenced := append(slices.Clone(allowedAddrs), deniedAddrs...)
+	for _, addr := range unfenced {
+		if err := fenced.connects(addr, 5*time.Second); err != nil {
+			t.Fatalf("before the fence, %s: %v (the namespaces' network is not up)", addr, err)
+		}
+	}
+
+	allowed := []Rule{
+		{Dst: netip.MustParsePrefix("10.201.0.2/32"), Proto: TCP, DstPorts: Ports{8443, 8443}},
+		{Dst: netip.MustParsePrefix("fd00:201::2/128"), Proto: TCP, DstPorts: Ports{8443, 8443}},
+	}
+	var families []string
+	var err error
+	replyTo := []netip.Prefix{netip.MustParsePrefix("10.201.0.2/32"), netip.MustParsePrefix("fd00:201::2/128")}
+	fenced.do(func() { families, err = Apply(OutputRules(replyTo, allowed)) })
+	if errors.Is(err, syscall.ENOPROTOOPT) || errors.Is(err, syscall.ENOENT) || errors.Is(err, syscall.EAFNOSUPPORT) {
+		t.Skipf("this kernel cannot load ip_tables' filter table: %v", err)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Join(families, " ") != "IPv4 IPv6" {
+		t.Errorf("Apply fenced %q, want IPv4 and IPv6", families)
+	}
+
+	head := []string{
+		"*filter",
+		":INPUT ACCEPT [0:0]",
+		":FORWARD DROP [0:0]",
+		":OUTPUT DROP [0:0]",
+		"-A OUTPUT -o lo -j ACCEPT",
+	}
+	fenced.checkSave(t, "iptables-legacy-save", append(slices.Clone(head),
+		"-A OUTPUT -d 10.201.0.2/32 -p tcp -m tcp --sport 7543 -j ACCEPT",
+		"-A OUTPUT -d 10.201.0.2/32 -p tcp -m tcp --sport 7544 -j ACCEPT",
+		"-A OUTPUT -d 10.201.0.2/32 -p tcp -m tcp --dport 8443 -j ACCEPT",
+		"COMMIT"))
+	fenced.checkSave(t, "ip6tables-legacy-save", append(slices.Clone(head),
+		"-A OUTPUT -d fd00:201::2/128 -p tcp -m tcp --sport 7543 -j ACCEPT",
+		"-A OUTPUT -d fd00:201::2/128 -p tcp -m tcp --sport 7544 -j ACCEPT",
+		"-A OUTPUT -d fd00:201::2/128 -p tcp -m tcp --dport 8443 -j ACCEPT",
+		"-A OUTPUT -d fe80::/10 -p ipv6-icmp -j ACCEPT",
+		"-A OUTPUT -d ff02::/16 -p ipv6-icmp -j ACCEPT",
+		"COMMIT"))
+
+	for _, addr := range allowedAddrs {
+		if err := fenced.connects(addr, 5*time.Second); err != nil {
+			t.Errorf("allowed %s: %v", addr, err)
+		}
+	}
+	for _, addr := range deniedAddrs {
+		if err := fenced.connects(addr, time.Second); err == nil {
+			t.Errorf("denied %s connected", addr)
+		}
+	}
+	// From a --reply-to address, the agent's port answers; any other port's replies are
+	// dropped, and so are the agent's replies to any other address: the connects time out.
+	agentPort := strconv.Itoa(int(AgentReplyPorts[0]))
+	for _, c := range []struct{ host, client, stranger string }{
+		{"10.201.0.1", "10.201.0.2", "10.201.0.3"},
+		{"fd00:201::1", "fd00:201::2", "fd00:201::3"},
+	} {
+		if err := peer.connectsFrom(c.client, net.JoinHostPort(c.host, agentPort), 5*time.Second); err != nil {
+			t.Errorf("the agent's port from %s: %v", c.client, err)
+		}
+		if err := peer.connectsFrom(c.client, net.JoinHostPort(c.host, "9001"), time.Second); err == nil {
+			t.Errorf("another port of %s answered %s", c.host, c.client)
+		}
+		if err := peer.connectsFrom(c.stranger, net.JoinHostPort(c.host, agentPort), time.Second); err == nil {
+			t.Errorf("the agent's port answered %s, which is not --reply-to", c.stranger)
+		}
+	}
+}
+
+// checkSave runs an iptables-save in the namespace and compares its filter table with want,
+// counters aside.
+func (ns *netns) checkSave(t *testing.T, save string, want []string) {
+	t.Helper()
+	var out []byte
+	var err error
+	ns.do(func() { out, err = exec.Command(save, "-t", "filter").Output() })
+	if err != nil {
+		t.Fatalf("%s: %v", save, err)
+	}
+	counters := regexp.MustCompile(`\[\d+:\d+\]$`)
+	var got []string
+	for _, line := range strings.Split(string(out), "\n") {
+		if line != "" && !strings.HasPrefix(line, "#") {
+			got = append(got, counters.ReplaceAllString(line, "[0:0]"))
+		}
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("%s in the fenced namespace:\n%s\nwant:\n%s", save, strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+}

@@ -1,0 +1,161 @@
+package netfence
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+)
+
+func TestParseAllow(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		want Rule
+	}{
+		{"10.0.0.0/8:443", Rule{Dst: netip.MustParsePrefix("10.0.0.0/8"), Proto: TCP, DstPorts: Ports{443, 443}}},
+		{"10.0.0.0/8:443/tcp", Rule{Dst: netip.MustParsePrefix("10.0.0.0/8"), Proto: TCP, DstPorts: Ports{443, 443}}},
+		{"192.0.2.7:1000-2000/udp", Rule{Dst: netip.MustParsePrefix("192.0.2.7/32"), Proto: UDP, DstPorts: Ports{1000, 2000}}},
+		{"0.0.0.0/0:53/udp", Rule{Dst: netip.MustParsePrefix("0.0.0.0/0"), Proto: UDP, DstPorts: Ports{53, 53}}},
+		{"2001:db8::/32:443", Rule{Dst: netip.MustParsePrefix("2001:db8::/32"), Proto: TCP, DstPorts: Ports{443, 443}}},
+		{"[2001:db8::1]:53/udp", Rule{Dst: netip.MustParsePrefix("2001:db8::1/128"), Proto: UDP, DstPorts: Ports{53, 53}}},
+	} {
+		got, err := ParseAllow(tc.in)
+		if err != nil || got != tc.want {
+			t.Errorf("ParseAllow(%q) = %+v, %v; want %+v", tc.in, got, err, tc.want)
+		}
+	}
+}
+
+func TestParseAllowRefusesWhatIsNotOneRuleInOneLine(t *testing.T) {
+	for in, want := range map[string]string{
+		"10.0.0.1/8:443":        "host bits set; write 10.0.0.0/8",
+		"10.0.0.0/8":            "want DEST:PORT",
+		":443":                  "want DEST:PORT",
+		"10.0.0.0/8:0":          `"0" is not a port`,
+		"10.0.0.0/8:70000":      `"70000" is not a port`,
+		"10.0.0.0/8:20-10":      `"20-10" is not a port`,
+		"10.0.0.0/8:443/sctp":   `"443/sctp" is not a port`,
+		"example.com:443":       "neither a CIDR nor an address",
+		"2001:db8::1:443":       "write an IPv6 address in brackets",
+		"[10.0.0.1]:443":        "write an IPv6 address in brackets",
+		"[fe80::1%eth0]:443":    "neither a CIDR nor an address",
+		"::ffff:10.0.0.0/104:1": "IPv4-mapped",
+	} {
+		_, err := ParseAllow(in)
+		if err == nil || !strings.Contains(err.Error(), want) || strings.Contains(err.Error(), "\n") {
+			t.Errorf("ParseAllow(%q) = %v, want one line with %q", in, err, want)
+		}
+	}
+}
+
+func TestOutputRulesPutLoopbackAndTheAgentsRepliesFirstAndAllowEachOnce(t *testing.T) {
+	allow := Rule{Dst: netip.MustParsePrefix("10.0.0.0/8"), Proto: TCP, DstPorts: Ports{443, 443}}
+	runners := netip.MustParsePrefix("10.88.0.0/16")
+	got := OutputRules([]netip.Prefix{runners}, []Rule{allow, allow})
+	want := []Rule{{OutInterface: "lo"}, {Dst: runners, Proto: TCP, SrcPorts: Ports{7543, 7543}}, {Dst: runners, Proto: TCP, SrcPorts: Ports{7544, 7544}}, allow}
+	if len(got) != len(want) {
+		t.Fatalf("OutputRules = %+v, want %+v", got, want)
+	}
+	for i := range got {
+		if got[i] != want[i] {
+			t.Errorf("rule %d = %+v, want %+v", i, got[i], want[i])
+		}
+	}
+	line := Describe([]string{"IPv4", "IPv6"}, got)
+	if line != "netfence: IPv4 and IPv6 egress allowed only to interface lo, tcp replies from port 7543 to 10.88.0.0/16, tcp replies from port 7544 to 10.88.0.0/16, tcp 10.0.0.0/8 port 443; everything else is dropped" {
+		t.Errorf("Describe = %q", line)
+	}
+}
+
+func TestOutputRulesAllowNeighborDiscoveryOnlyForIPv6Destinations(t *testing.T) {
+	v4 := Rule{Dst: netip.MustParsePrefix("10.0.0.0/8"), Proto: TCP, DstPorts: Ports{443, 443}}
+	v6 := Rule{Dst: netip.MustParsePrefix("2001:db8::/32"), Proto: TCP, DstPorts: Ports{443, 443}}
+	for _, r := range OutputRules(nil, []Rule{v4}) {
+		if r.Proto == ICMPv6 {
+			t.Errorf("IPv4 destinations only, yet %s", r)
+		}
+	}
+	if got := OutputRules(nil, []Rule{v4, v6}); !slices.Equal(got[len(got)-2:], neighborDiscovery) {
+		t.Errorf("an IPv6 destination, yet OUTPUT ends %v", got[len(got)-2:])
+	}
+}
+
+func TestReadNameserversAllowsDNSToEachNameserver(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "resolv.conf")
+	conf := "search ns.svc.cluster.local\nnameserver 10.96.0.10\nnameserver fd00::10\nnameserver 10.96.0.11\noptions ndots:5\n"
+	if err := os.WriteFile(path, []byte(conf), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	servers, err := readNameservers(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rules := DNSRules(servers)
+	var got []string
+	for _, r := range rules {
+		got = append(got, r.String())
+	}
+	want := "udp 10.96.0.10/32 port 53, tcp 10.96.0.10/32 port 53, udp fd00::10/128 port 53, tcp fd00::10/128 port 53, udp 10.96.0.11/32 port 53, tcp 10.96.0.11/32 port 53"
+	if strings.Join(got, ", ") != want {
+		t.Errorf("DNS rules = %s, want %s", strings.Join(got, ", "), want)
+	}
+
+	if err := os.WriteFile(path, []byte("search example\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := readNameservers(path); err == nil || !strings.Contains(err.Error(), "names no nameserver") {
+		t.Errorf("readNameservers without nameservers = %v, want an error", err)
+	}
+}
+
+type fakeResolver map[string][]netip.Addr
+
+func (f fakeResolver) LookupNetIP(_ context.Context, network, host string) ([]netip.Addr, error) {
+	if network != "ip" {
+		return nil, errors.New("asked for " + network)
+	}
+	if addrs, ok := f[host]; ok {
+		return addrs, nil
+	}
+	return nil, &net.DNSError{Err: "no such host", Name: host, IsNotFound: true}
+}
+
+func TestResolveHostsAllowsEveryAddressAndFailsClosed(t *testing.T) {
+	r := fakeResolver{"registry.example": {netip.MustParseAddr("192.0.2.1"), netip.MustParseAddr("::ffff:192.0.2.2"), netip.MustParseAddr("2001:db8::7")}}
+	rules, err := resolveHosts(context.Background(), r, []hostAllow{{host: "registry.example", proto: TCP, ports: Ports{443, 443}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []Rule{
+		{Dst: netip.MustParsePrefix("192.0.2.1/32"), Proto: TCP, DstPorts: Ports{443, 443}},
+		{Dst: netip.MustParsePrefix("192.0.2.2/32"), Proto: TCP, DstPorts: Ports{443, 443}},
+		{Dst: netip.MustParsePrefix("2001:db8::7/128"), Proto: TCP, DstPorts: Ports{443, 443}},
+	}
+	if len(rules) != 3 || rules[0] != want[0] || rules[1] != want[1] || rules[2] != want[2] {
+		t.Errorf("rules = %+v, want %+v", rules, want)
+	}
+	_, err = resolveHosts(context.Background(), r, []hostAllow{{host: "registry.example"}, {host: "gone.example"}})
+	if err == nil || !strings.Contains(err.Error(), "--allow-host gone.example: cannot resolve it") {
+		t.Errorf("an unresolvable host = %v, want an error naming it", err)
+	}
+}
+
+func TestCommandRefusesBadFlagsBeforeTouchingTheTable(t *testing.T) {
+	for _, args := range [][]string{{"--allow", "10.0.0.0/8"}, {"--allow-dns=maybe"}, {"--deny", "x"}, {"extra"}, {"--allow", "10.0.0.0/8:443"}, {"--reply-to", "10.88.0.1/16"}} {
+		var out bytes.Buffer
+		err := Command(args, &out)
+		if err == nil || !strings.Contains(err.Error(), "see netfence -h") || out.Len() != 0 {
+			t.Errorf("Command(%q) = %v, printed %q; want a usage error and nothing printed", args, err, out.String())
+		}
+	}
+	var out bytes.Buffer
+	if err := Command([]string{"-h"}, &out); err != nil || !strings.HasPrefix(out.String(), "usage: sandbox-executor-agent netfence") {
+		t.Errorf("Command(-h) = %v, printed %q", err, out.String())
+	}
+}
