@@ -1,0 +1,348 @@
+//go:build security
+
+package security
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/utils/ptr"
+
+	"github.com/sandbox-executor/sandbox-executor/tests/harness/clusterjobs"
+	"github.com/sandbox-executor/sandbox-executor/tests/harness/localcluster"
+)
+
+const (
+	// netfenceContainer is the init container that sets the pod's netstack iptables.
+	netfenceContainer = "netfence"
+	// outsideLink is the node's side of "the internet"'s network namespace: every packet that
+	// reaches 10.99.0.2 crosses it (tests/cluster/networkpolicy.sh).
+	outsideLink = "sbx-out0"
+	// proxiedTemplate and proxiedPool are deploy/local's pool whose pods may reach only the
+	// egress proxy (10.99.2.2:3128).
+	proxiedTemplate = "duo-gvisor-proxied"
+	proxiedPoolName = "duo-proxied"
+	proxyAdmin      = "http://10.99.2.2:3129"
+	// fenceRounds is how many times the policy agent is restarted around a job's start.
+	fenceRounds = 20
+)
+
+// TestNetstackFenceHoldsThroughPolicyAgentRestarts takes the node's NetworkPolicy enforcement
+// down (kube-router stopped and its rules removed, as a crashed, upgraded or re-syncing agent
+// leaves a node) at a random moment around a job's start, holds it down for a random while, and
+// brings it back, fenceRounds times. In every round a job of the direct pool and one of the
+// proxied pool curl "the internet" in a loop across the lapse. The second fence, the iptables
+// their fence-init container set in gVisor's own network stack, must hold: not one packet of
+// theirs reaches 10.99.0.2 (tcpdump on the link in front of it), while a canary pod that only
+// NetworkPolicy fences reaches it in every round, which proves each lapse was real. After each
+// lapse the GitLab instance is reachable again: directly from the direct pool, through the
+// proxy from the proxied one.
+//
+// SANDBOX_EXECUTOR_FENCE_SEED replays a run's schedule (the seed is logged).
+func TestNetstackFenceHoldsThroughPolicyAgentRestarts(t *testing.T) {
+	c := clusterjobs.Connect(t)
+	requireNetstackFence(t, c, localcluster.Template)
+	requireNetstackFence(t, c, proxiedTemplate)
+	seed := uint64(time.Now().UnixNano())
+	if s := os.Getenv("SANDBOX_EXECUTOR_FENCE_SEED"); s != "" {
+		v, err := strconv.ParseUint(s, 10, 64)
+		if err != nil {
+			t.Fatalf("SANDBOX_EXECUTOR_FENCE_SEED=%q: not an unsigned integer", s)
+		}
+		seed = v
+	}
+	t.Logf("schedule seed %d (SANDBOX_EXECUTOR_FENCE_SEED=%d replays it)", seed, seed)
+	rng := rand.New(rand.NewPCG(seed, 0))
+
+	packets := captureTo(t, internet)
+	canaryIP := startCanary(t, c)
+	direct := c.NewRunner(t, "sec-nsfence", "require_fence = true")
+	proxied := c.NewRunnerWith(t, "sec-nsfence-px", localcluster.Config{
+		Pools: append([]localcluster.PoolConfig{{Name: proxiedPoolName, EgressProxy: proxyAdmin}}, localcluster.Pools(localcluster.Pool)...),
+		Extra: "require_fence = true",
+	})
+	clusterjobs.RestoreAfterBreak(t, func() error { return clusterjobs.RunScript("networkpolicy.sh", "up") })
+
+	jobIPs := map[string]string{}
+	for round := 1; round <= fenceRounds; round++ {
+		// The lapse begins from 1.5 s before the job's prepare to 3 s after it, and lasts 1-3 s.
+		offset := time.Duration(rng.Int64N(int64(4500*time.Millisecond))) - 1500*time.Millisecond
+		hold := time.Second + time.Duration(rng.Int64N(int64(2*time.Second)))
+		t.Logf("round %d: enforcement down %s after the jobs start, for %s", round, offset, hold)
+		lapse := fenceRound(t, direct, proxied, offset, hold, jobIPs)
+		if n := packets.from(canaryIP, lapse.begin, lapse.end); n == 0 {
+			t.Fatalf("round %d: the canary %s reached %s not once while enforcement was down (%s to %s): the fault did not open the NetworkPolicy layer, so this round proved nothing",
+				round, canaryIP, internet, lapse.begin.Format(time.RFC3339Nano), lapse.end.Format(time.RFC3339Nano))
+		}
+	}
+	time.Sleep(time.Second) // tcpdump's last lines
+	for ip, job := range jobIPs {
+		if n := packets.from(ip, time.Time{}, time.Now()); n != 0 {
+			t.Errorf("%s (%s) sent %d packets that reached %s", job, ip, n, internet)
+		}
+	}
+	t.Logf("%d rounds: the canary reached %s %d times, the jobs' pods (%d) never", fenceRounds, internet, packets.from(canaryIP, time.Time{}, time.Now()), len(jobIPs))
+}
+
+type window struct{ begin, end time.Time }
+
+// fenceRound runs one job on each runner while enforcement goes down offset after they start
+// and comes back hold later; it returns when the lapse was and records the jobs' pod IPs.
+func fenceRound(t *testing.T, direct, proxied *clusterjobs.Runner, offset, hold time.Duration, jobIPs map[string]string) window {
+	t.Helper()
+	var lapse window
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	start := time.Now()
+	wg.Go(func() {
+		time.Sleep(start.Add(offset + 1500*time.Millisecond).Sub(time.Now()))
+		lapse.begin = time.Now()
+		if err := clusterjobs.RunScript("networkpolicy.sh", "enforcement-down"); err != nil {
+			t.Error(err)
+		}
+		time.Sleep(hold)
+		lapse.end = time.Now()
+		if err := clusterjobs.RunScript("networkpolicy.sh", "up"); err != nil {
+			t.Error(err)
+		}
+	})
+	time.Sleep(1500 * time.Millisecond) // offset is counted from here, and may be negative
+	for _, r := range []*clusterjobs.Runner{direct, proxied} {
+		wg.Go(func() {
+			j := r.NewJob(t, clusterjobs.JobSpec{})
+			defer j.Cleanup(t)
+			if res := j.Stage(t, "config"); res.ExitCode != 0 {
+				t.Errorf("job %d: config exited %d\n%s", j.ID, res.ExitCode, res.Output())
+				return
+			}
+			if res := j.Stage(t, "prepare"); res.ExitCode != 0 {
+				t.Errorf("job %d: prepare exited %d\n%s", j.ID, res.ExitCode, res.Output())
+				return
+			}
+			pod := j.PodObject(t)
+			mu.Lock()
+			jobIPs[pod.Status.PodIP] = fmt.Sprintf("job %d (pod %s)", j.ID, pod.Name)
+			mu.Unlock()
+			// Tries "the internet" every 200 ms, bypassing any proxy, for 8 s: across the lapse.
+			res := j.Run(t, `end=$(($(date +%s) + 8))
+while [ "$(date +%s)" -lt "$end" ]; do
+  curl -s --noproxy '*' --connect-timeout 1 --max-time 1 http://`+internet+`/ && echo " REACHED"
+  sleep 0.2
+done
+echo loop-done
+`)
+			if strings.Contains(res.Output(), "REACHED") || !strings.Contains(res.Output(), "loop-done") {
+				t.Errorf("job %d (pod %s): the loop reached the internet or did not finish:\n%s", j.ID, pod.Name, res.Output())
+			}
+		})
+	}
+	wg.Wait()
+	// Enforcement is back: the instance answers again, on the route each pool has.
+	for _, r := range []struct {
+		runner *clusterjobs.Runner
+		script string
+	}{
+		{direct, "curl -sS --noproxy '*' --max-time 10 http://" + gitlab + "/"},
+		{proxied, "curl -sS --max-time 20 http://gitlab.sandbox.test/"},
+	} {
+		j := r.runner.NewJob(t, clusterjobs.JobSpec{})
+		j.Prepare(t)
+		if out := j.MustRun(t, r.script).Output(); !strings.Contains(out, "gitlab") {
+			t.Errorf("job %d: the GitLab instance is not reachable once enforcement is back:\n%s", j.ID, out)
+		}
+		j.Cleanup(t)
+	}
+	return lapse
+}
+
+// requireNetstackFence fails the test unless the template's pods set the netstack fence: without
+// it this test would only show that NetworkPolicy alone lapses.
+func requireNetstackFence(t *testing.T, c *clusterjobs.Cluster, template string) {
+	t.Helper()
+	tmpl, err := c.Admin.Extensions.ExtensionsV1beta1().SandboxTemplates(clusterjobs.Namespace).Get(t.Context(), template, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, ic := range tmpl.Spec.PodTemplate.Spec.InitContainers {
+		if ic.Name == netfenceContainer {
+			return
+		}
+	}
+	t.Fatalf("SandboxTemplate %s has no %s init container: apply this branch's deploy/local (make cluster-up)", template, netfenceContainer)
+}
+
+// packetLog is what tcpdump saw reach an address: each packet's source and time.
+type packetLog struct {
+	mu      sync.Mutex
+	packets []packet
+}
+
+type packet struct {
+	at  time.Time
+	src string
+}
+
+// from counts the packets of src seen from begin to end (a zero begin: from the start).
+func (c *packetLog) from(src string, begin, end time.Time) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	n := 0
+	for _, p := range c.packets {
+		if p.src == src && !p.at.Before(begin) && !p.at.After(end) {
+			n++
+		}
+	}
+	return n
+}
+
+// captureTo records every IPv4 packet sent to dst across outsideLink until the test ends.
+func captureTo(t *testing.T, dst string) *packetLog {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	cmd := exec.CommandContext(ctx, "tcpdump", "-i", outsideLink, "-n", "-l", "-tt", "-q", "ip and dst host "+dst)
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("tcpdump: %v", err)
+	}
+	c := &packetLog{}
+	listening := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		scanner := bufio.NewScanner(stdout)
+		for scanner.Scan() {
+			// "1764000000.123456 IP 10.88.0.5.43210 > 10.99.0.2.80: tcp 0"
+			f := strings.Fields(scanner.Text())
+			if len(f) < 3 || f[1] != "IP" {
+				continue
+			}
+			sec, err := strconv.ParseFloat(f[0], 64)
+			if err != nil {
+				continue
+			}
+			src := f[2][:strings.LastIndexByte(f[2], '.')]
+			c.mu.Lock()
+			c.packets = append(c.packets, packet{at: time.Unix(0, int64(sec*1e9)), src: src})
+			c.mu.Unlock()
+		}
+	}()
+	// tcpdump says "listening on" (on stderr) once it captures.
+	go func() {
+		scanner := bufio.NewScanner(stderr)
+		for scanner.Scan() {
+			if strings.Contains(scanner.Text(), "listening on") {
+				close(listening)
+				break
+			}
+		}
+		_, _ = io.Copy(io.Discard, stderr)
+	}()
+	select {
+	case <-listening:
+	case <-time.After(10 * time.Second):
+		cancel()
+		t.Fatalf("tcpdump on %s did not start within 10 s", outsideLink)
+	}
+	t.Cleanup(func() {
+		cancel()
+		_ = cmd.Wait()
+		<-done
+	})
+	return c
+}
+
+// startCanary runs a gVisor pod that NetworkPolicy alone fences (the default template's
+// policy selects it; it has no netstack fence) and that curls "the internet" every 100 ms. It
+// reaches it only while enforcement is down; it returns the pod's IP.
+func startCanary(t *testing.T, c *clusterjobs.Cluster) string {
+	t.Helper()
+	ctx := t.Context()
+	policy := templatePolicy(t, c, localcluster.Template)
+	tmpl, err := c.Admin.Extensions.ExtensionsV1beta1().SandboxTemplates(clusterjobs.Namespace).Get(ctx, localcluster.Template, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	job := tmpl.Spec.PodTemplate.Spec.Containers[0]
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "sec-nsfence-canary", Namespace: clusterjobs.Namespace, Labels: policy.Spec.PodSelector.MatchLabels},
+		Spec: corev1.PodSpec{
+			RuntimeClassName:              tmpl.Spec.PodTemplate.Spec.RuntimeClassName,
+			AutomountServiceAccountToken:  ptr.To(false),
+			TerminationGracePeriodSeconds: ptr.To[int64](1),
+			Containers: []corev1.Container{{
+				Name: "canary", Image: job.Image, ImagePullPolicy: corev1.PullNever,
+				Command: []string{"sh", "-c", "while :; do curl -s --connect-timeout 1 --max-time 1 -o /dev/null http://" + internet + "/; sleep 0.1; done"},
+				SecurityContext: &corev1.SecurityContext{
+					AllowPrivilegeEscalation: ptr.To(false),
+					Capabilities:             &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}},
+				},
+			}},
+		},
+	}
+	pods := c.Admin.Kube.CoreV1().Pods(clusterjobs.Namespace)
+	_ = pods.Delete(ctx, pod.Name, metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)})
+	if err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+		_, err := pods.Get(ctx, pod.Name, metav1.GetOptions{})
+		return apierrors.IsNotFound(err), nil
+	}); err != nil {
+		t.Fatalf("an old canary pod is still there: %v", err)
+	}
+	if _, err := pods.Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = pods.Delete(context.Background(), pod.Name, metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)})
+	})
+	var ip string
+	if err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
+		p, err := pods.Get(ctx, pod.Name, metav1.GetOptions{})
+		if err != nil {
+			return false, err
+		}
+		ip = p.Status.PodIP
+		return p.Status.Phase == corev1.PodRunning && ip != "", nil
+	}); err != nil {
+		t.Fatalf("canary pod: %v", err)
+	}
+	return ip
+}
+
+// templatePolicy is the NetworkPolicy agent-sandbox manages for a template's pods.
+func templatePolicy(t *testing.T, c *clusterjobs.Cluster, template string) *networkingv1.NetworkPolicy {
+	t.Helper()
+	policies, err := c.Admin.Kube.NetworkingV1().NetworkPolicies(clusterjobs.Namespace).List(t.Context(), metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, p := range policies.Items {
+		for _, o := range p.OwnerReferences {
+			if o.Kind == "SandboxTemplate" && o.Name == template {
+				return &policies.Items[i]
+			}
+		}
+	}
+	t.Fatalf("no NetworkPolicy owned by SandboxTemplate %s", template)
+	return nil
+}
