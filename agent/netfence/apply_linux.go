@@ -50,7 +50,7 @@ func (f family) apply(output []Rule) error {
 	defer pinner.Unpin()
 	le.PutUint64(req[replaceCountersPtrAt:], uint64(uintptr(unsafe.Pointer(&counters[0]))))
 	if err := f.setsockopt(fd, req); errors.Is(err, syscall.EINVAL) {
-		return fmt.Errorf("can't replace %s table `filter': %w: this runtime refuses the table (older gVisor releases accept no FORWARD policy but ACCEPT); upgrade runsc, or set the chart's jobDefaults.netstackFence=false", f.tool, err)
+		return fmt.Errorf("can't replace %s table `filter': %w: this runtime refuses the table (older gVisor releases accept no FORWARD policy but ACCEPT); upgrade runsc, or set the chart's jobDefaults.netstackFence.enabled=false", f.tool, err)
 	} else if err != nil {
 		return fmt.Errorf("can't replace %s table `filter': %w: %s", f.tool, err, fixCapabilities)
 	}
@@ -59,7 +59,7 @@ func (f family) apply(output []Rule) error {
 		return err
 	}
 	if !now.SameChains(layout) {
-		return fmt.Errorf("the %s filter table read back (%d entries, %d bytes) is not the one written (%d entries, %d bytes): this runtime's netfilter does not keep the fence; set the chart's jobDefaults.netstackFence=false", f.name, now.NumEntries, now.Size, layout.NumEntries, layout.Size)
+		return fmt.Errorf("the %s filter table read back (%d entries, %d bytes) is not the one written (%d entries, %d bytes): this runtime's netfilter does not keep the fence; set the chart's jobDefaults.netstackFence.enabled=false", f.name, now.NumEntries, now.Size, layout.NumEntries, layout.Size)
 	}
 	return nil
 }
@@ -72,7 +72,7 @@ func (f family) tableInfo(fd int) (Layout, error) {
 		return Layout{}, fmt.Errorf("can't initialize %s table `filter': %w: %s", f.tool, err, fixCapabilities)
 	}
 	if hooks := le.Uint32(info[getInfoValidHooksAt:]); hooks != filterValidHooks {
-		return Layout{}, fmt.Errorf("the %s filter table has hooks %#x, not INPUT, FORWARD and OUTPUT (%#x): this runtime's netfilter is not one netfence knows; set the chart's jobDefaults.netstackFence=false", f.name, hooks, filterValidHooks)
+		return Layout{}, fmt.Errorf("the %s filter table has hooks %#x, not INPUT, FORWARD and OUTPUT (%#x): this runtime's netfilter is not one netfence knows; set the chart's jobDefaults.netstackFence.enabled=false", f.name, hooks, filterValidHooks)
 	}
 	var l Layout
 	for hook := range numHooks {

@@ -53,7 +53,7 @@ const resolvConf = "/etc/resolv.conf"
 const resolveTimeout = 10 * time.Second
 
 // fixCapabilities names what a failed netfilter call needs, in every failure's one line.
-const fixCapabilities = "runsc needs net-raw = true and this container CAP_NET_ADMIN and CAP_NET_RAW as root, or set the chart's jobDefaults.netstackFence=false to rely on NetworkPolicy alone"
+const fixCapabilities = "runsc needs net-raw = true and this container CAP_NET_ADMIN and CAP_NET_RAW as root, or set the chart's jobDefaults.netstackFence.enabled=false to rely on NetworkPolicy alone"
 
 // AgentReplyPorts are the agent's listening ports whose replies OUTPUT accepts: the stage
 // transport (TLS) and the readiness probe. The agent, the job container's PID 1, holds

@@ -173,3 +173,56 @@ priorityClassName: {{ . | quote }}
 {{- define "sandbox-executor.clusterScoped" -}}
 {{- if .Values.clusterScoped.create }}true{{ end -}}
 {{- end -}}
+
+{{- /* netfenceArgs (list $ TEMPLATE): the netfence init container's args for a template, as JSON,
+[] when it has none. The netstack fence (docs/security.md#the-netstack-fence) writes the same
+egress as the template's NetworkPolicy into the gVisor sandbox's own iptables, so it holds while
+the node's NetworkPolicy agent restarts; only ipBlock rules with ports can be mirrored there. The
+templates and the cold-start admission policy (which admits exactly these args) share it. */ -}}
+{{- define "sandbox-executor.netfenceArgs" -}}
+{{- $ := index . 0 }}
+{{- $t := index . 1 }}
+{{- $bake := ternary $t.bakeAgent true (hasKey $t "bakeAgent") }}
+{{- $egress := $t.egress | default "direct" }}
+{{- $proxyURL := $t.proxyURL | default (printf "http://%s:3128" (include "sandbox-executor.egressProxyHost" $)) }}
+{{- $netfence := ternary $t.netstackFence $.Values.jobDefaults.netstackFence.enabled (hasKey $t "netstackFence") }}
+{{- if and $netfence (not $bake) }}
+{{- if hasKey $t "netstackFence" }}
+{{- fail (printf "templates[%s].netstackFence needs bakeAgent: the fence accepts the agent's replies from its ports, which only a baked agent holds" $t.name) }}
+{{- end }}
+{{- $netfence = false }}
+{{- end }}
+{{- $netfenceArgs := list "netfence" }}
+{{- range $.Values.jobDefaults.netstackFence.replyTo }}
+{{- $netfenceArgs = concat $netfenceArgs (list "--reply-to" .) }}
+{{- end }}
+{{- if hasKey $t "egressRules" }}
+{{- range $i, $rule := $t.egressRules }}
+{{- if or (not $rule.to) (not $rule.ports) }}
+{{- if $netfence }}{{ fail (printf "templates[%s].egressRules[%d]: the netstack fence mirrors only rules with both to (ipBlock) and ports; list them, or set templates[%s].netstackFence: false" $t.name $i $t.name) }}{{ end }}
+{{- end }}
+{{- range $rule.to }}
+{{- if or (not .ipBlock) .podSelector .namespaceSelector (and .ipBlock .ipBlock.except) }}
+{{- if $netfence }}{{ fail (printf "templates[%s].egressRules[%d]: the netstack fence mirrors only ipBlock peers without except; use ipBlock, or set templates[%s].netstackFence: false" $t.name $i $t.name) }}{{ end }}
+{{- else }}
+{{- $cidr := .ipBlock.cidr }}
+{{- range $rule.ports }}
+{{- $netfenceArgs = concat $netfenceArgs (list "--allow" (printf "%s:%v/%s" $cidr .port (lower (.protocol | default "TCP")))) }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- else if eq $egress "direct" }}
+{{- $netfenceArgs = append $netfenceArgs "--allow-dns" }}
+{{- range $cidr := $.Values.gitlab.cidrs }}
+{{- range $port := $.Values.gitlab.ports }}
+{{- $netfenceArgs = concat $netfenceArgs (list "--allow" (printf "%s:%v" $cidr $port)) }}
+{{- end }}
+{{- end }}
+{{- else if eq $egress "proxied" }}
+{{- $proxy := urlParse $proxyURL }}
+{{- $proxyHostPort := ternary $proxy.host (printf "%s:%s" $proxy.host (ternary "443" "80" (eq $proxy.scheme "https"))) (contains ":" $proxy.host) }}
+{{- $netfenceArgs = concat $netfenceArgs (list "--allow-dns" "--allow-host" $proxyHostPort) }}
+{{- end }}
+{{- if $netfence }}{{ toJson $netfenceArgs }}{{ else }}[]{{ end }}
+{{- end -}}
