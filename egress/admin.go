@@ -1,21 +1,17 @@
 package egress
 
 import (
-	"bufio"
-	"context"
 	"crypto/subtle"
 	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
 	"net/netip"
-	"net/url"
 	"strings"
 	"time"
-)
 
-// BlockedPath is the read endpoint: GET /v1/blocked?client=<IP>&since=<RFC3339Nano>.
-const BlockedPath = "/v1/blocked"
+	"github.com/sandbox-executor/sandbox-executor/egress/adminclient"
+)
 
 // Admin serves the blocked attempts per client to runners (trusted by source address) and to
 // anyone holding the token.
@@ -40,8 +36,8 @@ func (a *Admin) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	case "/healthz":
 		io.WriteString(w, "ok\n")
 		return
-	case BlockedPath:
-	case GrantsPath:
+	case adminclient.BlockedPath:
+	case adminclient.GrantsPath:
 		if a.Grants == nil {
 			http.NotFound(w, r)
 			return
@@ -88,7 +84,7 @@ func (a *Admin) serveGrants(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(http.StatusNoContent)
 		return
 	}
-	var grant Grant
+	var grant adminclient.Grant
 	if err := json.NewDecoder(io.LimitReader(r.Body, 64<<10)).Decode(&grant); err != nil {
 		http.Error(w, "egress proxy admin: the grant is not JSON {\"allow\":[...],\"until\":\"RFC 3339\"}", http.StatusBadRequest)
 		return
@@ -138,70 +134,3 @@ func (a *Admin) authorized(r *http.Request) bool {
 	}
 	return false
 }
-
-// QueryBlocked asks the admin endpoint at base (e.g. "http://10.0.0.5:3129") for the client's
-// blocked attempts since a time.
-func QueryBlocked(ctx context.Context, hc *http.Client, base, client string, since time.Time) (*Blocked, error) {
-	u := strings.TrimSuffix(base, "/") + BlockedPath + "?" + url.Values{
-		"client": {client}, "since": {since.UTC().Format(time.RFC3339Nano)},
-	}.Encode()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
-	if err != nil {
-		return nil, err
-	}
-	resp, err := hc.Do(req)
-	if err != nil {
-		return nil, err
-	}
-	defer resp.Body.Close()
-	body := io.LimitReader(resp.Body, 4<<20)
-	if resp.StatusCode != http.StatusOK {
-		line, _ := bufio.NewReader(body).ReadString('\n')
-		return nil, fmt.Errorf("%s: %s", resp.Status, truncate(strings.TrimSpace(line), 200))
-	}
-	var b Blocked
-	if err := json.NewDecoder(body).Decode(&b); err != nil {
-		return nil, fmt.Errorf("reading the answer: %v", err)
-	}
-	return &b, nil
-}
-
-// PutGrant gives client the allowlist entries allow until a time, through the admin endpoint at base.
-func PutGrant(ctx context.Context, hc *http.Client, base, client string, grant Grant) error {
-	body, err := json.Marshal(grant)
-	if err != nil {
-		return err
-	}
-	return adminCall(ctx, hc, http.MethodPut, base, client, strings.NewReader(string(body)))
-}
-
-// DeleteGrant removes client's grant through the admin endpoint at base.
-func DeleteGrant(ctx context.Context, hc *http.Client, base, client string) error {
-	return adminCall(ctx, hc, http.MethodDelete, base, client, nil)
-}
-
-func adminCall(ctx context.Context, hc *http.Client, method, base, client string, body io.Reader) error {
-	u := strings.TrimSuffix(base, "/") + GrantsPath + "?" + url.Values{"client": {client}}.Encode()
-	req, err := http.NewRequestWithContext(ctx, method, u, body)
-	if err != nil {
-		return err
-	}
-	resp, err := hc.Do(req)
-	if err != nil {
-		return err
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusNoContent {
-		line, _ := bufio.NewReader(io.LimitReader(resp.Body, 4096)).ReadString('\n')
-		return fmt.Errorf("%s: %s", resp.Status, truncate(strings.TrimSpace(line), 200))
-	}
-	return nil
-}
-
-// AdminTimeout bounds one call to the admin endpoint: a proxy that does not answer costs a
-// stage at most this.
-const AdminTimeout = 2 * time.Second
-
-// AdminClient talks to the proxy's admin address directly: never through a proxy from the
-// runner's environment.
-var AdminClient = &http.Client{Transport: &http.Transport{Proxy: nil}, Timeout: AdminTimeout}

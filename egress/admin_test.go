@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/sandbox-executor/sandbox-executor/egress/adminclient"
 )
 
 func TestAdminBlockedEndpoint(t *testing.T) {
@@ -67,15 +69,15 @@ func TestQueryBlocked(t *testing.T) {
 	rec.Record(blocked("10.88.0.5", 3*time.Second, "later.example:443"))
 	srv := httptest.NewServer(&Admin{Recorder: rec, Allow: DefaultAdminAllow})
 	defer srv.Close()
-	b, err := QueryBlocked(context.Background(), srv.Client(), srv.URL+"/", "10.88.0.5", t0.Add(2*time.Second).In(time.FixedZone("X", 3600)))
+	b, err := (&adminclient.Client{Base: srv.URL + "/", HTTP: srv.Client()}).QueryBlocked(context.Background(), "10.88.0.5", t0.Add(2*time.Second).In(time.FixedZone("X", 3600)))
 	if err != nil || dests(*b) != "later.example:443" {
 		t.Fatalf("QueryBlocked = %+v, %v", b, err)
 	}
-	if _, err := QueryBlocked(context.Background(), srv.Client(), srv.URL, "not-an-ip", t0); err == nil || !strings.Contains(err.Error(), "400 Bad Request: egress proxy admin: client=") {
+	if _, err := (&adminclient.Client{Base: srv.URL, HTTP: srv.Client()}).QueryBlocked(context.Background(), "not-an-ip", t0); err == nil || !strings.Contains(err.Error(), "400 Bad Request: egress proxy admin: client=") {
 		t.Errorf("bad client: %v", err)
 	}
 	srv.Close()
-	if _, err := QueryBlocked(context.Background(), srv.Client(), srv.URL, "10.88.0.5", t0); err == nil {
+	if _, err := (&adminclient.Client{Base: srv.URL, HTTP: srv.Client()}).QueryBlocked(context.Background(), "10.88.0.5", t0); err == nil {
 		t.Error("a closed server answered")
 	}
 }

@@ -8,6 +8,8 @@ import (
 	"strings"
 
 	"github.com/BurntSushi/toml"
+
+	"github.com/sandbox-executor/sandbox-executor/egress/allowlist"
 )
 
 // Config is the proxy's TOML configuration (cmd/sandbox-egress-proxy).
@@ -20,7 +22,7 @@ type Config struct {
 	AdminAllow []string `toml:"admin_allow"`
 	// AdminTokenFile holds a bearer token accepted from any source (optional).
 	AdminTokenFile string `toml:"admin_token_file"`
-	// Allow is the allowlist (see Rule).
+	// Allow is the allowlist (see allowlist.Rule).
 	Allow []string `toml:"allow"`
 	// Hosts resolves names without DNS: name = "IP".
 	Hosts map[string]string `toml:"hosts"`
@@ -32,7 +34,7 @@ type Config struct {
 // Built is a validated configuration, ready to serve.
 type Built struct {
 	Config    Config
-	Allowlist *Allowlist
+	Allowlist *allowlist.Allowlist
 	Hosts     map[string]netip.Addr
 	Allow     []netip.Prefix
 	Token     string
@@ -80,11 +82,11 @@ func (c Config) Build() (*Built, error) {
 	}
 	b := &Built{Config: c, Hosts: map[string]netip.Addr{}}
 	var err error
-	if b.Allowlist, err = ParseAllowlist(c.Allow); err != nil {
+	if b.Allowlist, err = allowlist.ParseAllowlist(c.Allow); err != nil {
 		return nil, fmt.Errorf("allow: %v", err)
 	}
 	for name, ip := range c.Hosts {
-		n, err := NormalizeName(name)
+		n, err := allowlist.NormalizeName(name)
 		if err != nil {
 			return nil, fmt.Errorf("hosts: %v", err)
 		}

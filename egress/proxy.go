@@ -12,6 +12,9 @@ import (
 	"strconv"
 	"sync"
 	"time"
+
+	"github.com/sandbox-executor/sandbox-executor/egress/adminclient"
+	"github.com/sandbox-executor/sandbox-executor/egress/allowlist"
 )
 
 // DefaultDialTimeout bounds connecting to a destination.
@@ -20,7 +23,7 @@ const DefaultDialTimeout = 10 * time.Second
 // Proxy is the forward proxy's handler: CONNECT tunnels and absolute-form http:// requests to
 // allowed destinations; everything else is refused with a body that names the destination.
 type Proxy struct {
-	Allowlist *Allowlist
+	Allowlist *allowlist.Allowlist
 	// Grants widen the allowlist per client, for a job's lifetime (nil: none).
 	Grants *Grants
 	// Hosts resolves names without DNS. The operator wrote them, so they are trusted like IP
@@ -43,14 +46,14 @@ type Proxy struct {
 
 // errNonPublic marks a name that resolved to an address a proxy must never be steered to
 // (the proxy's own loopback, cloud metadata at 169.254.169.254, ...).
-var errNonPublic = errors.New(ReasonNonPublicIP)
+var errNonPublic = errors.New(adminclient.ReasonNonPublicIP)
 
 func (p *Proxy) init() {
 	p.once.Do(func() {
 		p.transport = &http.Transport{
 			Proxy: nil, // never chain to a proxy from the environment
 			DialContext: func(ctx context.Context, _, addr string) (net.Conn, error) {
-				d, err := ParseDest(addr, 0)
+				d, err := allowlist.ParseDest(addr, 0)
 				if err != nil {
 					return nil, err
 				}
@@ -78,16 +81,16 @@ func (p *Proxy) now() time.Time {
 // ServeHTTP implements http.Handler.
 func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	p.init()
-	dec := Decision{Time: p.now(), Client: clientIP(r.RemoteAddr), Method: r.Method}
-	var dest Dest
+	dec := adminclient.Decision{Time: p.now(), Client: clientIP(r.RemoteAddr), Method: r.Method}
+	var dest allowlist.Dest
 	var err error
 	switch {
 	case r.Method == http.MethodConnect:
 		dec.Dest = r.Host
-		dest, err = ParseDest(r.Host, 0)
+		dest, err = allowlist.ParseDest(r.Host, 0)
 	case r.URL.IsAbs() && r.URL.Scheme == "http":
 		dec.Dest = r.URL.Host
-		dest, err = ParseDest(r.URL.Host, 80)
+		dest, err = allowlist.ParseDest(r.URL.Host, 80)
 	case r.URL.IsAbs():
 		http.Error(w, "egress proxy: only http:// URLs are forwarded; https goes through CONNECT (set HTTPS_PROXY)", http.StatusBadRequest)
 		return
@@ -96,7 +99,7 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if err != nil {
-		dec.Reason = ReasonBadDest
+		dec.Reason = adminclient.ReasonBadDest
 		p.Recorder.Record(dec)
 		http.Error(w, fmt.Sprintf("egress proxy: %s blocked: %s", r.Method, truncateErr(err)), http.StatusBadRequest)
 		return
@@ -107,7 +110,7 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		rule, ok = p.grantFor(dec.Client, dest, dec.Time)
 	}
 	if !ok {
-		p.block(w, dec, ReasonNotAllowed)
+		p.block(w, dec, adminclient.ReasonNotAllowed)
 		return
 	}
 	dec.Allowed, dec.Rule = true, rule.Text
@@ -119,26 +122,26 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 }
 
 // grantFor matches dest against the client's grant; a granted rule is named "grant <rule>".
-func (p *Proxy) grantFor(client string, dest Dest, now time.Time) (Rule, bool) {
+func (p *Proxy) grantFor(client string, dest allowlist.Dest, now time.Time) (allowlist.Rule, bool) {
 	addr, err := netip.ParseAddr(client)
 	if err != nil || p.Grants == nil {
-		return Rule{}, false
+		return allowlist.Rule{}, false
 	}
 	rule, ok := p.Grants.Match(addr, dest, now)
 	rule.Text = "grant " + rule.Text
 	return rule, ok
 }
 
-func (p *Proxy) block(w http.ResponseWriter, dec Decision, reason string) {
+func (p *Proxy) block(w http.ResponseWriter, dec adminclient.Decision, reason string) {
 	dec.Allowed, dec.Rule, dec.Reason = false, "", reason
 	p.Recorder.Record(dec)
 	http.Error(w, fmt.Sprintf("egress proxy: %s %s blocked: %s", dec.Method, dec.Dest, reason), http.StatusForbidden)
 }
 
 // unreachable answers for an allowed destination that could not be reached.
-func (p *Proxy) unreachable(w http.ResponseWriter, dec Decision, err error) {
+func (p *Proxy) unreachable(w http.ResponseWriter, dec adminclient.Decision, err error) {
 	if errors.Is(err, errNonPublic) {
-		p.block(w, dec, ReasonNonPublicIP)
+		p.block(w, dec, adminclient.ReasonNonPublicIP)
 		return
 	}
 	dec.Error = truncateErr(err)
@@ -146,7 +149,7 @@ func (p *Proxy) unreachable(w http.ResponseWriter, dec Decision, err error) {
 	http.Error(w, fmt.Sprintf("egress proxy: %s %s is allowed (rule %s) but unreachable: %s", dec.Method, dec.Dest, dec.Rule, dec.Error), http.StatusBadGateway)
 }
 
-func (p *Proxy) tunnel(w http.ResponseWriter, r *http.Request, dest Dest, dec Decision) {
+func (p *Proxy) tunnel(w http.ResponseWriter, r *http.Request, dest allowlist.Dest, dec adminclient.Decision) {
 	upstream, err := p.dial(r.Context(), dest)
 	if err != nil {
 		p.unreachable(w, dec, err)
@@ -251,7 +254,7 @@ type outcomeKey struct{}
 
 func outcomeOf(r *http.Request) *outcome { return r.Context().Value(outcomeKey{}).(*outcome) }
 
-func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, dec Decision) {
+func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, dec adminclient.Decision) {
 	out := &outcome{}
 	p.forwarder.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), outcomeKey{}, out)))
 	if out.err != nil {
@@ -262,7 +265,7 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, dec Decision) {
 }
 
 // dial connects to an allowed destination.
-func (p *Proxy) dial(ctx context.Context, d Dest) (net.Conn, error) {
+func (p *Proxy) dial(ctx context.Context, d allowlist.Dest) (net.Conn, error) {
 	timeout := p.DialTimeout
 	if timeout <= 0 {
 		timeout = DefaultDialTimeout

@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sandbox-executor/sandbox-executor/egress/allowlist"
 	"github.com/sandbox-executor/sandbox-executor/internal/testing/testutil"
 )
 
@@ -334,4 +335,13 @@ func BenchmarkTunnel(b *testing.B) {
 			}
 		})
 	}
+}
+
+func mustAllowlist(t testing.TB, entries ...string) *allowlist.Allowlist {
+	t.Helper()
+	a, err := allowlist.ParseAllowlist(entries)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return a
 }

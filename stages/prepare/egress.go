@@ -2,10 +2,12 @@ package prepare
 
 import (
 	"context"
+	"errors"
 	"strings"
 
 	"github.com/sandbox-executor/sandbox-executor/config"
-	"github.com/sandbox-executor/sandbox-executor/egress"
+	"github.com/sandbox-executor/sandbox-executor/egress/adminclient"
+	"github.com/sandbox-executor/sandbox-executor/egress/allowlist"
 	"github.com/sandbox-executor/sandbox-executor/failure"
 	"github.com/sandbox-executor/sandbox-executor/gitlab"
 	"github.com/sandbox-executor/sandbox-executor/kube"
@@ -16,7 +18,9 @@ import (
 // (its claim's shutdownTime), the job's own GitLab instance (egress_instance, taken from the
 // job JSON like SRT's allowlist, so no instance is configured anywhere) and the pool's
 // egress_allow entries. The job log says what was granted. A grant that cannot be made
-// releases the sandbox and fails prepare: the flow could not reach its instance.
+// releases the sandbox and fails prepare: the flow could not reach its instance. A grant the
+// proxy may hold although the call failed (no answer) is withdrawn before that, since cleanup
+// then finds no state to withdraw it from.
 func grantEgress(ctx context.Context, env *stages.Env, cluster stages.Cluster, job *gitlab.Job, sbx *kube.Sandbox, binding string) error {
 	pool := env.Config.Pool(sbx.Pool)
 	if pool == nil || !pool.GrantsEgress() {
@@ -24,7 +28,7 @@ func grantEgress(ctx context.Context, env *stages.Env, cluster stages.Cluster, j
 	}
 	var rules []string
 	if pool.EgressInstance {
-		instance, err := egress.InstanceRules(job.ServerURL, job.ServerHost, pool.EgressInstanceWildcard)
+		instance, err := allowlist.InstanceRules(job.ServerURL, job.ServerHost, pool.EgressInstanceWildcard)
 		if err != nil {
 			_, _ = releaseSandbox(ctx, cluster, sbx, binding, kube.Outcome{Result: kube.OutcomeFailed, Reason: kube.ReasonPermanent})
 			return failure.PermanentError(nil, "pool %s grants each job its GitLab instance (egress_instance), but %v", pool.Name, err)
@@ -32,10 +36,18 @@ func grantEgress(ctx context.Context, env *stages.Env, cluster stages.Cluster, j
 		rules = instance
 	}
 	rules = append(rules, pool.EgressAllow...)
+	admin, err := env.EgressAdmin(pool)
+	if err != nil {
+		_, _ = releaseSandbox(ctx, cluster, sbx, binding, kube.Outcome{Result: kube.OutcomeFailed, Reason: kube.ReasonPermanent})
+		return err
+	}
 	until := env.Clock.Now().Add(job.Timeout + env.Config.ClaimGrace.Duration)
-	grantCtx, cancel := context.WithTimeout(ctx, egress.AdminTimeout)
+	grantCtx, cancel := context.WithTimeout(ctx, adminclient.Timeout)
 	defer cancel()
-	if err := egress.PutGrant(grantCtx, egress.AdminClient, pool.EgressProxy, sbx.PodIP, egress.Grant{Allow: rules, Until: until}); err != nil {
+	if err := admin.PutGrant(grantCtx, sbx.PodIP, adminclient.Grant{Allow: rules, Until: until}); err != nil {
+		if refused := (*adminclient.RefusedError)(nil); !errors.As(err, &refused) {
+			env.RevokeEgress(ctx, sbx)
+		}
 		released, relErr := releaseSandbox(ctx, cluster, sbx, binding, kube.Outcome{Result: kube.OutcomeFailed, Reason: kube.ReasonPrepare})
 		if relErr != nil {
 			released = "not released (" + failure.OneLine(relErr.Error()) + ")"

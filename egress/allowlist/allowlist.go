@@ -2,7 +2,7 @@
 // only the destinations of a domain allowlist, records every decision, and serves the blocked
 // ones per client so that the job log can name them. Job pods are forced through it by their
 // NetworkPolicy (they may reach the proxy and nothing else); see docs/egress.md.
-package egress
+package allowlist
 
 import (
 	"fmt"
