@@ -7,23 +7,24 @@ import (
 	"io"
 	"net/http"
 	"net/netip"
+	"slices"
 	"strings"
 	"time"
 
 	"github.com/sandbox-executor/sandbox-executor/egress/adminclient"
 )
 
-// Admin serves the blocked attempts per client to runners (trusted by source address) and to
-// anyone holding the token.
+// Admin serves the blocked attempts per client and takes the grants, from the sources of Allow:
+// on loopback as they are, from elsewhere with the token.
 type Admin struct {
 	Recorder *Recorder
 	// Grants receives the per-job additions to the allowlist (nil: PUT/DELETE /v1/grants answer 404).
 	Grants *Grants
 	// Now is the clock grants are checked against (nil: time.Now).
 	Now func() time.Time
-	// Allow lists the source networks trusted without a token (e.g. loopback, the runners').
+	// Allow lists the source networks that may call (e.g. loopback, the runners').
 	Allow []netip.Prefix
-	// Token, if set, is accepted as "Authorization: Bearer <token>" from any source.
+	// Token is required as "Authorization: Bearer <token>" from every source but loopback.
 	Token string
 }
 
@@ -104,7 +105,7 @@ func (a *Admin) serveGrants(w http.ResponseWriter, r *http.Request) {
 // client= address with 400; otherwise it returns the client the request is about.
 func (a *Admin) trustedClient(w http.ResponseWriter, r *http.Request) (netip.Addr, bool) {
 	if !a.authorized(r) {
-		http.Error(w, "egress proxy admin: forbidden: source "+clientIP(r.RemoteAddr)+" is not in admin_allow and no valid bearer token was sent", http.StatusForbidden)
+		http.Error(w, "egress proxy admin: forbidden: source "+clientIP(r.RemoteAddr)+" is not in admin_allow, or not loopback and sent no valid bearer token", http.StatusForbidden)
 		return netip.Addr{}, false
 	}
 	q := r.URL.Query().Get("client")
@@ -116,21 +117,16 @@ func (a *Admin) trustedClient(w http.ResponseWriter, r *http.Request) (netip.Add
 	return client, true
 }
 
+// authorized admits a source of Allow that is loopback, or that sends the token: no network
+// but this machine's is trusted on its address alone.
 func (a *Admin) authorized(r *http.Request) bool {
-	if a.Token != "" {
-		got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-		if ok && subtle.ConstantTimeCompare([]byte(got), []byte(a.Token)) == 1 {
-			return true
-		}
-	}
 	src, err := netip.ParseAddr(clientIP(r.RemoteAddr))
-	if err != nil {
+	if err != nil || !slices.ContainsFunc(a.Allow, func(p netip.Prefix) bool { return p.Contains(src) }) {
 		return false
 	}
-	for _, p := range a.Allow {
-		if p.Contains(src.Unmap()) {
-			return true
-		}
+	if src.IsLoopback() {
+		return true
 	}
-	return false
+	got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+	return a.Token != "" && ok && subtle.ConstantTimeCompare([]byte(got), []byte(a.Token)) == 1
 }

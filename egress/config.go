@@ -5,6 +5,8 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"path/filepath"
+	"slices"
 	"strings"
 
 	"github.com/BurntSushi/toml"
@@ -18,9 +20,12 @@ type Config struct {
 	Listen string `toml:"listen"`
 	// AdminListen serves GET /v1/blocked and /healthz.
 	AdminListen string `toml:"admin_listen"`
-	// AdminAllow lists networks that may read blocked attempts without a token.
+	// AdminAllow lists the networks that may call the admin API (default: loopback). Sources
+	// other than loopback must also send the token of AdminTokenFile, which is therefore
+	// required when AdminAllow names any other network.
 	AdminAllow []string `toml:"admin_allow"`
-	// AdminTokenFile holds a bearer token accepted from any source (optional).
+	// AdminTokenFile holds the admin API's bearer token (relative: to the config file's
+	// directory).
 	AdminTokenFile string `toml:"admin_token_file"`
 	// Allow is the allowlist (see allowlist.Rule).
 	Allow []string `toml:"allow"`
@@ -48,6 +53,9 @@ func LoadConfig(path string) (*Built, error) {
 	}
 	var c Config
 	md, err := toml.Decode(string(data), &c)
+	if c.AdminTokenFile != "" && !filepath.IsAbs(c.AdminTokenFile) {
+		c.AdminTokenFile = filepath.Join(filepath.Dir(path), c.AdminTokenFile)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("config %s: %v", path, err)
 	}
@@ -110,6 +118,11 @@ func (c Config) Build() (*Built, error) {
 		}
 		b.Allow = append(b.Allow, p.Masked())
 	}
+	if c.AdminTokenFile == "" {
+		if i := slices.IndexFunc(b.Allow, func(p netip.Prefix) bool { return !isLoopback(p) }); i >= 0 {
+			return nil, fmt.Errorf("admin_allow: %s is not loopback: set admin_token_file (a bearer token of 16 or more characters), which sources outside loopback must send", b.Allow[i])
+		}
+	}
 	if c.AdminTokenFile != "" {
 		t, err := os.ReadFile(c.AdminTokenFile)
 		if err != nil {
@@ -120,4 +133,13 @@ func (c Config) Build() (*Built, error) {
 		}
 	}
 	return b, nil
+}
+
+// loopbackV4 is IPv4's loopback network.
+var loopbackV4 = netip.MustParsePrefix("127.0.0.0/8")
+
+// isLoopback tells whether every address of p is this machine's.
+func isLoopback(p netip.Prefix) bool {
+	return p.Addr().Is4() && p.Bits() >= loopbackV4.Bits() && loopbackV4.Contains(p.Addr()) ||
+		p.Addr() == netip.IPv6Loopback() && p.Bits() == 128
 }

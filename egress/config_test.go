@@ -42,9 +42,39 @@ func TestConfigErrors(t *testing.T) {
 		}
 	}
 	p := filepath.Join(dir, "ok.toml")
-	os.WriteFile(p, []byte("allow = [\"x.example\"]\nadmin_allow = [\"10.99.2.1\"]\n"), 0o600)
+	os.WriteFile(p, []byte("allow = [\"x.example\"]\nadmin_allow = [\"127.0.0.1\"]\n"), 0o600)
 	b, err := LoadConfig(p)
-	if err != nil || len(b.Allow) != 1 || b.Allow[0].String() != "10.99.2.1/32" || b.Config.Listen != ":3128" || b.Config.AdminListen != "127.0.0.1:3129" {
+	if err != nil || len(b.Allow) != 1 || b.Allow[0].String() != "127.0.0.1/32" || b.Config.Listen != ":3128" || b.Config.AdminListen != "127.0.0.1:3129" {
 		t.Errorf("defaults: %+v %v", b, err)
+	}
+}
+
+// The admin API widens pods' egress: a network other than loopback in admin_allow needs the
+// token, or the proxy does not start. A relative token file is the config file's neighbour.
+func TestAdminAllowBeyondLoopbackNeedsAToken(t *testing.T) {
+	dir := t.TempDir()
+	os.WriteFile(filepath.Join(dir, "token"), []byte("a-token-of-32-characters-or-so!!\n"), 0o600)
+	load := func(keys string) (*Built, error) {
+		p := filepath.Join(dir, "c.toml")
+		os.WriteFile(p, []byte("allow = [\"x.example\"]\n"+keys), 0o600)
+		return LoadConfig(p)
+	}
+	for _, allow := range []string{`["0.0.0.0/0", "::/0"]`, `["10.99.2.1"]`, `["127.0.0.0/7"]`, `["::/127"]`, `["::ffff:127.0.0.0/104"]`} {
+		_, err := load("admin_allow = " + allow + "\n")
+		if err == nil || !strings.Contains(err.Error(), "is not loopback: set admin_token_file") || strings.Contains(err.Error(), "\n") {
+			t.Errorf("admin_allow = %s without a token: %v, want one line asking for admin_token_file", allow, err)
+		}
+		b, err := load("admin_allow = " + allow + "\nadmin_token_file = \"token\"\n")
+		if err != nil || b.Token != "a-token-of-32-characters-or-so!!" {
+			t.Errorf("admin_allow = %s with a token: %+v, %v", allow, b, err)
+		}
+	}
+	for _, allow := range []string{`["127.0.0.1"]`, `["127.0.0.0/8", "::1"]`} {
+		if _, err := load("admin_allow = " + allow + "\n"); err != nil {
+			t.Errorf("admin_allow = %s (loopback) without a token: %v", allow, err)
+		}
+	}
+	if _, err := load(""); err != nil {
+		t.Errorf("the default admin_allow (loopback) without a token: %v", err)
 	}
 }

@@ -173,3 +173,29 @@ func TestAGrantWithoutAnAnswerIsWithdrawn(t *testing.T) {
 		t.Error("a grant the proxy took without answering outlived the failed prepare")
 	}
 }
+
+// With egress_admin_token_file, the grant carries the token the proxy wants from the runners.
+func TestGrantEgressSendsTheAdminToken(t *testing.T) {
+	tokenFile := filepath.Join(t.TempDir(), "token")
+	if err := os.WriteFile(tokenFile, []byte("a-token-of-32-characters-or-so!!\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	env, _, grants, admin := grantStand(t, "egress_instance = true\n")
+	env.Config.EgressAdminTokenFile = tokenFile
+	guarded := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("Authorization") != "Bearer a-token-of-32-characters-or-so!!" {
+			http.Error(w, "no token", http.StatusForbidden)
+			return
+		}
+		admin.ServeHTTP(w, r)
+	}))
+	defer guarded.Close()
+	env.Config.Pools[0].EgressProxy = guarded.URL
+	job := &gitlab.Job{ID: 7, Timeout: time.Hour, ServerURL: "https://gitlab.example.com"}
+	if err := grantEgress(context.Background(), env, &releases{}, job, flowSandbox, "b"); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := grants.Match(netip.MustParseAddr(flowSandbox.PodIP), allowlist.Dest{Host: "gitlab.example.com", Port: 443}, now); !ok {
+		t.Error("no grant")
+	}
+}
