@@ -17,6 +17,7 @@ const MaxGrantRules = 16
 const DefaultMaxGrants = 4096
 
 type clientGrant struct {
+	instance  *allowlist.Allowlist // marked Private
 	allowlist *allowlist.Allowlist
 	until     time.Time
 }
@@ -33,8 +34,8 @@ type Grants struct {
 // Put replaces client's grant. It refuses a grant whose entries do not parse, that has too
 // many, that has already lapsed at now, or that would exceed Max live grants.
 func (g *Grants) Put(client netip.Addr, grant adminclient.Grant, now time.Time) error {
-	if len(grant.Allow) == 0 || len(grant.Allow) > MaxGrantRules {
-		return fmt.Errorf("a grant has 1 to %d allowlist entries, not %d", MaxGrantRules, len(grant.Allow))
+	if n := len(grant.Allow) + len(grant.Instance); n == 0 || n > MaxGrantRules {
+		return fmt.Errorf("a grant has 1 to %d allowlist entries, not %d", MaxGrantRules, n)
 	}
 	if !grant.Until.After(now) {
 		return fmt.Errorf("the grant's until (%s) is not in the future", grant.Until.UTC().Format(time.RFC3339))
@@ -42,6 +43,10 @@ func (g *Grants) Put(client netip.Addr, grant adminclient.Grant, now time.Time) 
 	rules, err := allowlist.ParseAllowlist(grant.Allow)
 	if err != nil {
 		return err
+	}
+	instance, err := allowlist.ParseAllowlist(grant.Instance)
+	if err != nil {
+		return fmt.Errorf("instance: %v", err)
 	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -55,7 +60,7 @@ func (g *Grants) Put(client netip.Addr, grant adminclient.Grant, now time.Time) 
 			return fmt.Errorf("%d clients already have a grant (the limit)", len(g.grants))
 		}
 	}
-	g.grants[client] = clientGrant{allowlist: rules, until: grant.Until}
+	g.grants[client] = clientGrant{instance: instance.Private(), allowlist: rules, until: grant.Until}
 	return nil
 }
 
@@ -68,16 +73,30 @@ func (g *Grants) Delete(client netip.Addr) {
 
 // Match returns the rule of client's live grant that allows d.
 func (g *Grants) Match(client netip.Addr, d allowlist.Dest, now time.Time) (allowlist.Rule, bool) {
-	if g == nil {
+	grant, ok := g.live(client, now)
+	if !ok {
 		return allowlist.Rule{}, false
+	}
+	if r, ok := grant.instance.Match(d); ok {
+		return r, true
+	}
+	return grant.allowlist.Match(d)
+}
+
+// Addresses tells whether client's live grant names addr on port by an IP or network rule.
+func (g *Grants) Addresses(client, addr netip.Addr, port int, now time.Time) bool {
+	grant, ok := g.live(client, now)
+	return ok && (grant.instance.Addresses(addr, port) || grant.allowlist.Addresses(addr, port))
+}
+
+func (g *Grants) live(client netip.Addr, now time.Time) (clientGrant, bool) {
+	if g == nil {
+		return clientGrant{}, false
 	}
 	g.mu.Lock()
 	grant, ok := g.grants[client.Unmap()]
 	g.mu.Unlock()
-	if !ok || !now.Before(grant.until) {
-		return allowlist.Rule{}, false
-	}
-	return grant.allowlist.Match(d)
+	return grant, ok && now.Before(grant.until)
 }
 
 func (g *Grants) max() int {

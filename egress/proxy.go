@@ -10,6 +10,7 @@ import (
 	"net/http/httputil"
 	"net/netip"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -27,13 +28,17 @@ type Proxy struct {
 	// Grants widen the allowlist per client, for a job's lifetime (nil: none).
 	Grants *Grants
 	// Hosts resolves names without DNS. The operator wrote them, so they are trusted like IP
-	// literals; names resolved by DNS must not lead to loopback or link-local addresses.
+	// literals; names resolved by DNS must lead to public addresses (reachOf) unless a rule
+	// names the address or the rule is the job's instance.
 	Hosts    map[string]netip.Addr
 	Recorder *Recorder
-	// Resolver resolves the other names (nil: the system's).
-	Resolver    *net.Resolver
+	// Resolver resolves the other names, as absolute names (nil: the system's).
+	Resolver    Resolver
 	DialTimeout time.Duration
 	Now         func() time.Time
+
+	// dialContext connects (nil: a net.Dialer); tests see what is dialled.
+	dialContext func(ctx context.Context, network, address string) (net.Conn, error)
 
 	once      sync.Once
 	transport *http.Transport
@@ -44,9 +49,21 @@ type Proxy struct {
 	closed  bool
 }
 
-// errNonPublic marks a name that resolved to an address a proxy must never be steered to
-// (the proxy's own loopback, cloud metadata at 169.254.169.254, ...).
+// Resolver resolves names to addresses (*net.Resolver does).
+type Resolver interface {
+	LookupNetIP(ctx context.Context, network, host string) ([]netip.Addr, error)
+}
+
+// errNonPublic marks a name that resolved to an address a proxy must not be steered to
+// (the proxy's own loopback, cloud metadata at 169.254.169.254, the cluster's network, ...).
 var errNonPublic = errors.New(adminclient.ReasonNonPublicIP)
+
+// dialing is what the dial of one allowed request needs to know: whom it is for and which rule
+// allowed it, to decide which addresses its name may lead to.
+type dialing struct {
+	client netip.Addr
+	rule   allowlist.Rule
+}
 
 func (p *Proxy) init() {
 	p.once.Do(func() {
@@ -57,14 +74,19 @@ func (p *Proxy) init() {
 				if err != nil {
 					return nil, err
 				}
-				return p.dial(ctx, d)
+				return p.dial(ctx, d, outcomeFrom(ctx).dialing)
 			},
 			MaxIdleConnsPerHost:   4,
 			IdleConnTimeout:       90 * time.Second,
 			ResponseHeaderTimeout: 5 * time.Minute,
 		}
 		p.forwarder = &httputil.ReverseProxy{
-			Rewrite:      func(pr *httputil.ProxyRequest) { pr.Out.Host = pr.In.Host },
+			Rewrite: func(pr *httputil.ProxyRequest) {
+				pr.Out.Host = pr.In.Host
+				// The transport keeps connections per host, not per client: one dialled under a
+				// grant (which may reach private addresses) must not serve another client.
+				pr.Out.Close = outcomeOf(pr.In).dialing.granted()
+			},
 			Transport:    p.transport,
 			ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) { outcomeOf(r).err = err },
 		}
@@ -114,12 +136,17 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	dec.Allowed, dec.Rule = true, rule.Text
+	client, _ := netip.ParseAddr(dec.Client)
+	how := dialing{client: client, rule: rule}
 	if r.Method == http.MethodConnect {
-		p.tunnel(w, r, dest, dec)
+		p.tunnel(w, r, dest, dec, how)
 		return
 	}
-	p.forward(w, r, dec)
+	p.forward(w, r, dec, how)
 }
+
+// grantPrefix names a granted rule in decisions.
+const grantPrefix = "grant "
 
 // grantFor matches dest against the client's grant; a granted rule is named "grant <rule>".
 func (p *Proxy) grantFor(client string, dest allowlist.Dest, now time.Time) (allowlist.Rule, bool) {
@@ -128,7 +155,7 @@ func (p *Proxy) grantFor(client string, dest allowlist.Dest, now time.Time) (all
 		return allowlist.Rule{}, false
 	}
 	rule, ok := p.Grants.Match(addr, dest, now)
-	rule.Text = "grant " + rule.Text
+	rule.Text = grantPrefix + rule.Text
 	return rule, ok
 }
 
@@ -149,8 +176,8 @@ func (p *Proxy) unreachable(w http.ResponseWriter, dec adminclient.Decision, err
 	http.Error(w, fmt.Sprintf("egress proxy: %s %s is allowed (rule %s) but unreachable: %s", dec.Method, dec.Dest, dec.Rule, dec.Error), http.StatusBadGateway)
 }
 
-func (p *Proxy) tunnel(w http.ResponseWriter, r *http.Request, dest allowlist.Dest, dec adminclient.Decision) {
-	upstream, err := p.dial(r.Context(), dest)
+func (p *Proxy) tunnel(w http.ResponseWriter, r *http.Request, dest allowlist.Dest, dec adminclient.Decision, how dialing) {
+	upstream, err := p.dial(r.Context(), dest, how)
 	if err != nil {
 		p.unreachable(w, dec, err)
 		return
@@ -248,14 +275,20 @@ func (p *Proxy) Close() {
 	p.transport.CloseIdleConnections()
 }
 
-type outcome struct{ err error }
+// outcome carries a forwarded request's dialing to the transport's dial, and its error back.
+type outcome struct {
+	dialing dialing
+	err     error
+}
 
 type outcomeKey struct{}
 
-func outcomeOf(r *http.Request) *outcome { return r.Context().Value(outcomeKey{}).(*outcome) }
+func outcomeFrom(ctx context.Context) *outcome { return ctx.Value(outcomeKey{}).(*outcome) }
 
-func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, dec adminclient.Decision) {
-	out := &outcome{}
+func outcomeOf(r *http.Request) *outcome { return outcomeFrom(r.Context()) }
+
+func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, dec adminclient.Decision, how dialing) {
+	out := &outcome{dialing: how}
 	p.forwarder.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), outcomeKey{}, out)))
 	if out.err != nil {
 		p.unreachable(w, dec, out.err)
@@ -264,38 +297,44 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, dec adminclient.
 	p.Recorder.Record(dec)
 }
 
-// dial connects to an allowed destination.
-func (p *Proxy) dial(ctx context.Context, d allowlist.Dest) (net.Conn, error) {
+// dial connects to an allowed destination: an IP literal or a name of Hosts as it is, other
+// names resolved once, as absolute names (a pod's search domains must not turn "gitlab" into
+// "gitlab.internal.corp"), and only to the addresses checked.
+func (p *Proxy) dial(ctx context.Context, d allowlist.Dest, how dialing) (net.Conn, error) {
 	timeout := p.DialTimeout
 	if timeout <= 0 {
 		timeout = DefaultDialTimeout
 	}
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	var dialer net.Dialer
+	dial := p.dialContext
+	if dial == nil {
+		dial = (&net.Dialer{}).DialContext
+	}
 	port := strconv.Itoa(d.Port)
 	if d.Addr.IsValid() {
-		return dialer.DialContext(ctx, "tcp", net.JoinHostPort(d.Addr.String(), port))
+		return dial(ctx, "tcp", net.JoinHostPort(d.Addr.String(), port))
 	}
 	if a, ok := p.Hosts[d.Host]; ok {
-		return dialer.DialContext(ctx, "tcp", net.JoinHostPort(a.String(), port))
+		return dial(ctx, "tcp", net.JoinHostPort(a.String(), port))
 	}
-	resolver := p.Resolver
-	if resolver == nil {
-		resolver = net.DefaultResolver
+	var resolver Resolver = net.DefaultResolver
+	if p.Resolver != nil {
+		resolver = p.Resolver
 	}
-	addrs, err := resolver.LookupNetIP(ctx, "ip", d.Host)
+	addrs, err := resolver.LookupNetIP(ctx, "ip", d.Host+".")
 	if err != nil {
 		return nil, err
 	}
-	for _, a := range addrs {
-		if nonPublic(a.Unmap()) {
-			return nil, fmt.Errorf("%s resolves to %s: %w", d.Host, a.Unmap(), errNonPublic)
+	for i, a := range addrs {
+		addrs[i] = a.Unmap()
+		if !p.mayReach(how, addrs[i], d.Port) {
+			return nil, fmt.Errorf("%s resolves to %s: %w", d.Host, addrs[i], errNonPublic)
 		}
 	}
 	var firstErr error
 	for _, a := range addrs {
-		c, err := dialer.DialContext(ctx, "tcp", net.JoinHostPort(a.Unmap().String(), port))
+		c, err := dial(ctx, "tcp", net.JoinHostPort(a.String(), port))
 		if err == nil {
 			return c, nil
 		}
@@ -309,10 +348,23 @@ func (p *Proxy) dial(ctx context.Context, d allowlist.Dest) (net.Conn, error) {
 	return nil, firstErr
 }
 
-func nonPublic(a netip.Addr) bool {
-	return a.IsLoopback() || a.IsLinkLocalUnicast() || a.IsLinkLocalMulticast() || a.IsUnspecified() ||
-		a.IsMulticast() || a.IsInterfaceLocalMulticast()
+// mayReach tells whether a name allowed by how.rule may lead to a: a public address, one that
+// an IP or network rule names (the proxy's or the client's grant), or for the job's instance a
+// private one.
+func (p *Proxy) mayReach(how dialing, a netip.Addr, port int) bool {
+	switch reachOf(a) {
+	case public:
+		return true
+	case private:
+		if how.rule.Private {
+			return true
+		}
+	}
+	return p.Allowlist.Addresses(a, port) || p.Grants.Addresses(how.client, a, port, p.now())
 }
+
+// granted tells whether a grant (the client's own) allowed the request.
+func (how dialing) granted() bool { return strings.HasPrefix(how.rule.Text, grantPrefix) }
 
 func clientIP(remoteAddr string) string {
 	if ap, err := netip.ParseAddrPort(remoteAddr); err == nil {

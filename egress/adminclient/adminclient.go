@@ -29,16 +29,20 @@ const Timeout = 2 * time.Second
 
 // Reasons a destination is blocked.
 const (
-	ReasonNotAllowed  = "not in the allowlist"
-	ReasonBadDest     = "not a valid destination"
-	ReasonNonPublicIP = "its name resolves to a loopback, link-local or unspecified address"
+	ReasonNotAllowed     = "not in the allowlist"
+	ReasonBadDest        = "not a valid destination"
+	ReasonNonPublicIP    = "its name resolves to a non-public address (private, loopback, link-local, ...) that no rule names"
+	ReasonTooManyTunnels = "the pod has too many tunnels open (max_tunnels_per_client)"
 )
 
 // Grant is the body of PUT /v1/grants: allowlist entries (the syntax of allow) for one client
 // until a time, after which they lapse even if no one deletes them (a runner that died).
 type Grant struct {
-	Allow []string  `json:"allow"`
-	Until time.Time `json:"until"`
+	Allow []string `json:"allow,omitempty"`
+	// Instance are the entries of the job's GitLab instance: their names may resolve to
+	// private addresses (an on-premises instance), which Allow's may not.
+	Instance []string  `json:"instance,omitempty"`
+	Until    time.Time `json:"until"`
 }
 
 // Decision is one proxy decision, logged as a JSON line and kept in memory when blocked.

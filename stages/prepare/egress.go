@@ -3,6 +3,7 @@ package prepare
 import (
 	"context"
 	"errors"
+	"slices"
 	"strings"
 
 	"github.com/sandbox-executor/sandbox-executor/config"
@@ -26,25 +27,25 @@ func grantEgress(ctx context.Context, env *stages.Env, cluster stages.Cluster, j
 	if pool == nil || !pool.GrantsEgress() {
 		return nil
 	}
-	var rules []string
+	grant := adminclient.Grant{Allow: pool.EgressAllow, Until: env.Clock.Now().Add(job.Timeout + env.Config.ClaimGrace.Duration)}
 	if pool.EgressInstance {
 		instance, err := allowlist.InstanceRules(job.ServerURL, job.ServerHost, pool.EgressInstanceWildcard)
 		if err != nil {
 			_, _ = releaseSandbox(ctx, cluster, sbx, binding, kube.Outcome{Result: kube.OutcomeFailed, Reason: kube.ReasonPermanent})
 			return failure.PermanentError(nil, "pool %s grants each job its GitLab instance (egress_instance), but %v", pool.Name, err)
 		}
-		rules = instance
+		// The instance may be on-premises, at a private address: the proxy lets its names
+		// resolve to one, and no other entry's.
+		grant.Instance = instance
 	}
-	rules = append(rules, pool.EgressAllow...)
 	admin, err := env.EgressAdmin(pool)
 	if err != nil {
 		_, _ = releaseSandbox(ctx, cluster, sbx, binding, kube.Outcome{Result: kube.OutcomeFailed, Reason: kube.ReasonPermanent})
 		return err
 	}
-	until := env.Clock.Now().Add(job.Timeout + env.Config.ClaimGrace.Duration)
 	grantCtx, cancel := context.WithTimeout(ctx, adminclient.Timeout)
 	defer cancel()
-	if err := admin.PutGrant(grantCtx, sbx.PodIP, adminclient.Grant{Allow: rules, Until: until}); err != nil {
+	if err := admin.PutGrant(grantCtx, sbx.PodIP, grant); err != nil {
 		if refused := (*adminclient.RefusedError)(nil); !errors.As(err, &refused) {
 			env.RevokeEgress(ctx, sbx)
 		}
@@ -54,7 +55,7 @@ func grantEgress(ctx context.Context, env *stages.Env, cluster stages.Cluster, j
 		}
 		return failure.SystemError(nil, "the egress proxy of pool %s (%s) refused the job's egress grant: %s; %s", pool.Name, pool.EgressProxy, failure.OneLine(err.Error()), released)
 	}
-	env.Log().Infof("Egress of this job through the egress proxy of pool %s: %s (until the job ends); anything else is refused and named in this log", pool.Name, strings.Join(rules, ", "))
+	env.Log().Infof("Egress of this job through the egress proxy of pool %s: %s (until the job ends); anything else is refused and named in this log", pool.Name, strings.Join(slices.Concat(grant.Instance, grant.Allow), ", "))
 	return nil
 }
 
