@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/BurntSushi/toml"
 
@@ -34,6 +35,10 @@ type Config struct {
 	// PerClient and MaxClients bound the blocked attempts kept in memory.
 	PerClient  int `toml:"per_client"`
 	MaxClients int `toml:"max_clients"`
+	// MaxTunnelsPerClient bounds the CONNECT tunnels one pod holds open (default 256).
+	MaxTunnelsPerClient int `toml:"max_tunnels_per_client"`
+	// TunnelIdleTimeout closes a tunnel idle both ways for that long (default "10m").
+	TunnelIdleTimeout string `toml:"tunnel_idle_timeout"`
 }
 
 // Built is a validated configuration, ready to serve.
@@ -43,6 +48,8 @@ type Built struct {
 	Hosts     map[string]netip.Addr
 	Allow     []netip.Prefix
 	Token     string
+	// TunnelIdleTimeout is tunnel_idle_timeout parsed.
+	TunnelIdleTimeout time.Duration
 }
 
 // LoadConfig reads and validates a config file.
@@ -85,10 +92,21 @@ func (c Config) Build() (*Built, error) {
 	if c.PerClient < 0 || c.MaxClients < 0 {
 		return nil, fmt.Errorf("per_client and max_clients must not be negative")
 	}
+	if c.MaxTunnelsPerClient < 0 {
+		return nil, fmt.Errorf("max_tunnels_per_client must not be negative (0: %d)", DefaultMaxTunnelsPerClient)
+	}
+	idle := DefaultTunnelIdleTimeout
+	if c.TunnelIdleTimeout != "" {
+		d, err := time.ParseDuration(c.TunnelIdleTimeout)
+		if err != nil || d <= 0 {
+			return nil, fmt.Errorf("tunnel_idle_timeout: %q is not a positive duration such as \"10m\"", c.TunnelIdleTimeout)
+		}
+		idle = d
+	}
 	if len(c.Allow) == 0 {
 		return nil, fmt.Errorf("allow: the allowlist is empty: every destination would be blocked")
 	}
-	b := &Built{Config: c, Hosts: map[string]netip.Addr{}}
+	b := &Built{Config: c, Hosts: map[string]netip.Addr{}, TunnelIdleTimeout: idle}
 	var err error
 	if b.Allowlist, err = allowlist.ParseAllowlist(c.Allow); err != nil {
 		return nil, fmt.Errorf("allow: %v", err)

@@ -5,6 +5,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 )
 
 // The local cluster's configuration loads (the chart's is tested in tests/charttest).
@@ -34,6 +35,9 @@ func TestConfigErrors(t *testing.T) {
 		{"allow = [\"x.example\"]\nlisten = \"3128\"", `listen: "3128" is not host:port`},
 		{"allow = [\"x.example\"]\nadmin_token_file = \"" + short + "\"", "at least 16 characters"},
 		{"allow = [\"x.example\"]\nadmin_token_file = \"" + filepath.Join(dir, "missing") + "\"", "admin_token_file:"},
+		{"allow = [\"x.example\"]\nmax_tunnels_per_client = -1", "max_tunnels_per_client must not be negative"},
+		{"allow = [\"x.example\"]\ntunnel_idle_timeout = \"ten minutes\"", `tunnel_idle_timeout: "ten minutes" is not a positive duration`},
+		{"allow = [\"x.example\"]\ntunnel_idle_timeout = \"0s\"", "tunnel_idle_timeout:"},
 	} {
 		p := filepath.Join(dir, "c.toml")
 		os.WriteFile(p, []byte(c.text), 0o600)
@@ -44,8 +48,12 @@ func TestConfigErrors(t *testing.T) {
 	p := filepath.Join(dir, "ok.toml")
 	os.WriteFile(p, []byte("allow = [\"x.example\"]\nadmin_allow = [\"127.0.0.1\"]\n"), 0o600)
 	b, err := LoadConfig(p)
-	if err != nil || len(b.Allow) != 1 || b.Allow[0].String() != "127.0.0.1/32" || b.Config.Listen != ":3128" || b.Config.AdminListen != "127.0.0.1:3129" {
+	if err != nil || len(b.Allow) != 1 || b.Allow[0].String() != "127.0.0.1/32" || b.Config.Listen != ":3128" || b.Config.AdminListen != "127.0.0.1:3129" || b.TunnelIdleTimeout != DefaultTunnelIdleTimeout {
 		t.Errorf("defaults: %+v %v", b, err)
+	}
+	os.WriteFile(p, []byte("allow = [\"x.example\"]\nmax_tunnels_per_client = 32\ntunnel_idle_timeout = \"90s\"\n"), 0o600)
+	if b, err := LoadConfig(p); err != nil || b.Config.MaxTunnelsPerClient != 32 || b.TunnelIdleTimeout != 90*time.Second {
+		t.Errorf("tunnel bounds: %+v %v", b, err)
 	}
 }
 

@@ -9,9 +9,11 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"net/netip"
+	"os"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/sandbox-executor/sandbox-executor/egress/adminclient"
@@ -20,6 +22,13 @@ import (
 
 // DefaultDialTimeout bounds connecting to a destination.
 const DefaultDialTimeout = 10 * time.Second
+
+// Defaults of the tunnels' bounds: one job must not hold the proxy's connections (or file
+// descriptors) that the others need, nor keep tunnels open that carry nothing.
+const (
+	DefaultMaxTunnelsPerClient = 256
+	DefaultTunnelIdleTimeout   = 10 * time.Minute
+)
 
 // Proxy is the forward proxy's handler: CONNECT tunnels and absolute-form http:// requests to
 // allowed destinations; everything else is refused with a body that names the destination.
@@ -36,6 +45,12 @@ type Proxy struct {
 	Resolver    Resolver
 	DialTimeout time.Duration
 	Now         func() time.Time
+	// MaxTunnelsPerClient bounds the CONNECT tunnels one client (source address) holds open at
+	// once (0: DefaultMaxTunnelsPerClient); more are refused with 429.
+	MaxTunnelsPerClient int
+	// TunnelIdleTimeout closes a tunnel that carried nothing either way for that long (0:
+	// DefaultTunnelIdleTimeout).
+	TunnelIdleTimeout time.Duration
 
 	// dialContext connects (nil: a net.Dialer); tests see what is dialled.
 	dialContext func(ctx context.Context, network, address string) (net.Conn, error)
@@ -46,7 +61,9 @@ type Proxy struct {
 
 	mu      sync.Mutex
 	tunnels map[net.Conn]struct{}
-	closed  bool
+	// perClient counts the tunnels open or being opened per client address.
+	perClient map[string]int
+	closed    bool
 }
 
 // Resolver resolves names to addresses (*net.Resolver does).
@@ -160,9 +177,14 @@ func (p *Proxy) grantFor(client string, dest allowlist.Dest, now time.Time) (all
 }
 
 func (p *Proxy) block(w http.ResponseWriter, dec adminclient.Decision, reason string) {
+	p.refuse(w, dec, reason, http.StatusForbidden)
+}
+
+// refuse records dec as blocked for reason and answers with status.
+func (p *Proxy) refuse(w http.ResponseWriter, dec adminclient.Decision, reason string, status int) {
 	dec.Allowed, dec.Rule, dec.Reason = false, "", reason
 	p.Recorder.Record(dec)
-	http.Error(w, fmt.Sprintf("egress proxy: %s %s blocked: %s", dec.Method, dec.Dest, reason), http.StatusForbidden)
+	http.Error(w, fmt.Sprintf("egress proxy: %s %s blocked: %s", dec.Method, dec.Dest, reason), status)
 }
 
 // unreachable answers for an allowed destination that could not be reached.
@@ -177,6 +199,12 @@ func (p *Proxy) unreachable(w http.ResponseWriter, dec adminclient.Decision, err
 }
 
 func (p *Proxy) tunnel(w http.ResponseWriter, r *http.Request, dest allowlist.Dest, dec adminclient.Decision, how dialing) {
+	if !p.reserveTunnel(dec.Client) {
+		w.Header().Set("Retry-After", "10")
+		p.refuse(w, dec, adminclient.ReasonTooManyTunnels, http.StatusTooManyRequests)
+		return
+	}
+	defer p.releaseTunnel(dec.Client)
 	upstream, err := p.dial(r.Context(), dest, how)
 	if err != nil {
 		p.unreachable(w, dec, err)
@@ -212,17 +240,28 @@ func (p *Proxy) tunnel(w http.ResponseWriter, r *http.Request, dest allowlist.De
 }
 
 // splice copies both ways until both directions are done, passing half-closes on, and is cut
-// short by Close.
+// short by Close or when nothing moved either way for TunnelIdleTimeout.
 func (p *Proxy) splice(a, b net.Conn) {
 	if !p.track(a, b) {
 		return
 	}
 	defer p.untrack(a, b)
+	idle := p.TunnelIdleTimeout
+	if idle <= 0 {
+		idle = DefaultTunnelIdleTimeout
+	}
+	activity := &lastActivity{}
+	activity.touch()
 	var wg sync.WaitGroup
 	wg.Add(2)
 	pipe := func(dst, src net.Conn) {
 		defer wg.Done()
-		io.Copy(dst, src)
+		_, err := io.Copy(dst, &idleReader{conn: src, idle: idle, activity: activity})
+		if isTimeout(err) {
+			a.Close() // idle: end both ways, unblocking the other direction's read
+			b.Close()
+			return
+		}
 		if cw, ok := dst.(interface{ CloseWrite() error }); ok {
 			cw.CloseWrite()
 		} else {
@@ -234,6 +273,67 @@ func (p *Proxy) splice(a, b net.Conn) {
 	wg.Wait()
 	a.Close()
 	b.Close()
+}
+
+// lastActivity is when a tunnel last moved a byte, either way.
+type lastActivity struct{ nanos atomic.Int64 }
+
+func (l *lastActivity) touch() { l.nanos.Store(time.Now().UnixNano()) }
+
+func (l *lastActivity) since() time.Duration { return time.Since(time.Unix(0, l.nanos.Load())) }
+
+// idleReader reads one direction of a tunnel, ending with a timeout only when the whole tunnel
+// was idle for idle: a long download keeps its silent upload direction open.
+type idleReader struct {
+	conn     net.Conn
+	idle     time.Duration
+	activity *lastActivity
+}
+
+func (r *idleReader) Read(buf []byte) (int, error) {
+	for {
+		r.conn.SetReadDeadline(time.Now().Add(r.idle))
+		n, err := r.conn.Read(buf)
+		if n > 0 {
+			r.activity.touch()
+			return n, err
+		}
+		if isTimeout(err) && r.activity.since() < r.idle {
+			continue // the other direction moved meanwhile
+		}
+		return n, err
+	}
+}
+
+func isTimeout(err error) bool { return errors.Is(err, os.ErrDeadlineExceeded) }
+
+// reserveTunnel counts one more tunnel for client, unless it holds the most it may.
+func (p *Proxy) reserveTunnel(client string) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.perClient[client] >= p.maxTunnels() {
+		return false
+	}
+	if p.perClient == nil {
+		p.perClient = map[string]int{}
+	}
+	p.perClient[client]++
+	return true
+}
+
+func (p *Proxy) releaseTunnel(client string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.perClient[client]--; p.perClient[client] <= 0 {
+		delete(p.perClient, client)
+	}
+}
+
+func (p *Proxy) maxTunnels() int {
+	if p.MaxTunnelsPerClient > 0 {
+		return p.MaxTunnelsPerClient
+	}
+	return DefaultMaxTunnelsPerClient
 }
 
 func (p *Proxy) track(conns ...net.Conn) bool {

@@ -328,6 +328,21 @@ func BenchmarkTunnel(b *testing.B) {
 				c.Close()
 			}
 		})
+		b.Run("stream64KiB/"+via, func(b *testing.B) {
+			c := open[via]()
+			defer c.Close()
+			chunk := make([]byte, 64<<10)
+			b.SetBytes(int64(len(chunk)))
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				if _, err := c.Write(chunk); err != nil {
+					b.Fatal(err)
+				}
+				if _, err := io.ReadFull(c, chunk); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
 		b.Run("roundtrip/"+via, func(b *testing.B) {
 			c := open[via]()
 			defer c.Close()
