@@ -58,13 +58,18 @@ func LoadConfig(path string) (*Built, error) {
 	if err != nil {
 		return nil, fmt.Errorf("config: %v", err)
 	}
+	return ParseConfig(path, data)
+}
+
+// ParseConfig validates the config file path's contents data.
+func ParseConfig(path string, data []byte) (*Built, error) {
 	var c Config
 	md, err := toml.Decode(string(data), &c)
-	if c.AdminTokenFile != "" && !filepath.IsAbs(c.AdminTokenFile) {
-		c.AdminTokenFile = filepath.Join(filepath.Dir(path), c.AdminTokenFile)
-	}
 	if err != nil {
 		return nil, fmt.Errorf("config %s: %v", path, err)
+	}
+	if c.AdminTokenFile != "" && !filepath.IsAbs(c.AdminTokenFile) {
+		c.AdminTokenFile = filepath.Join(filepath.Dir(path), c.AdminTokenFile)
 	}
 	if u := md.Undecoded(); len(u) > 0 {
 		return nil, fmt.Errorf("config %s: %s: unknown key", path, u[0])

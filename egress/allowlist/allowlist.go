@@ -50,6 +50,9 @@ func ParseRule(s string) (Rule, error) {
 	host, portText := text, ""
 	if !isIPOrNetwork(text) { // a bare IPv6 literal or network has colons but no port
 		if h, p, err := net.SplitHostPort(text); err == nil {
+			if p == "" {
+				return Rule{}, fmt.Errorf("allowlist entry %q has an empty port (write none for 80 and 443, or * for any)", s)
+			}
 			host, portText = h, p
 		} else if strings.Contains(text, "]") || strings.Count(text, ":") > 0 {
 			return Rule{}, fmt.Errorf("allowlist entry %q: %v", s, err)
@@ -221,6 +224,9 @@ func (d Dest) String() string { return net.JoinHostPort(d.Host, strconv.Itoa(d.P
 func ParseDest(hostport string, defaultPort int) (Dest, error) {
 	host, portText := hostport, ""
 	if h, p, err := net.SplitHostPort(hostport); err == nil {
+		if p == "" {
+			return Dest{}, fmt.Errorf("destination %q has an empty port", truncate(hostport, 300))
+		}
 		host, portText = h, p
 	} else if defaultPort == 0 {
 		return Dest{}, fmt.Errorf("destination %q has no port", truncate(hostport, 300))

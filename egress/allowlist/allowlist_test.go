@@ -85,7 +85,7 @@ func TestAllowlistNamesAndAddressesDoNotMix(t *testing.T) {
 
 func TestParseRuleErrors(t *testing.T) {
 	for _, bad := range []string{"", "*", "*.", "exa mple.com", "example.com:0", "example.com:65536", "example.com:http",
-		"-bad.example.com", "example..com", "a.*.example.com", "2130706433", "0x7f.1", "[fe80::1%eth0]:443", "example.com:+80"} {
+		"-bad.example.com", "example..com", "a.*.example.com", "2130706433", "0x7f.1", "[fe80::1%eth0]:443", "example.com:+80", "example.com:"} {
 		if r, err := ParseRule(bad); err == nil {
 			t.Errorf("ParseRule(%q) = %q, want an error", bad, r.Text)
 		} else if !strings.Contains(err.Error(), "allowlist entry") {
@@ -98,7 +98,7 @@ func TestParseDest(t *testing.T) {
 	if d, err := ParseDest("Example.COM", 80); err != nil || d.String() != "example.com:80" {
 		t.Errorf("default port: %v %v", d, err)
 	}
-	for _, bad := range []string{"example.com", "example.com:99999", "[fe80::1%25eth0]:443", "exa_mple com:80", "127.1:80", strings.Repeat("a", 300) + ".com:443"} {
+	for _, bad := range []string{"example.com", "example.com:", "A:", "[::1]:", "example.com:99999", "[fe80::1%25eth0]:443", "exa_mple com:80", "127.1:80", strings.Repeat("a", 300) + ".com:443"} {
 		if d, err := ParseDest(bad, 0); err == nil {
 			t.Errorf("ParseDest(%q) = %v, want an error", bad, d)
 		} else if len(err.Error()) > 400 {
