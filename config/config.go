@@ -117,6 +117,10 @@ type Config struct {
 	// warning in the job log.
 	StageServer string `toml:"stage_server"`
 
+	// EgressAdminTokenFile holds the bearer token of the egress proxies' admin API (their
+	// admin_token_file); see egress_admin.go.
+	EgressAdminTokenFile string `toml:"egress_admin_token_file"`
+
 	// Reconnects bounds how often one stage re-attaches after its stream drops.
 	Reconnects int `toml:"reconnects"`
 
@@ -391,6 +395,9 @@ func (c *Config) validate() error {
 	}
 	if c.Reconnects < 0 {
 		return fail("reconnects", "must not be negative")
+	}
+	if _, err := c.EgressAdminToken(); err != nil {
+		return fail("egress_admin_token_file", "%v", err)
 	}
 	if c.StageServer != "" {
 		if err := c.validateForStageServer(fail); err != nil {

@@ -1,33 +1,30 @@
 package egress
 
 import (
-	"bufio"
-	"context"
 	"crypto/subtle"
 	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
 	"net/netip"
-	"net/url"
+	"slices"
 	"strings"
 	"time"
+
+	"github.com/sandbox-executor/sandbox-executor/egress/adminclient"
 )
 
-// BlockedPath is the read endpoint: GET /v1/blocked?client=<IP>&since=<RFC3339Nano>.
-const BlockedPath = "/v1/blocked"
-
-// Admin serves the blocked attempts per client to runners (trusted by source address) and to
-// anyone holding the token.
+// Admin serves the blocked attempts per client and takes the grants, from the sources of Allow:
+// on loopback as they are, from elsewhere with the token.
 type Admin struct {
 	Recorder *Recorder
 	// Grants receives the per-job additions to the allowlist (nil: PUT/DELETE /v1/grants answer 404).
 	Grants *Grants
 	// Now is the clock grants are checked against (nil: time.Now).
 	Now func() time.Time
-	// Allow lists the source networks trusted without a token (e.g. loopback, the runners').
+	// Allow lists the source networks that may call (e.g. loopback, the runners').
 	Allow []netip.Prefix
-	// Token, if set, is accepted as "Authorization: Bearer <token>" from any source.
+	// Token is required as "Authorization: Bearer <token>" from every source but loopback.
 	Token string
 }
 
@@ -40,8 +37,8 @@ func (a *Admin) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	case "/healthz":
 		io.WriteString(w, "ok\n")
 		return
-	case BlockedPath:
-	case GrantsPath:
+	case adminclient.BlockedPath:
+	case adminclient.GrantsPath:
 		if a.Grants == nil {
 			http.NotFound(w, r)
 			return
@@ -88,7 +85,7 @@ func (a *Admin) serveGrants(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(http.StatusNoContent)
 		return
 	}
-	var grant Grant
+	var grant adminclient.Grant
 	if err := json.NewDecoder(io.LimitReader(r.Body, 64<<10)).Decode(&grant); err != nil {
 		http.Error(w, "egress proxy admin: the grant is not JSON {\"allow\":[...],\"until\":\"RFC 3339\"}", http.StatusBadRequest)
 		return
@@ -108,7 +105,7 @@ func (a *Admin) serveGrants(w http.ResponseWriter, r *http.Request) {
 // client= address with 400; otherwise it returns the client the request is about.
 func (a *Admin) trustedClient(w http.ResponseWriter, r *http.Request) (netip.Addr, bool) {
 	if !a.authorized(r) {
-		http.Error(w, "egress proxy admin: forbidden: source "+clientIP(r.RemoteAddr)+" is not in admin_allow and no valid bearer token was sent", http.StatusForbidden)
+		http.Error(w, "egress proxy admin: forbidden: source "+clientIP(r.RemoteAddr)+" is not in admin_allow, or not loopback and sent no valid bearer token", http.StatusForbidden)
 		return netip.Addr{}, false
 	}
 	q := r.URL.Query().Get("client")
@@ -120,88 +117,16 @@ func (a *Admin) trustedClient(w http.ResponseWriter, r *http.Request) (netip.Add
 	return client, true
 }
 
+// authorized admits a source of Allow that is loopback, or that sends the token: no network
+// but this machine's is trusted on its address alone.
 func (a *Admin) authorized(r *http.Request) bool {
-	if a.Token != "" {
-		got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-		if ok && subtle.ConstantTimeCompare([]byte(got), []byte(a.Token)) == 1 {
-			return true
-		}
-	}
 	src, err := netip.ParseAddr(clientIP(r.RemoteAddr))
-	if err != nil {
+	if err != nil || !slices.ContainsFunc(a.Allow, func(p netip.Prefix) bool { return p.Contains(src) }) {
 		return false
 	}
-	for _, p := range a.Allow {
-		if p.Contains(src.Unmap()) {
-			return true
-		}
+	if src.IsLoopback() {
+		return true
 	}
-	return false
+	got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+	return a.Token != "" && ok && subtle.ConstantTimeCompare([]byte(got), []byte(a.Token)) == 1
 }
-
-// QueryBlocked asks the admin endpoint at base (e.g. "http://10.0.0.5:3129") for the client's
-// blocked attempts since a time.
-func QueryBlocked(ctx context.Context, hc *http.Client, base, client string, since time.Time) (*Blocked, error) {
-	u := strings.TrimSuffix(base, "/") + BlockedPath + "?" + url.Values{
-		"client": {client}, "since": {since.UTC().Format(time.RFC3339Nano)},
-	}.Encode()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
-	if err != nil {
-		return nil, err
-	}
-	resp, err := hc.Do(req)
-	if err != nil {
-		return nil, err
-	}
-	defer resp.Body.Close()
-	body := io.LimitReader(resp.Body, 4<<20)
-	if resp.StatusCode != http.StatusOK {
-		line, _ := bufio.NewReader(body).ReadString('\n')
-		return nil, fmt.Errorf("%s: %s", resp.Status, truncate(strings.TrimSpace(line), 200))
-	}
-	var b Blocked
-	if err := json.NewDecoder(body).Decode(&b); err != nil {
-		return nil, fmt.Errorf("reading the answer: %v", err)
-	}
-	return &b, nil
-}
-
-// PutGrant gives client the allowlist entries allow until a time, through the admin endpoint at base.
-func PutGrant(ctx context.Context, hc *http.Client, base, client string, grant Grant) error {
-	body, err := json.Marshal(grant)
-	if err != nil {
-		return err
-	}
-	return adminCall(ctx, hc, http.MethodPut, base, client, strings.NewReader(string(body)))
-}
-
-// DeleteGrant removes client's grant through the admin endpoint at base.
-func DeleteGrant(ctx context.Context, hc *http.Client, base, client string) error {
-	return adminCall(ctx, hc, http.MethodDelete, base, client, nil)
-}
-
-func adminCall(ctx context.Context, hc *http.Client, method, base, client string, body io.Reader) error {
-	u := strings.TrimSuffix(base, "/") + GrantsPath + "?" + url.Values{"client": {client}}.Encode()
-	req, err := http.NewRequestWithContext(ctx, method, u, body)
-	if err != nil {
-		return err
-	}
-	resp, err := hc.Do(req)
-	if err != nil {
-		return err
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusNoContent {
-		line, _ := bufio.NewReader(io.LimitReader(resp.Body, 4096)).ReadString('\n')
-		return fmt.Errorf("%s: %s", resp.Status, truncate(strings.TrimSpace(line), 200))
-	}
-	return nil
-}
-
-// AdminTimeout bounds one call to the admin endpoint: a proxy that does not answer costs a
-// stage at most this.
-const AdminTimeout = 2 * time.Second
-
-// AdminClient talks to the proxy's admin address directly: never through a proxy from the
-// runner's environment.
-var AdminClient = &http.Client{Transport: &http.Transport{Proxy: nil}, Timeout: AdminTimeout}

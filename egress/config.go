@@ -5,9 +5,14 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"path/filepath"
+	"slices"
 	"strings"
+	"time"
 
 	"github.com/BurntSushi/toml"
+
+	"github.com/sandbox-executor/sandbox-executor/egress/allowlist"
 )
 
 // Config is the proxy's TOML configuration (cmd/sandbox-egress-proxy).
@@ -16,26 +21,35 @@ type Config struct {
 	Listen string `toml:"listen"`
 	// AdminListen serves GET /v1/blocked and /healthz.
 	AdminListen string `toml:"admin_listen"`
-	// AdminAllow lists networks that may read blocked attempts without a token.
+	// AdminAllow lists the networks that may call the admin API (default: loopback). Sources
+	// other than loopback must also send the token of AdminTokenFile, which is therefore
+	// required when AdminAllow names any other network.
 	AdminAllow []string `toml:"admin_allow"`
-	// AdminTokenFile holds a bearer token accepted from any source (optional).
+	// AdminTokenFile holds the admin API's bearer token (relative: to the config file's
+	// directory).
 	AdminTokenFile string `toml:"admin_token_file"`
-	// Allow is the allowlist (see Rule).
+	// Allow is the allowlist (see allowlist.Rule).
 	Allow []string `toml:"allow"`
 	// Hosts resolves names without DNS: name = "IP".
 	Hosts map[string]string `toml:"hosts"`
 	// PerClient and MaxClients bound the blocked attempts kept in memory.
 	PerClient  int `toml:"per_client"`
 	MaxClients int `toml:"max_clients"`
+	// MaxTunnelsPerClient bounds the CONNECT tunnels one pod holds open (default 256).
+	MaxTunnelsPerClient int `toml:"max_tunnels_per_client"`
+	// TunnelIdleTimeout closes a tunnel idle both ways for that long (default "10m").
+	TunnelIdleTimeout string `toml:"tunnel_idle_timeout"`
 }
 
 // Built is a validated configuration, ready to serve.
 type Built struct {
 	Config    Config
-	Allowlist *Allowlist
+	Allowlist *allowlist.Allowlist
 	Hosts     map[string]netip.Addr
 	Allow     []netip.Prefix
 	Token     string
+	// TunnelIdleTimeout is tunnel_idle_timeout parsed.
+	TunnelIdleTimeout time.Duration
 }
 
 // LoadConfig reads and validates a config file.
@@ -44,10 +58,18 @@ func LoadConfig(path string) (*Built, error) {
 	if err != nil {
 		return nil, fmt.Errorf("config: %v", err)
 	}
+	return ParseConfig(path, data)
+}
+
+// ParseConfig validates the config file path's contents data.
+func ParseConfig(path string, data []byte) (*Built, error) {
 	var c Config
 	md, err := toml.Decode(string(data), &c)
 	if err != nil {
 		return nil, fmt.Errorf("config %s: %v", path, err)
+	}
+	if c.AdminTokenFile != "" && !filepath.IsAbs(c.AdminTokenFile) {
+		c.AdminTokenFile = filepath.Join(filepath.Dir(path), c.AdminTokenFile)
 	}
 	if u := md.Undecoded(); len(u) > 0 {
 		return nil, fmt.Errorf("config %s: %s: unknown key", path, u[0])
@@ -75,16 +97,27 @@ func (c Config) Build() (*Built, error) {
 	if c.PerClient < 0 || c.MaxClients < 0 {
 		return nil, fmt.Errorf("per_client and max_clients must not be negative")
 	}
+	if c.MaxTunnelsPerClient < 0 {
+		return nil, fmt.Errorf("max_tunnels_per_client must not be negative (0: %d)", DefaultMaxTunnelsPerClient)
+	}
+	idle := DefaultTunnelIdleTimeout
+	if c.TunnelIdleTimeout != "" {
+		d, err := time.ParseDuration(c.TunnelIdleTimeout)
+		if err != nil || d <= 0 {
+			return nil, fmt.Errorf("tunnel_idle_timeout: %q is not a positive duration such as \"10m\"", c.TunnelIdleTimeout)
+		}
+		idle = d
+	}
 	if len(c.Allow) == 0 {
 		return nil, fmt.Errorf("allow: the allowlist is empty: every destination would be blocked")
 	}
-	b := &Built{Config: c, Hosts: map[string]netip.Addr{}}
+	b := &Built{Config: c, Hosts: map[string]netip.Addr{}, TunnelIdleTimeout: idle}
 	var err error
-	if b.Allowlist, err = ParseAllowlist(c.Allow); err != nil {
+	if b.Allowlist, err = allowlist.ParseAllowlist(c.Allow); err != nil {
 		return nil, fmt.Errorf("allow: %v", err)
 	}
 	for name, ip := range c.Hosts {
-		n, err := NormalizeName(name)
+		n, err := allowlist.NormalizeName(name)
 		if err != nil {
 			return nil, fmt.Errorf("hosts: %v", err)
 		}
@@ -108,6 +141,11 @@ func (c Config) Build() (*Built, error) {
 		}
 		b.Allow = append(b.Allow, p.Masked())
 	}
+	if c.AdminTokenFile == "" {
+		if i := slices.IndexFunc(b.Allow, func(p netip.Prefix) bool { return !isLoopback(p) }); i >= 0 {
+			return nil, fmt.Errorf("admin_allow: %s is not loopback: set admin_token_file (a bearer token of 16 or more characters), which sources outside loopback must send", b.Allow[i])
+		}
+	}
 	if c.AdminTokenFile != "" {
 		t, err := os.ReadFile(c.AdminTokenFile)
 		if err != nil {
@@ -118,4 +156,13 @@ func (c Config) Build() (*Built, error) {
 		}
 	}
 	return b, nil
+}
+
+// loopbackV4 is IPv4's loopback network.
+var loopbackV4 = netip.MustParsePrefix("127.0.0.0/8")
+
+// isLoopback tells whether every address of p is this machine's.
+func isLoopback(p netip.Prefix) bool {
+	return p.Addr().Is4() && p.Bits() >= loopbackV4.Bits() && loopbackV4.Contains(p.Addr()) ||
+		p.Addr() == netip.IPv6Loopback() && p.Bits() == 128
 }

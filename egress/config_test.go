@@ -5,6 +5,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 )
 
 // The local cluster's configuration loads (the chart's is tested in tests/charttest).
@@ -34,6 +35,9 @@ func TestConfigErrors(t *testing.T) {
 		{"allow = [\"x.example\"]\nlisten = \"3128\"", `listen: "3128" is not host:port`},
 		{"allow = [\"x.example\"]\nadmin_token_file = \"" + short + "\"", "at least 16 characters"},
 		{"allow = [\"x.example\"]\nadmin_token_file = \"" + filepath.Join(dir, "missing") + "\"", "admin_token_file:"},
+		{"allow = [\"x.example\"]\nmax_tunnels_per_client = -1", "max_tunnels_per_client must not be negative"},
+		{"allow = [\"x.example\"]\ntunnel_idle_timeout = \"ten minutes\"", `tunnel_idle_timeout: "ten minutes" is not a positive duration`},
+		{"allow = [\"x.example\"]\ntunnel_idle_timeout = \"0s\"", "tunnel_idle_timeout:"},
 	} {
 		p := filepath.Join(dir, "c.toml")
 		os.WriteFile(p, []byte(c.text), 0o600)
@@ -42,9 +46,43 @@ func TestConfigErrors(t *testing.T) {
 		}
 	}
 	p := filepath.Join(dir, "ok.toml")
-	os.WriteFile(p, []byte("allow = [\"x.example\"]\nadmin_allow = [\"10.99.2.1\"]\n"), 0o600)
+	os.WriteFile(p, []byte("allow = [\"x.example\"]\nadmin_allow = [\"127.0.0.1\"]\n"), 0o600)
 	b, err := LoadConfig(p)
-	if err != nil || len(b.Allow) != 1 || b.Allow[0].String() != "10.99.2.1/32" || b.Config.Listen != ":3128" || b.Config.AdminListen != "127.0.0.1:3129" {
+	if err != nil || len(b.Allow) != 1 || b.Allow[0].String() != "127.0.0.1/32" || b.Config.Listen != ":3128" || b.Config.AdminListen != "127.0.0.1:3129" || b.TunnelIdleTimeout != DefaultTunnelIdleTimeout {
 		t.Errorf("defaults: %+v %v", b, err)
+	}
+	os.WriteFile(p, []byte("allow = [\"x.example\"]\nmax_tunnels_per_client = 32\ntunnel_idle_timeout = \"90s\"\n"), 0o600)
+	if b, err := LoadConfig(p); err != nil || b.Config.MaxTunnelsPerClient != 32 || b.TunnelIdleTimeout != 90*time.Second {
+		t.Errorf("tunnel bounds: %+v %v", b, err)
+	}
+}
+
+// The admin API widens pods' egress: a network other than loopback in admin_allow needs the
+// token, or the proxy does not start. A relative token file is the config file's neighbour.
+func TestAdminAllowBeyondLoopbackNeedsAToken(t *testing.T) {
+	dir := t.TempDir()
+	os.WriteFile(filepath.Join(dir, "token"), []byte("a-token-of-32-characters-or-so!!\n"), 0o600)
+	load := func(keys string) (*Built, error) {
+		p := filepath.Join(dir, "c.toml")
+		os.WriteFile(p, []byte("allow = [\"x.example\"]\n"+keys), 0o600)
+		return LoadConfig(p)
+	}
+	for _, allow := range []string{`["0.0.0.0/0", "::/0"]`, `["10.99.2.1"]`, `["127.0.0.0/7"]`, `["::/127"]`, `["::ffff:127.0.0.0/104"]`} {
+		_, err := load("admin_allow = " + allow + "\n")
+		if err == nil || !strings.Contains(err.Error(), "is not loopback: set admin_token_file") || strings.Contains(err.Error(), "\n") {
+			t.Errorf("admin_allow = %s without a token: %v, want one line asking for admin_token_file", allow, err)
+		}
+		b, err := load("admin_allow = " + allow + "\nadmin_token_file = \"token\"\n")
+		if err != nil || b.Token != "a-token-of-32-characters-or-so!!" {
+			t.Errorf("admin_allow = %s with a token: %+v, %v", allow, b, err)
+		}
+	}
+	for _, allow := range []string{`["127.0.0.1"]`, `["127.0.0.0/8", "::1"]`} {
+		if _, err := load("admin_allow = " + allow + "\n"); err != nil {
+			t.Errorf("admin_allow = %s (loopback) without a token: %v", allow, err)
+		}
+	}
+	if _, err := load(""); err != nil {
+		t.Errorf("the default admin_allow (loopback) without a token: %v", err)
 	}
 }

@@ -5,11 +5,10 @@ import (
 	"net/netip"
 	"sync"
 	"time"
-)
 
-// GrantsPath is the endpoint through which runners widen one job pod's allowlist for the
-// job's lifetime: PUT /v1/grants?client=<IP> with a Grant, DELETE /v1/grants?client=<IP>.
-const GrantsPath = "/v1/grants"
+	"github.com/sandbox-executor/sandbox-executor/egress/adminclient"
+	"github.com/sandbox-executor/sandbox-executor/egress/allowlist"
+)
 
 // MaxGrantRules bounds one grant: a job needs its instance, a wildcard and a registry or two.
 const MaxGrantRules = 16
@@ -17,15 +16,9 @@ const MaxGrantRules = 16
 // DefaultMaxGrants bounds the clients with a grant (one per running job pod).
 const DefaultMaxGrants = 4096
 
-// Grant is the body of PUT /v1/grants: allowlist entries (the syntax of allow) for one client
-// until a time, after which they lapse even if no one deletes them (a runner that died).
-type Grant struct {
-	Allow []string  `json:"allow"`
-	Until time.Time `json:"until"`
-}
-
 type clientGrant struct {
-	allowlist *Allowlist
+	instance  *allowlist.Allowlist // marked Private
+	allowlist *allowlist.Allowlist
 	until     time.Time
 }
 
@@ -40,16 +33,20 @@ type Grants struct {
 
 // Put replaces client's grant. It refuses a grant whose entries do not parse, that has too
 // many, that has already lapsed at now, or that would exceed Max live grants.
-func (g *Grants) Put(client netip.Addr, grant Grant, now time.Time) error {
-	if len(grant.Allow) == 0 || len(grant.Allow) > MaxGrantRules {
-		return fmt.Errorf("a grant has 1 to %d allowlist entries, not %d", MaxGrantRules, len(grant.Allow))
+func (g *Grants) Put(client netip.Addr, grant adminclient.Grant, now time.Time) error {
+	if n := len(grant.Allow) + len(grant.Instance); n == 0 || n > MaxGrantRules {
+		return fmt.Errorf("a grant has 1 to %d allowlist entries, not %d", MaxGrantRules, n)
 	}
 	if !grant.Until.After(now) {
 		return fmt.Errorf("the grant's until (%s) is not in the future", grant.Until.UTC().Format(time.RFC3339))
 	}
-	allowlist, err := ParseAllowlist(grant.Allow)
+	rules, err := allowlist.ParseAllowlist(grant.Allow)
 	if err != nil {
 		return err
+	}
+	instance, err := allowlist.ParseAllowlist(grant.Instance)
+	if err != nil {
+		return fmt.Errorf("instance: %v", err)
 	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -63,7 +60,7 @@ func (g *Grants) Put(client netip.Addr, grant Grant, now time.Time) error {
 			return fmt.Errorf("%d clients already have a grant (the limit)", len(g.grants))
 		}
 	}
-	g.grants[client] = clientGrant{allowlist: allowlist, until: grant.Until}
+	g.grants[client] = clientGrant{instance: instance.Private(), allowlist: rules, until: grant.Until}
 	return nil
 }
 
@@ -75,17 +72,31 @@ func (g *Grants) Delete(client netip.Addr) {
 }
 
 // Match returns the rule of client's live grant that allows d.
-func (g *Grants) Match(client netip.Addr, d Dest, now time.Time) (Rule, bool) {
+func (g *Grants) Match(client netip.Addr, d allowlist.Dest, now time.Time) (allowlist.Rule, bool) {
+	grant, ok := g.live(client, now)
+	if !ok {
+		return allowlist.Rule{}, false
+	}
+	if r, ok := grant.instance.Match(d); ok {
+		return r, true
+	}
+	return grant.allowlist.Match(d)
+}
+
+// Addresses tells whether client's live grant names addr on port by an IP or network rule.
+func (g *Grants) Addresses(client, addr netip.Addr, port int, now time.Time) bool {
+	grant, ok := g.live(client, now)
+	return ok && (grant.instance.Addresses(addr, port) || grant.allowlist.Addresses(addr, port))
+}
+
+func (g *Grants) live(client netip.Addr, now time.Time) (clientGrant, bool) {
 	if g == nil {
-		return Rule{}, false
+		return clientGrant{}, false
 	}
 	g.mu.Lock()
 	grant, ok := g.grants[client.Unmap()]
 	g.mu.Unlock()
-	if !ok || !now.Before(grant.until) {
-		return Rule{}, false
-	}
-	return grant.allowlist.Match(d)
+	return grant, ok && now.Before(grant.until)
 }
 
 func (g *Grants) max() int {

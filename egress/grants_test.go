@@ -8,6 +8,9 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/sandbox-executor/sandbox-executor/egress/adminclient"
+	"github.com/sandbox-executor/sandbox-executor/egress/allowlist"
 )
 
 // A grant made through the admin endpoint opens a destination to that client only, until it is
@@ -30,7 +33,7 @@ func TestGrantOpensADestinationForItsClientOnly(t *testing.T) {
 		t.Fatalf("before the grant: CONNECT %s answered %d, want 403", echo, code)
 	}
 	ctx := context.Background()
-	if err := PutGrant(ctx, admin.Client(), admin.URL, "127.0.0.1", Grant{Allow: []string{echo}, Until: now.Add(time.Minute)}); err != nil {
+	if err := (&adminclient.Client{Base: admin.URL, HTTP: admin.Client()}).PutGrant(ctx, "127.0.0.1", adminclient.Grant{Allow: []string{echo}, Until: now.Add(time.Minute)}); err != nil {
 		t.Fatal(err)
 	}
 	if code := connect(); code != 200 {
@@ -40,7 +43,7 @@ func TestGrantOpensADestinationForItsClientOnly(t *testing.T) {
 		t.Errorf("the decision does not name the grant: %s", s.log.String())
 	}
 	// Another client's grant does not open anything to this one.
-	if _, ok := s.proxy.Grants.Match(netip.MustParseAddr("127.0.0.2"), Dest{Host: "127.0.0.1", Addr: netip.MustParseAddr("127.0.0.1"), Port: s.echoAddr.Port}, now); ok {
+	if _, ok := s.proxy.Grants.Match(netip.MustParseAddr("127.0.0.2"), allowlist.Dest{Host: "127.0.0.1", Addr: netip.MustParseAddr("127.0.0.1"), Port: s.echoAddr.Port}, now); ok {
 		t.Error("127.0.0.2 matched 127.0.0.1's grant")
 	}
 	now = now.Add(time.Minute)
@@ -48,7 +51,7 @@ func TestGrantOpensADestinationForItsClientOnly(t *testing.T) {
 		t.Errorf("after the grant lapsed: CONNECT answered %d, want 403", code)
 	}
 	now = t0
-	if err := DeleteGrant(ctx, admin.Client(), admin.URL, "127.0.0.1"); err != nil {
+	if err := (&adminclient.Client{Base: admin.URL, HTTP: admin.Client()}).DeleteGrant(ctx, "127.0.0.1"); err != nil {
 		t.Fatal(err)
 	}
 	if code := connect(); code != 403 {
@@ -61,27 +64,27 @@ func TestGrantRefusals(t *testing.T) {
 	client := netip.MustParseAddr("10.88.0.5")
 	later := t0.Add(time.Hour)
 	for _, c := range []struct {
-		grant Grant
+		grant adminclient.Grant
 		want  string
 	}{
-		{Grant{Until: later}, "1 to 16 allowlist entries, not 0"},
-		{Grant{Allow: []string{"*"}, Until: later}, `allowlist entry "*"`},
-		{Grant{Allow: []string{"gitlab.example.com"}, Until: t0}, "is not in the future"},
-		{Grant{Allow: make([]string, MaxGrantRules+1), Until: later}, "not 17"},
+		{adminclient.Grant{Until: later}, "1 to 16 allowlist entries, not 0"},
+		{adminclient.Grant{Allow: []string{"*"}, Until: later}, `allowlist entry "*"`},
+		{adminclient.Grant{Allow: []string{"gitlab.example.com"}, Until: t0}, "is not in the future"},
+		{adminclient.Grant{Allow: make([]string, MaxGrantRules+1), Until: later}, "not 17"},
 	} {
 		if err := g.Put(client, c.grant, t0); err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("Put(%+v) = %v, want %q", c.grant, err, c.want)
 		}
 	}
-	if err := g.Put(client, Grant{Allow: []string{"gitlab.example.com"}, Until: later}, t0); err != nil {
+	if err := g.Put(client, adminclient.Grant{Allow: []string{"gitlab.example.com"}, Until: later}, t0); err != nil {
 		t.Fatal(err)
 	}
 	other := netip.MustParseAddr("10.88.0.6")
-	if err := g.Put(other, Grant{Allow: []string{"gitlab.example.com"}, Until: later}, t0); err == nil || !strings.Contains(err.Error(), "the limit") {
+	if err := g.Put(other, adminclient.Grant{Allow: []string{"gitlab.example.com"}, Until: later}, t0); err == nil || !strings.Contains(err.Error(), "the limit") {
 		t.Errorf("a second client over Max 1: %v", err)
 	}
 	// A lapsed grant makes room.
-	if err := g.Put(other, Grant{Allow: []string{"gitlab.example.com"}, Until: later.Add(time.Hour)}, later); err != nil {
+	if err := g.Put(other, adminclient.Grant{Allow: []string{"gitlab.example.com"}, Until: later.Add(time.Hour)}, later); err != nil {
 		t.Errorf("after the first grant lapsed: %v", err)
 	}
 }
@@ -91,18 +94,18 @@ func TestAdminGrantsEndpoint(t *testing.T) {
 	srv := httptest.NewServer(admin)
 	defer srv.Close()
 	ctx := context.Background()
-	if err := PutGrant(ctx, srv.Client(), srv.URL, "nope", Grant{}); err == nil || !strings.Contains(err.Error(), `client="nope" is not an IP address`) {
+	if err := (&adminclient.Client{Base: srv.URL, HTTP: srv.Client()}).PutGrant(ctx, "nope", adminclient.Grant{}); err == nil || !strings.Contains(err.Error(), `client="nope" is not an IP address`) {
 		t.Errorf("bad client: %v", err)
 	}
-	if err := PutGrant(ctx, srv.Client(), srv.URL, "10.88.0.5", Grant{Allow: []string{"a.*.example"}, Until: t0.Add(time.Hour)}); err == nil || !strings.Contains(err.Error(), "400 Bad Request: egress proxy admin: grant refused") {
+	if err := (&adminclient.Client{Base: srv.URL, HTTP: srv.Client()}).PutGrant(ctx, "10.88.0.5", adminclient.Grant{Allow: []string{"a.*.example"}, Until: t0.Add(time.Hour)}); err == nil || !strings.Contains(err.Error(), "400 Bad Request: egress proxy admin: grant refused") {
 		t.Errorf("bad entry: %v", err)
 	}
 	// Only trusted sources may grant: a job pod must not widen its own allowlist.
 	admin.Allow = nil
-	if err := PutGrant(ctx, srv.Client(), srv.URL, "10.88.0.5", Grant{Allow: []string{"gitlab.example.com"}, Until: t0.Add(time.Hour)}); err == nil || !strings.Contains(err.Error(), "403") {
+	if err := (&adminclient.Client{Base: srv.URL, HTTP: srv.Client()}).PutGrant(ctx, "10.88.0.5", adminclient.Grant{Allow: []string{"gitlab.example.com"}, Until: t0.Add(time.Hour)}); err == nil || !strings.Contains(err.Error(), "403") {
 		t.Errorf("untrusted source: %v", err)
 	}
-	if err := DeleteGrant(ctx, srv.Client(), srv.URL, "10.88.0.5"); err == nil || !strings.Contains(err.Error(), "403") {
+	if err := (&adminclient.Client{Base: srv.URL, HTTP: srv.Client()}).DeleteGrant(ctx, "10.88.0.5"); err == nil || !strings.Contains(err.Error(), "403") {
 		t.Errorf("untrusted DELETE: %v", err)
 	}
 }

@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sandbox-executor/sandbox-executor/egress/allowlist"
 	"github.com/sandbox-executor/sandbox-executor/internal/testing/testutil"
 )
 
@@ -226,18 +227,20 @@ func TestIPLiteralAllowedOnlyWhenListed(t *testing.T) {
 // A name resolved by DNS (here: localhost, from the resolver) must not lead to the proxy's own
 // loopback; an allowed but unreachable destination is a 502, not a 403.
 func TestResolvedLoopbackAndUnreachable(t *testing.T) {
-	s := newStand(t, "localhost:*", "127.0.0.1:*")
-	_, _, resp := s.connect(t, "localhost:"+strconv.Itoa(s.echoAddr.Port), "")
-	if b := body(t, resp); resp.StatusCode != 403 || !strings.Contains(b, "resolves to a loopback") {
+	lo := newStand(t, "localhost:*")
+	lo.proxy.Resolver = &fakeResolver{addrs: map[string][]string{"localhost.": {"127.0.0.1"}}}
+	_, _, resp := lo.connect(t, "localhost:"+strconv.Itoa(lo.echoAddr.Port), "")
+	if b := body(t, resp); resp.StatusCode != 403 || !strings.Contains(b, "resolves to a non-public address") {
 		t.Errorf("CONNECT localhost: %s %q", resp.Status, b)
 	}
-	resp, err := s.client().Get("http://localhost:" + strconv.Itoa(s.webPort) + "/")
+	resp, err := lo.client().Get("http://localhost:" + strconv.Itoa(lo.webPort) + "/")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if b := body(t, resp); resp.StatusCode != 403 || !strings.Contains(b, "GET localhost:"+strconv.Itoa(s.webPort)+" blocked: its name resolves to a loopback") {
+	if b := body(t, resp); resp.StatusCode != 403 || !strings.Contains(b, "GET localhost:"+strconv.Itoa(lo.webPort)+" blocked: its name resolves to a non-public address") {
 		t.Errorf("GET http://localhost: %s %q", resp.Status, b)
 	}
+	s := newStand(t, "127.0.0.1:*")
 	ln, _ := net.Listen("tcp", "127.0.0.1:0")
 	closed := ln.Addr().String()
 	ln.Close()
@@ -325,6 +328,21 @@ func BenchmarkTunnel(b *testing.B) {
 				c.Close()
 			}
 		})
+		b.Run("stream64KiB/"+via, func(b *testing.B) {
+			c := open[via]()
+			defer c.Close()
+			chunk := make([]byte, 64<<10)
+			b.SetBytes(int64(len(chunk)))
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				if _, err := c.Write(chunk); err != nil {
+					b.Fatal(err)
+				}
+				if _, err := io.ReadFull(c, chunk); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
 		b.Run("roundtrip/"+via, func(b *testing.B) {
 			c := open[via]()
 			defer c.Close()
@@ -334,4 +352,13 @@ func BenchmarkTunnel(b *testing.B) {
 			}
 		})
 	}
+}
+
+func mustAllowlist(t testing.TB, entries ...string) *allowlist.Allowlist {
+	t.Helper()
+	a, err := allowlist.ParseAllowlist(entries)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return a
 }

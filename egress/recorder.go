@@ -6,29 +6,9 @@ import (
 	"net/netip"
 	"sync"
 	"time"
-)
 
-// Reasons a destination is blocked.
-const (
-	ReasonNotAllowed  = "not in the allowlist"
-	ReasonBadDest     = "not a valid destination"
-	ReasonNonPublicIP = "its name resolves to a loopback, link-local or unspecified address"
+	"github.com/sandbox-executor/sandbox-executor/egress/adminclient"
 )
-
-// Decision is one proxy decision, logged as a JSON line and kept in memory when blocked.
-type Decision struct {
-	Time    time.Time `json:"time"`
-	Client  string    `json:"client"`
-	Method  string    `json:"method"`
-	Dest    string    `json:"dest"`
-	Allowed bool      `json:"allowed"`
-	// Rule is the allowlist entry that allowed it.
-	Rule string `json:"rule,omitempty"`
-	// Reason says why it was blocked.
-	Reason string `json:"reason,omitempty"`
-	// Error is why an allowed destination could not be reached.
-	Error string `json:"error,omitempty"`
-}
 
 // Recorder writes every decision as a JSON line and keeps the latest blocked ones per client in
 // bounded memory: at most MaxClients clients (the least recently active is forgotten first) of
@@ -57,7 +37,7 @@ const (
 )
 
 type ring struct {
-	buf  []Decision
+	buf  []adminclient.Decision
 	next int // where the next decision goes
 	full bool
 	// lostUntil is the time of the newest decision overwritten so far.
@@ -66,7 +46,7 @@ type ring struct {
 }
 
 // Record logs d and, if it was blocked, keeps it for its client.
-func (r *Recorder) Record(d Decision) {
+func (r *Recorder) Record(d adminclient.Decision) {
 	d.Method = truncate(d.Method, maxMethodLen)
 	d.Dest = truncate(d.Dest, maxDestLen)
 	line, _ := json.Marshal(d)
@@ -89,7 +69,7 @@ func (r *Recorder) Record(d Decision) {
 	c := r.clients[addr]
 	if c == nil {
 		r.evictLocked()
-		c = &ring{buf: make([]Decision, 0, r.perClient())}
+		c = &ring{buf: make([]adminclient.Decision, 0, r.perClient())}
 		r.clients[addr] = c
 	}
 	c.add(d)
@@ -123,7 +103,7 @@ func (r *Recorder) evictLocked() {
 	}
 }
 
-func (c *ring) add(d Decision) {
+func (c *ring) add(d adminclient.Decision) {
 	if len(c.buf) < cap(c.buf) {
 		c.buf = append(c.buf, d)
 	} else {
@@ -139,18 +119,10 @@ func (c *ring) add(d Decision) {
 	}
 }
 
-// Blocked is the answer of the blocked-attempts endpoint.
-type Blocked struct {
-	Client  string     `json:"client"`
-	Blocked []Decision `json:"blocked"`
-	// Truncated: some attempts after Since were overwritten; the JSON log has them all.
-	Truncated bool `json:"truncated,omitempty"`
-}
-
 // Blocked lists the client's blocked attempts at or after since, oldest first.
-func (r *Recorder) Blocked(client netip.Addr, since time.Time) Blocked {
+func (r *Recorder) Blocked(client netip.Addr, since time.Time) adminclient.Blocked {
 	client = client.Unmap()
-	out := Blocked{Client: client.String(), Blocked: []Decision{}}
+	out := adminclient.Blocked{Client: client.String(), Blocked: []adminclient.Decision{}}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	c := r.clients[client]
@@ -176,3 +148,12 @@ func (r *Recorder) clientCount() int {
 	defer r.mu.Unlock()
 	return len(r.clients)
 }
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "..."
+}
+
+func truncateErr(err error) string { return truncate(err.Error(), 300) }

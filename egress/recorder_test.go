@@ -8,15 +8,17 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/sandbox-executor/sandbox-executor/egress/adminclient"
 )
 
 var t0 = time.Date(2026, 11, 21, 12, 0, 0, 0, time.UTC)
 
-func blocked(client string, at time.Duration, dest string) Decision {
-	return Decision{Time: t0.Add(at), Client: client, Method: "CONNECT", Dest: dest, Reason: ReasonNotAllowed}
+func blocked(client string, at time.Duration, dest string) adminclient.Decision {
+	return adminclient.Decision{Time: t0.Add(at), Client: client, Method: "CONNECT", Dest: dest, Reason: adminclient.ReasonNotAllowed}
 }
 
-func dests(b Blocked) string {
+func dests(b adminclient.Blocked) string {
 	var s []string
 	for _, d := range b.Blocked {
 		s = append(s, d.Dest)
@@ -29,7 +31,7 @@ func TestRecorderFiltersByClientAndTime(t *testing.T) {
 	r := &Recorder{Out: &log}
 	r.Record(blocked("10.88.0.5", 1*time.Second, "a:443"))
 	r.Record(blocked("10.88.0.6", 2*time.Second, "other-client:443"))
-	r.Record(Decision{Time: t0.Add(3 * time.Second), Client: "10.88.0.5", Method: "CONNECT", Dest: "ok:443", Allowed: true, Rule: "ok:443"})
+	r.Record(adminclient.Decision{Time: t0.Add(3 * time.Second), Client: "10.88.0.5", Method: "CONNECT", Dest: "ok:443", Allowed: true, Rule: "ok:443"})
 	r.Record(blocked("10.88.0.5", 4*time.Second, "b:443"))
 	r.Record(blocked("::ffff:10.88.0.5", 5*time.Second, "c:443"))
 
@@ -52,7 +54,7 @@ func TestRecorderFiltersByClientAndTime(t *testing.T) {
 	if len(lines) != 5 {
 		t.Fatalf("%d log lines, want 5:\n%s", len(lines), log.String())
 	}
-	var d Decision
+	var d adminclient.Decision
 	if err := json.Unmarshal([]byte(lines[2]), &d); err != nil || !d.Allowed || d.Rule != "ok:443" || d.Client != "10.88.0.5" || d.Method != "CONNECT" || !d.Time.Equal(t0.Add(3*time.Second)) {
 		t.Errorf("allowed line %s -> %+v %v", lines[2], d, err)
 	}

@@ -50,7 +50,8 @@ func run() error {
 	}
 	rec := &egress.Recorder{PerClient: cfg.Config.PerClient, MaxClients: cfg.Config.MaxClients, Out: os.Stdout}
 	grants := &egress.Grants{}
-	proxy := &egress.Proxy{Allowlist: cfg.Allowlist, Grants: grants, Hosts: cfg.Hosts, Recorder: rec}
+	proxy := &egress.Proxy{Allowlist: cfg.Allowlist, Grants: grants, Hosts: cfg.Hosts, Recorder: rec,
+		MaxTunnelsPerClient: cfg.Config.MaxTunnelsPerClient, TunnelIdleTimeout: cfg.TunnelIdleTimeout}
 	admin := &egress.Admin{Recorder: rec, Grants: grants, Allow: cfg.Allow, Token: cfg.Token}
 
 	proxyLn, err := net.Listen("tcp", cfg.Config.Listen)

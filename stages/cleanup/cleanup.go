@@ -5,11 +5,12 @@ package cleanup
 import (
 	"context"
 	"errors"
+	"slices"
 
 	"github.com/sandbox-executor/sandbox-executor/config"
-	"github.com/sandbox-executor/sandbox-executor/egress"
 	"github.com/sandbox-executor/sandbox-executor/executor"
 	"github.com/sandbox-executor/sandbox-executor/failure"
+	"github.com/sandbox-executor/sandbox-executor/gitlab"
 	"github.com/sandbox-executor/sandbox-executor/kube"
 	"github.com/sandbox-executor/sandbox-executor/stages"
 )
@@ -26,6 +27,13 @@ func Run(ctx context.Context, env *stages.Env) error {
 	if err != nil {
 		return err
 	}
+	return releaseJob(ctx, env, cluster, job)
+}
+
+// releaseJob releases what the job owns and withdraws its pod's egress grant, on every path
+// once it knows the pod: a release that fails must not leave the grant live for the pod that
+// gets the address next.
+func releaseJob(ctx context.Context, env *stages.Env, cluster stages.Cluster, job *gitlab.Job) error {
 	name := env.ClaimName(job)
 	// Prepare's state says what the job owns. Without it (prepare failed half-way, or an old
 	// runner without TMPDIR) a cold start may have made a Sandbox: delete both kinds. A state
@@ -39,6 +47,8 @@ func Run(ctx context.Context, env *stages.Env) error {
 	releaseColdStart := saved != nil && saved.ColdTemplate != "" || saved == nil && env.Config.UnknownImage == config.UnknownImageCold
 	binding := env.Binding(job)
 	outcome := jobOutcome(state, env.Runner.TmpDir)
+	// The grantee is looked up now, while its claim exists; withdrawn after the release.
+	defer env.RevokeEgress(ctx, grantee(ctx, env, cluster, saved, name, binding))
 	for _, release := range []struct {
 		wanted bool
 		kind   string
@@ -65,7 +75,6 @@ func Run(ctx context.Context, env *stages.Env) error {
 		}
 		env.Log().Debugf("Released %s %s/%s", release.kind, env.Config.Namespace, name)
 	}
-	revokeEgress(ctx, env, saved)
 	executor.ForgetJob(env.Runner.TmpDir)
 	return stateErr
 }
@@ -84,22 +93,18 @@ func jobOutcome(state *executor.JobState, tmpDir string) kube.Outcome {
 	}
 }
 
-// revokeEgress withdraws the job's egress grant from the pool's egress proxy once the pod is
-// gone, so that a pod that gets the address next cannot use it. A proxy that does not answer
-// costs a warning: the grant lapses at the job's deadline anyway.
-func revokeEgress(ctx context.Context, env *stages.Env, saved *kube.Sandbox) {
-	if saved == nil || saved.PodIP == "" {
-		return
+// grantee is the sandbox whose pod may hold the job's egress grant: prepare's saved one, or
+// without a state (prepare failed after the grant, before saving it) the job's sandbox found
+// by its claim, if a pool grants egress at all. Nil if it cannot be found: the grant, if any,
+// lapses at the job's deadline.
+func grantee(ctx context.Context, env *stages.Env, cluster stages.Cluster, saved *kube.Sandbox, name, binding string) *kube.Sandbox {
+	if saved != nil || !slices.ContainsFunc(env.Config.Pools, func(p config.Pool) bool { return p.GrantsEgress() }) {
+		return saved
 	}
-	pool := env.Config.Pool(saved.Pool)
-	if pool == nil || !pool.GrantsEgress() {
-		return
+	sbx, err := cluster.Find(ctx, env.Config.Namespace, name, binding, env.Config.RuntimeClasses)
+	if err != nil {
+		env.Log().Debugf("No egress grant to withdraw found: %s", failure.Line(err))
+		return nil
 	}
-	ctx, cancel := context.WithTimeout(ctx, egress.AdminTimeout)
-	defer cancel()
-	if err := egress.DeleteGrant(ctx, egress.AdminClient, pool.EgressProxy, saved.PodIP); err != nil {
-		env.Log().Warnf("egress proxy %s: cannot withdraw the egress grant of pod %s (%s): %v; it lapses when the job's time is up", pool.EgressProxy, saved.Pod, saved.PodIP, err)
-		return
-	}
-	env.Log().Debugf("Withdrew the egress grant of pod %s (%s)", saved.Pod, saved.PodIP)
+	return sbx
 }

@@ -13,6 +13,8 @@ import (
 
 	"github.com/sandbox-executor/sandbox-executor/config"
 	"github.com/sandbox-executor/sandbox-executor/egress"
+	"github.com/sandbox-executor/sandbox-executor/egress/adminclient"
+	"github.com/sandbox-executor/sandbox-executor/egress/allowlist"
 	"github.com/sandbox-executor/sandbox-executor/kube"
 	"github.com/sandbox-executor/sandbox-executor/stages"
 )
@@ -25,7 +27,7 @@ func TestRevokeEgressWithdrawsThePodsGrant(t *testing.T) {
 	srv := httptest.NewServer(&egress.Admin{Recorder: &egress.Recorder{}, Grants: grants, Allow: egress.DefaultAdminAllow})
 	defer srv.Close()
 	pod := netip.MustParseAddr("10.88.0.5")
-	if err := grants.Put(pod, egress.Grant{Allow: []string{"gitlab.example.com"}, Until: now.Add(time.Hour)}, now); err != nil {
+	if err := grants.Put(pod, adminclient.Grant{Allow: []string{"gitlab.example.com"}, Until: now.Add(time.Hour)}, now); err != nil {
 		t.Fatal(err)
 	}
 	env := func(proxy string) (*stages.Env, *bytes.Buffer) {
@@ -38,13 +40,13 @@ func TestRevokeEgressWithdrawsThePodsGrant(t *testing.T) {
 	}
 	saved := &kube.Sandbox{Pool: "duo-flow", Pod: "duo-flow-x", PodIP: pod.String()}
 	e, log := env(srv.URL)
-	revokeEgress(context.Background(), e, saved)
-	if _, ok := grants.Match(pod, egress.Dest{Host: "gitlab.example.com", Port: 443}, now); ok || log.Len() != 0 {
+	e.RevokeEgress(context.Background(), saved)
+	if _, ok := grants.Match(pod, allowlist.Dest{Host: "gitlab.example.com", Port: 443}, now); ok || log.Len() != 0 {
 		t.Errorf("after cleanup: grant still matches %t; log %q", ok, log.String())
 	}
 	srv.Close()
 	e, log = env(srv.URL)
-	revokeEgress(context.Background(), e, saved)
+	e.RevokeEgress(context.Background(), saved)
 	if !strings.Contains(log.String(), "cannot withdraw the egress grant of pod duo-flow-x (10.88.0.5)") || !strings.Contains(log.String(), "it lapses when the job's time is up") {
 		t.Errorf("unreachable proxy: log %q", log.String())
 	}

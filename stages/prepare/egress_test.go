@@ -3,8 +3,11 @@ package prepare
 import (
 	"bytes"
 	"context"
+	"net/http"
 	"net/http/httptest"
 	"net/netip"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -13,6 +16,8 @@ import (
 
 	"github.com/sandbox-executor/sandbox-executor/config"
 	"github.com/sandbox-executor/sandbox-executor/egress"
+	"github.com/sandbox-executor/sandbox-executor/egress/allowlist"
+	"github.com/sandbox-executor/sandbox-executor/executor"
 	"github.com/sandbox-executor/sandbox-executor/failure"
 	"github.com/sandbox-executor/sandbox-executor/gitlab"
 	"github.com/sandbox-executor/sandbox-executor/kube"
@@ -29,6 +34,8 @@ func (r *releases) Release(_ context.Context, _, claim, _ string, _ kube.Outcome
 	r.claims = append(r.claims, claim)
 	return nil
 }
+
+func (r *releases) Exec() kube.RemoteExecutor { return nil }
 
 var now = time.Date(2026, 11, 24, 5, 0, 0, 0, time.UTC)
 
@@ -58,24 +65,24 @@ func TestGrantEgressGivesThePodItsJobsInstanceUntilTheJobsDeadline(t *testing.T)
 	}
 	pod := netip.MustParseAddr("10.88.0.5")
 	for _, c := range []struct {
-		dest    egress.Dest
+		dest    allowlist.Dest
 		at      time.Time
 		allowed bool
 	}{
-		{egress.Dest{Host: "gitlab.example.com", Port: 443}, now, true},
-		{egress.Dest{Host: "ws.gitlab.example.com", Port: 443}, now, true},
-		{egress.Dest{Host: "registry.npmjs.org", Port: 443}, now, true},
-		{egress.Dest{Host: "evil.example", Port: 443}, now, false},
-		{egress.Dest{Host: "gitlab.example.com", Port: 22}, now, false},
+		{allowlist.Dest{Host: "gitlab.example.com", Port: 443}, now, true},
+		{allowlist.Dest{Host: "ws.gitlab.example.com", Port: 443}, now, true},
+		{allowlist.Dest{Host: "registry.npmjs.org", Port: 443}, now, true},
+		{allowlist.Dest{Host: "evil.example", Port: 443}, now, false},
+		{allowlist.Dest{Host: "gitlab.example.com", Port: 22}, now, false},
 		// The claim's shutdownTime: job timeout + claim_grace.
-		{egress.Dest{Host: "gitlab.example.com", Port: 443}, now.Add(time.Hour + 15*time.Minute - time.Second), true},
-		{egress.Dest{Host: "gitlab.example.com", Port: 443}, now.Add(time.Hour + 15*time.Minute), false},
+		{allowlist.Dest{Host: "gitlab.example.com", Port: 443}, now.Add(time.Hour + 15*time.Minute - time.Second), true},
+		{allowlist.Dest{Host: "gitlab.example.com", Port: 443}, now.Add(time.Hour + 15*time.Minute), false},
 	} {
 		if _, ok := grants.Match(pod, c.dest, c.at); ok != c.allowed {
 			t.Errorf("%s at +%s: allowed %t, want %t", c.dest, c.at.Sub(now), ok, c.allowed)
 		}
 	}
-	if _, ok := grants.Match(netip.MustParseAddr("10.88.0.6"), egress.Dest{Host: "gitlab.example.com", Port: 443}, now); ok {
+	if _, ok := grants.Match(netip.MustParseAddr("10.88.0.6"), allowlist.Dest{Host: "gitlab.example.com", Port: 443}, now); ok {
 		t.Error("another pod got the grant")
 	}
 	want := "Egress of this job through the egress proxy of pool duo-flow: gitlab.example.com:80, gitlab.example.com:443, *.gitlab.example.com:80, *.gitlab.example.com:443, registry.npmjs.org:443 (until the job ends)"
@@ -119,5 +126,76 @@ func TestGrantEgressIsNothingForPoolsWithoutGrants(t *testing.T) {
 	env, log, _, _ := grantStand(t, "")
 	if err := grantEgress(context.Background(), env, &releases{}, &gitlab.Job{ID: 7}, flowSandbox, "b"); err != nil || log.Len() != 0 {
 		t.Errorf("grantEgress = %v, log %q", err, log.String())
+	}
+}
+
+// A prepare that fails after the grant (here: its state cannot be saved) withdraws it: cleanup
+// finds no state then, and the grant would outlive the pod, for the next pod of its address.
+func TestAFailureAfterTheGrantWithdrawsIt(t *testing.T) {
+	env, log, grants, _ := grantStand(t, "egress_instance = true\n")
+	env.Runner.TmpDir = filepath.Join(t.TempDir(), "not-a-directory")
+	if err := os.WriteFile(env.Runner.TmpDir, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	job := &gitlab.Job{ID: 7, Timeout: time.Hour, ServerURL: "https://gitlab.example.com"}
+	p := &preparation{env: env, cluster: &releases{}, job: job, req: kube.ClaimRequest{Binding: "b"}, start: now}
+	if err := p.grantAndKeep(context.Background(), flowSandbox, executor.Transport{}, 0); err == nil || !strings.Contains(err.Error(), "saving job state") {
+		t.Fatalf("grantAndKeep = %v, want the state's error", err)
+	}
+	if _, ok := grants.Match(netip.MustParseAddr(flowSandbox.PodIP), allowlist.Dest{Host: "gitlab.example.com", Port: 443}, now); ok {
+		t.Errorf("the grant outlived the failed prepare; job log %q", log.String())
+	}
+}
+
+// A grant call without an answer may have been made: it is withdrawn before prepare fails. A
+// refusal made nothing and is not.
+func TestAGrantWithoutAnAnswerIsWithdrawn(t *testing.T) {
+	env, _, grants, admin := grantStand(t, "egress_instance = true\n")
+	pod := netip.MustParseAddr(flowSandbox.PodIP)
+	// The proxy takes the grant, then the answer is lost: the stage's call times out.
+	slow := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		admin.ServeHTTP(httptest.NewRecorder(), r)
+		if r.Method == http.MethodPut {
+			<-r.Context().Done()
+			return
+		}
+		w.WriteHeader(http.StatusNoContent)
+	}))
+	defer slow.Close()
+	env.Config.Pools[0].EgressProxy = slow.URL
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	job := &gitlab.Job{ID: 7, Timeout: time.Hour, ServerURL: "https://gitlab.example.com"}
+	if err := grantEgress(ctx, env, &releases{}, job, flowSandbox, "b"); err == nil {
+		t.Fatal("grantEgress succeeded without an answer")
+	}
+	if _, ok := grants.Match(pod, allowlist.Dest{Host: "gitlab.example.com", Port: 443}, now); ok {
+		t.Error("a grant the proxy took without answering outlived the failed prepare")
+	}
+}
+
+// With egress_admin_token_file, the grant carries the token the proxy wants from the runners.
+func TestGrantEgressSendsTheAdminToken(t *testing.T) {
+	tokenFile := filepath.Join(t.TempDir(), "token")
+	if err := os.WriteFile(tokenFile, []byte("a-token-of-32-characters-or-so!!\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	env, _, grants, admin := grantStand(t, "egress_instance = true\n")
+	env.Config.EgressAdminTokenFile = tokenFile
+	guarded := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("Authorization") != "Bearer a-token-of-32-characters-or-so!!" {
+			http.Error(w, "no token", http.StatusForbidden)
+			return
+		}
+		admin.ServeHTTP(w, r)
+	}))
+	defer guarded.Close()
+	env.Config.Pools[0].EgressProxy = guarded.URL
+	job := &gitlab.Job{ID: 7, Timeout: time.Hour, ServerURL: "https://gitlab.example.com"}
+	if err := grantEgress(context.Background(), env, &releases{}, job, flowSandbox, "b"); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := grants.Match(netip.MustParseAddr(flowSandbox.PodIP), allowlist.Dest{Host: "gitlab.example.com", Port: 443}, now); !ok {
+		t.Error("no grant")
 	}
 }

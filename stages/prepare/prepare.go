@@ -58,53 +58,12 @@ func Run(ctx context.Context, env *stages.Env) error {
 	if ca != nil {
 		req.Ahead = ahead.announced
 	}
-	var sbx *kube.Sandbox
-	var endSection func()
-	if placement.ColdTemplate != "" {
-		endSection = log.Section("sandbox_claim", "Cold-starting a gVisor sandbox from template "+placement.ColdTemplate)
-		log.Warnf("Image %s is served by no warm pool: cold start of a sandbox from template %s (unknown_image = \"cold\")", job.Image, placement.ColdTemplate)
-		sbx, err = cluster.ColdStart(ctx, req, placement.ColdTemplate)
-	} else {
-		endSection = log.Section("sandbox_claim", "Claiming a gVisor sandbox from pool "+placement.Pool)
-		sbx, err = claimFromPool(ctx, env, cluster, req)
-	}
+	p := &preparation{env: env, cluster: cluster, ca: ca, ahead: ahead, job: job, req: req, start: start}
+	sbx, conn, claimed, err := p.acquire(ctx, placement)
 	if err != nil {
-		endSection()
-		return err
-	}
-	claimed := env.Clock.Since(start)
-	log.Debugf("Sandbox acquired %s after prepare started", gitlab.Millis(claimed))
-	var conn executor.Connection
-	agentStart := env.Clock.Now()
-	if sbx.AgentBaked {
-		conn, err = executor.ConnectAgent(ctx, cluster, sbx, wire.NetworkPort, ca, req.Binding, ahead.dial)
-	} else {
-		conn, err = installAgent(ctx, env, cluster, sbx, ca, req.Binding)
-	}
-	if err != nil {
-		endSection()
 		return err
 	}
 	transport, probe := conn.Transport, conn.Probe
-	log.Debugf("Stage agent ready (baked in: %t, TLS made ahead: %t) in %s", sbx.AgentBaked, conn.Ahead, gitlab.Millis(env.Clock.Since(agentStart)))
-	if err := checkFence(ctx, env, cluster, sbx, transport, ca, req, probe.Fence); err != nil {
-		endSection()
-		return err
-	}
-	if err := grantEgress(ctx, env, cluster, job, sbx, req.Binding); err != nil {
-		endSection()
-		return err
-	}
-	if err := executor.InstallHelper(ctx, cluster.Exec(), sbx, env.Config.HelperBinary, job, log); err != nil {
-		endSection()
-		return err
-	}
-	state := &executor.JobState{Sandbox: sbx, Transport: transport, Overhead: executor.Overhead{Claim: claimed, Prepare: env.Elapsed(start)}}
-	if err := executor.SaveJob(env.Runner.TmpDir, state); err != nil {
-		endSection()
-		return err
-	}
-	endSection()
 	origin, acquired := sbx.Origin()
 	if conn.Fallback != "" {
 		log.Warnf("Stages go over exec (slower): %s", conn.Fallback)
@@ -118,6 +77,72 @@ func Run(ctx context.Context, env *stages.Env) error {
 		log.Infof("%s", gitlab.FlowNetworkPolicy(sbx.Image, sbx.Pool, pool != nil && pool.EgressProxy != ""))
 	}
 	return nil
+}
+
+// preparation is what prepare has decided before it claims the job's sandbox.
+type preparation struct {
+	env     *stages.Env
+	cluster stages.Cluster
+	ca      *agentca.CA
+	ahead   *agentAhead
+	job     *gitlab.Job
+	req     kube.ClaimRequest
+	start   time.Time // when prepare started
+}
+
+// acquire claims (or cold-starts) the job's sandbox, connects to its agent, checks its fence,
+// grants its egress and saves the job's state, inside the job log's sandbox_claim section.
+func (p *preparation) acquire(ctx context.Context, placement config.Placement) (sbx *kube.Sandbox, conn executor.Connection, claimed time.Duration, err error) {
+	env, cluster, req := p.env, p.cluster, p.req
+	log := env.Log()
+	if placement.ColdTemplate != "" {
+		defer log.Section("sandbox_claim", "Cold-starting a gVisor sandbox from template "+placement.ColdTemplate)()
+		log.Warnf("Image %s is served by no warm pool: cold start of a sandbox from template %s (unknown_image = \"cold\")", p.job.Image, placement.ColdTemplate)
+		sbx, err = cluster.ColdStart(ctx, req, placement.ColdTemplate)
+	} else {
+		defer log.Section("sandbox_claim", "Claiming a gVisor sandbox from pool "+placement.Pool)()
+		sbx, err = claimFromPool(ctx, env, cluster, req)
+	}
+	if err != nil {
+		return nil, conn, 0, err
+	}
+	claimed = env.Clock.Since(p.start)
+	log.Debugf("Sandbox acquired %s after prepare started", gitlab.Millis(claimed))
+	agentStart := env.Clock.Now()
+	if sbx.AgentBaked {
+		conn, err = executor.ConnectAgent(ctx, cluster, sbx, wire.NetworkPort, p.ca, req.Binding, p.ahead.dial)
+	} else {
+		conn, err = installAgent(ctx, env, cluster, sbx, p.ca, req.Binding)
+	}
+	if err != nil {
+		return nil, conn, 0, err
+	}
+	log.Debugf("Stage agent ready (baked in: %t, TLS made ahead: %t) in %s", sbx.AgentBaked, conn.Ahead, gitlab.Millis(env.Clock.Since(agentStart)))
+	if err := checkFence(ctx, env, cluster, sbx, conn.Transport, p.ca, req, conn.Probe.Fence); err != nil {
+		return nil, conn, 0, err
+	}
+	if err := p.grantAndKeep(ctx, sbx, conn.Transport, claimed); err != nil {
+		return nil, conn, 0, err
+	}
+	return sbx, conn, claimed, nil
+}
+
+// grantAndKeep grants the pod its egress, installs the runner helper if the job needs it and
+// saves the job's state for the run and cleanup stages. A failure after the grant withdraws
+// it: cleanup would find no state to withdraw it by.
+func (p *preparation) grantAndKeep(ctx context.Context, sbx *kube.Sandbox, transport executor.Transport, claimed time.Duration) error {
+	if err := grantEgress(ctx, p.env, p.cluster, p.job, sbx, p.req.Binding); err != nil {
+		return err
+	}
+	err := executor.InstallHelper(ctx, p.cluster.Exec(), sbx, p.env.Config.HelperBinary, p.job, p.env.Log())
+	if err == nil {
+		state := &executor.JobState{Sandbox: sbx, Transport: transport, Overhead: executor.Overhead{Claim: claimed, Prepare: p.env.Elapsed(p.start)}}
+		err = executor.SaveJob(p.env.Runner.TmpDir, state)
+	}
+	if err != nil {
+		p.env.RevokeEgress(ctx, sbx)
+	}
+	return err
 }
 
 // agentAhead connects to the agent of the sandbox the claim announces (kube.ClaimRequest.Ahead:

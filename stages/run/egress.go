@@ -6,8 +6,9 @@ import (
 	"time"
 
 	"github.com/sandbox-executor/sandbox-executor/config"
-	"github.com/sandbox-executor/sandbox-executor/egress"
+	"github.com/sandbox-executor/sandbox-executor/egress/adminclient"
 	"github.com/sandbox-executor/sandbox-executor/gitlab"
+	"github.com/sandbox-executor/sandbox-executor/stages"
 )
 
 // maxBlockedLines bounds the warnings per stage.
@@ -15,13 +16,17 @@ const maxBlockedLines = 20
 
 // reportBlocked warns in the job log about every destination the pool's egress proxy refused
 // to the pod since the stage started, once per destination. It never fails the job.
-func reportBlocked(ctx context.Context, log *gitlab.JobLog, pool *config.Pool, podIP string, since time.Time) {
+func reportBlocked(ctx context.Context, env *stages.Env, log *gitlab.JobLog, pool *config.Pool, podIP string, since time.Time) {
 	if pool == nil || pool.EgressProxy == "" || podIP == "" {
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), egress.AdminTimeout)
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), adminclient.Timeout)
 	defer cancel()
-	b, err := egress.QueryBlocked(ctx, egress.AdminClient, pool.EgressProxy, podIP, since)
+	admin, err := env.EgressAdmin(pool)
+	var b *adminclient.Blocked
+	if err == nil {
+		b, err = admin.QueryBlocked(ctx, podIP, since)
+	}
 	if err != nil {
 		log.Warnf("egress proxy %s: cannot list blocked attempts: %v", pool.EgressProxy, err)
 		return
@@ -42,7 +47,7 @@ func reportBlocked(ctx context.Context, log *gitlab.JobLog, pool *config.Pool, p
 			break
 		}
 		detail := a.reason + "; pool " + pool.Name
-		if a.reason == egress.ReasonNotAllowed {
+		if a.reason == adminclient.ReasonNotAllowed {
 			detail = a.reason + " of pool " + pool.Name
 		}
 		if n := count[a]; n > 1 {

@@ -60,7 +60,7 @@ func Run(ctx context.Context, env *stages.Env, scriptPath, stageName string) err
 	}
 	started := env.Clock.Now()
 	code, err := runner.Run(ctx, stageName, script, env.Stdout, env.Stderr)
-	reportBlocked(ctx, env.Log(), env.Config.Pool(sbx.Pool), sbx.PodIP, started)
+	reportBlocked(ctx, env, env.Log(), env.Config.Pool(sbx.Pool), sbx.PodIP, started)
 	if err != nil {
 		why := err
 		if ctx.Err() != nil {

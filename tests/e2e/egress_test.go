@@ -6,6 +6,7 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -15,7 +16,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 
-	"github.com/sandbox-executor/sandbox-executor/egress"
+	"github.com/sandbox-executor/sandbox-executor/egress/adminclient"
 	"github.com/sandbox-executor/sandbox-executor/tests/harness/clusterjobs"
 	"github.com/sandbox-executor/sandbox-executor/tests/harness/localcluster"
 )
@@ -87,7 +88,15 @@ true
 		t.Errorf("the previous stage's allowed traffic is in this stage's report:\n%s", out)
 	}
 	// The proxy saw the pod's own address (no NAT), so the report is this pod's and no other's.
-	b, err := egress.QueryBlocked(context.Background(), egressHTTP, egressAdmin, podIP, time.Time{})
+	tokenFile, err := localcluster.EgressAdminTokenFile()
+	if err != nil {
+		t.Fatal(err)
+	}
+	token, err := os.ReadFile(tokenFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := (&adminclient.Client{Base: egressAdmin, Token: strings.TrimSpace(string(token)), HTTP: egressHTTP}).QueryBlocked(context.Background(), podIP, time.Time{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -9,9 +9,11 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
+	"github.com/sandbox-executor/sandbox-executor/internal/testing/testutil"
 	"github.com/sandbox-executor/sandbox-executor/tests/runner"
 )
 
@@ -116,6 +118,16 @@ func Pools(ciPool string) []PoolConfig {
 	}
 }
 
+// EgressAdminTokenFile is the bearer token of the local egress proxy's admin API
+// (deploy/local/egress-proxy.toml's admin_token_file): a test cluster's, committed.
+func EgressAdminTokenFile() (string, error) {
+	root, err := testutil.ModuleRoot()
+	if err != nil {
+		return "", err
+	}
+	return filepath.Join(root, "deploy", "local", "egress-admin.token"), nil
+}
+
 // Config is an executor configuration for the local cluster.
 type Config struct {
 	RunnerName string
@@ -149,6 +161,13 @@ func (e *Env) WriteConfig(path string, c Config) error {
 		c.Kubeconfig, Namespace, c.RunnerName, c.Pools[0].Name, e.AgentBinary(), c.ReadyTimeout, caCert, caKey, c.Extra)
 	if c.StageServer != "" {
 		fmt.Fprintf(&b, "stage_server = %q\n", c.StageServer)
+	}
+	if slices.ContainsFunc(c.Pools, func(p PoolConfig) bool { return p.EgressProxy != "" }) {
+		token, err := EgressAdminTokenFile()
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(&b, "egress_admin_token_file = %q\n", token)
 	}
 	for _, p := range c.Pools {
 		fmt.Fprintf(&b, "\n[[pool]]\nname = %q\n", p.Name)

@@ -2,12 +2,13 @@
 // only the destinations of a domain allowlist, records every decision, and serves the blocked
 // ones per client so that the job log can name them. Job pods are forced through it by their
 // NetworkPolicy (they may reach the proxy and nothing else); see docs/egress.md.
-package egress
+package allowlist
 
 import (
 	"fmt"
 	"net"
 	"net/netip"
+	"slices"
 	"strconv"
 	"strings"
 )
@@ -25,21 +26,33 @@ var DefaultPorts = []int{80, 443}
 //	10.0.0.5:80, [2001:db8::1]:443
 //	                          an IP literal; only a client that asks for that literal address
 //	                          matches it, never a name that resolves to it
+//	10.1.2.0/24:443, [fd00::/8]:443
+//	                          a network: any address in it that a client asks for
+//
+// A name resolved by DNS may lead to a private, loopback or other non-public address only if
+// an IP or network rule names that address explicitly (Addresses), or if the rule is the
+// job's GitLab instance (Private).
 type Rule struct {
 	Text string
+	// Private lets the rule's names resolve to private addresses (RFC 1918, ULA, ...): the job's
+	// GitLab instance, which may be on-premises (Grant.Instance).
+	Private bool
 	// host is the lowercased name, or the suffix ".example.com" of a wildcard.
 	host     string
 	wildcard bool
-	addr     netip.Addr // valid for IP-literal rules
-	ports    []int      // nil: any port
+	prefix   netip.Prefix // valid for IP-literal (a single address) and network rules
+	ports    []int        // nil: any port
 }
 
 // ParseRule parses one allowlist entry.
 func ParseRule(s string) (Rule, error) {
 	text := strings.TrimSpace(s)
 	host, portText := text, ""
-	if _, err := netip.ParseAddr(text); err != nil { // a bare IPv6 literal has colons but no port
+	if !isIPOrNetwork(text) { // a bare IPv6 literal or network has colons but no port
 		if h, p, err := net.SplitHostPort(text); err == nil {
+			if p == "" {
+				return Rule{}, fmt.Errorf("allowlist entry %q has an empty port (write none for 80 and 443, or * for any)", s)
+			}
 			host, portText = h, p
 		} else if strings.Contains(text, "]") || strings.Count(text, ":") > 0 {
 			return Rule{}, fmt.Errorf("allowlist entry %q: %v", s, err)
@@ -62,8 +75,17 @@ func ParseRule(s string) (Rule, error) {
 		if addr.Zone() != "" {
 			return Rule{}, fmt.Errorf("allowlist entry %q: IPv6 zones are not allowed", s)
 		}
-		r.addr = addr.Unmap()
-		r.Text = joinHostPort(r.addr.String(), portText)
+		addr = addr.Unmap()
+		r.prefix = netip.PrefixFrom(addr, addr.BitLen())
+		r.Text = joinHostPort(addr.String(), portText)
+		return r, nil
+	}
+	if prefix, err := netip.ParsePrefix(host); err == nil {
+		if prefix.Addr().Is4In6() {
+			return Rule{}, fmt.Errorf("allowlist entry %q: write an IPv4 network in IPv4", s)
+		}
+		r.prefix = prefix.Masked()
+		r.Text = joinHostPort(r.prefix.String(), portText)
 		return r, nil
 	}
 	name := host
@@ -82,6 +104,12 @@ func ParseRule(s string) (Rule, error) {
 	}
 	r.Text = joinHostPort(norm, portText)
 	return r, nil
+}
+
+func isIPOrNetwork(s string) bool {
+	_, addrErr := netip.ParseAddr(s)
+	_, prefixErr := netip.ParsePrefix(s)
+	return addrErr == nil || prefixErr == nil
 }
 
 func joinHostPort(host, port string) string {
@@ -157,6 +185,22 @@ func ParseAllowlist(entries []string) (*Allowlist, error) {
 	return a, nil
 }
 
+// Addresses tells whether an IP or network rule names addr on port explicitly: a name that
+// resolves to it may then be reached even if it is not public.
+func (a *Allowlist) Addresses(addr netip.Addr, port int) bool {
+	_, ok := a.Match(Dest{Host: addr.String(), Addr: addr, Port: port})
+	return ok
+}
+
+// Private is the list with every rule marked Private (the job's GitLab instance).
+func (a *Allowlist) Private() *Allowlist {
+	out := &Allowlist{rules: slices.Clone(a.rules)}
+	for i := range out.rules {
+		out.rules[i].Private = true
+	}
+	return out
+}
+
 // Rules lists the rules' texts.
 func (a *Allowlist) Rules() []string {
 	out := make([]string, len(a.rules))
@@ -180,11 +224,19 @@ func (d Dest) String() string { return net.JoinHostPort(d.Host, strconv.Itoa(d.P
 func ParseDest(hostport string, defaultPort int) (Dest, error) {
 	host, portText := hostport, ""
 	if h, p, err := net.SplitHostPort(hostport); err == nil {
+		if p == "" {
+			return Dest{}, fmt.Errorf("destination %q has an empty port", truncate(hostport, 300))
+		}
 		host, portText = h, p
 	} else if defaultPort == 0 {
 		return Dest{}, fmt.Errorf("destination %q has no port", truncate(hostport, 300))
 	}
-	host = strings.TrimSuffix(strings.TrimPrefix(host, "["), "]")
+	if inner, ok := strings.CutPrefix(host, "["); ok && strings.HasSuffix(inner, "]") {
+		host = strings.TrimSuffix(inner, "]") // "[::1]" without a port
+	}
+	if strings.ContainsAny(host, "[]") {
+		return Dest{}, fmt.Errorf("destination %q has an unbalanced bracket", truncate(hostport, 300))
+	}
 	port := defaultPort
 	if portText != "" {
 		p, err := ParsePort(portText)
@@ -193,7 +245,11 @@ func ParseDest(hostport string, defaultPort int) (Dest, error) {
 		}
 		port = p
 	}
-	if addr, err := netip.ParseAddr(host); err == nil {
+	addr, addrErr := netip.ParseAddr(host)
+	if strings.HasPrefix(hostport, "[") && (addrErr != nil || !addr.Is6()) {
+		return Dest{}, fmt.Errorf("destination %q: brackets hold an IPv6 address", truncate(hostport, 300))
+	}
+	if addrErr == nil {
 		if addr.Zone() != "" {
 			return Dest{}, fmt.Errorf("destination %q: IPv6 zones are not allowed", truncate(hostport, 300))
 		}
@@ -207,16 +263,17 @@ func ParseDest(hostport string, defaultPort int) (Dest, error) {
 	return Dest{Host: name, Port: port}, nil
 }
 
-// Match returns the first rule that allows d. IP literals match only IP rules, names only name
-// rules: a name is never allowed because of the address it resolves to, nor the reverse.
+// Match returns the first rule that allows d. IP literals match only IP and network rules,
+// names only name rules: a name is never allowed because of the address it resolves to, nor
+// the reverse.
 func (a *Allowlist) Match(d Dest) (Rule, bool) {
 	for _, r := range a.rules {
 		if !r.allowsPort(d.Port) {
 			continue
 		}
 		switch {
-		case d.Addr.IsValid() || r.addr.IsValid():
-			if d.Addr.IsValid() && r.addr.IsValid() && d.Addr == r.addr {
+		case d.Addr.IsValid() || r.prefix.IsValid():
+			if d.Addr.IsValid() && r.prefix.IsValid() && r.prefix.Contains(d.Addr) {
 				return r, true
 			}
 		case r.wildcard:
