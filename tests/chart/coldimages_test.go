@@ -1,6 +1,7 @@
 package chart_test
 
 import (
+	"slices"
 	"strings"
 	"testing"
 
@@ -150,6 +151,21 @@ func TestColdStartPolicyAdmitsOnlyTheColdTemplatesShape(t *testing.T) {
 			{"a persistent volume claim", "persistent volumes", func(s *sandboxv1beta1.Sandbox) {
 				s.Spec.VolumeClaimTemplates = []sandboxv1beta1.PersistentVolumeClaimTemplate{{}}
 			}},
+			{"no netstack fence", "netfence init container", func(s *sandboxv1beta1.Sandbox) {
+				s.Spec.PodTemplate.Spec.InitContainers = slices.DeleteFunc(s.Spec.PodTemplate.Spec.InitContainers, func(c corev1.Container) bool { return c.Name == "netfence" })
+			}},
+			{"a netstack fence that allows more", "netfence init container", func(s *sandboxv1beta1.Sandbox) {
+				fence := netfenceOf(t, s)
+				fence.Args = append(fence.Args, "--allow", "0.0.0.0/0:443")
+			}},
+			{"a netstack fence with SYS_ADMIN", "netfence init container", func(s *sandboxv1beta1.Sandbox) {
+				fence := netfenceOf(t, s)
+				fence.SecurityContext.Capabilities.Add = append(fence.SecurityContext.Capabilities.Add, "SYS_ADMIN")
+			}},
+			{"NET_ADMIN in the job container", "drop ALL capabilities", func(s *sandboxv1beta1.Sandbox) {
+				caps := s.Spec.PodTemplate.Spec.Containers[0].SecurityContext.Capabilities
+				caps.Add = append(caps.Add, "NET_ADMIN")
+			}},
 			{"pod annotations", "may not annotate", func(s *sandboxv1beta1.Sandbox) {
 				s.Spec.PodTemplate.ObjectMeta.Annotations = map[string]string{"container.apparmor.security.beta.kubernetes.io/job": "unconfined"}
 			}},
@@ -174,4 +190,16 @@ func TestColdStartPolicyAdmitsOnlyTheColdTemplatesShape(t *testing.T) {
 			}
 		}
 	}
+}
+
+// netfenceOf is the Sandbox's netstack fence init container.
+func netfenceOf(t *testing.T, s *sandboxv1beta1.Sandbox) *corev1.Container {
+	t.Helper()
+	for i, c := range s.Spec.PodTemplate.Spec.InitContainers {
+		if c.Name == "netfence" {
+			return &s.Spec.PodTemplate.Spec.InitContainers[i]
+		}
+	}
+	t.Fatal("the cold template has no netfence init container")
+	return nil
 }

@@ -364,7 +364,7 @@ func TestNotesNameTheExampleValues(t *testing.T) {
 	notes := helmchart.Notes(t, "ci", "ci-sandbox", "gitlab: {cidrs: [192.0.2.10/32]}\njobDefaults: {fence: {allow: ['192.0.2.10:443']}}\n")
 	for _, want := range []string{"images.repository registry.example.com/sandbox-executor", "templates[duo-gvisor].image registry.example.com/duo/ci:bookworm",
 		"pools images registry.example.com/duo/ci:*", "gitlab.url https://gitlab.example.com", "gitlab.cidrs 192.0.2.10/32", "jobDefaults.fence 192.0.2.10:443",
-		"kubectl label namespace ci-sandbox pod-security.kubernetes.io/enforce=baseline"} {
+		"kubectl label namespace ci-sandbox pod-security.kubernetes.io/enforce=privileged"} {
 		if !strings.Contains(notes, want) {
 			t.Errorf("NOTES.txt does not name %q:\n%s", want, notes)
 		}

@@ -1,0 +1,105 @@
+package chart_test
+
+import (
+	"slices"
+	"strings"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	extv1beta1 "sigs.k8s.io/agent-sandbox/extensions/api/v1beta1"
+
+	"github.com/sandbox-executor/sandbox-executor/internal/testing/helmchart"
+)
+
+// templateNetfence is a rendered template's netstack fence init container, nil without one.
+func templateNetfence(t *testing.T, objs *helmchart.Objects, name string) (*corev1.Container, *extv1beta1.SandboxTemplate) {
+	t.Helper()
+	var tmpl extv1beta1.SandboxTemplate
+	objs.Decode(t, "SandboxTemplate", name, &tmpl)
+	for i, c := range tmpl.Spec.PodTemplate.Spec.InitContainers {
+		if c.Name == "netfence" {
+			return &tmpl.Spec.PodTemplate.Spec.InitContainers[i], &tmpl
+		}
+	}
+	return nil, &tmpl
+}
+
+// Every baked template writes its egress into the sandbox's own iptables before the job starts,
+// from an init container that alone holds NET_ADMIN and NET_RAW; the job container holds
+// neither. What it allows is what the template's NetworkPolicy allows (issue 26, item 0).
+func TestNetstackFenceMirrorsEachTemplatesEgress(t *testing.T) {
+	objs := helmchart.Render(t, "duo", "duo-ci", `
+gitlab: {cidrs: [10.20.0.5/32, "2001:db8::5/128"], ports: [443, 22]}
+jobDefaults: {netstackFence: {replyTo: [10.244.0.0/16]}}
+templates:
+  - {name: proxied, image: ci:1, egress: proxied}
+  - {name: direct, image: ci:1, egress: direct}
+  - {name: closed, image: ci:1, egress: none}
+  - {name: ruled, image: ci:1, egress: proxied, proxyURL: "http://10.1.2.3:3128", egressRules: [{to: [{ipBlock: {cidr: 10.1.2.3/32}}], ports: [{protocol: TCP, port: 3128}]}]}
+  - {name: optout, image: ci:1, egress: direct, netstackFence: false}
+  - {name: copied, image: ci:1, egress: none, bakeAgent: false}
+pools:
+  - {name: p, template: proxied, replicas: 1, images: ["ci:*"]}
+executor: {defaultPool: p}
+`)
+	replyTo := []string{"--reply-to", "10.244.0.0/16"}
+	for name, want := range map[string][]string{
+		"proxied": {"--allow-dns", "--allow-host", "duo-sandbox-executor-egress-proxy.duo-ci.svc:3128"},
+		"direct":  {"--allow-dns", "--allow", "10.20.0.5/32:443", "--allow", "10.20.0.5/32:22", "--allow", "2001:db8::5/128:443", "--allow", "2001:db8::5/128:22"},
+		"closed":  nil,
+		"ruled":   {"--allow", "10.1.2.3/32:3128/tcp"},
+	} {
+		fence, tmpl := templateNetfence(t, objs, name)
+		if fence == nil {
+			t.Errorf("template %s has no netfence init container", name)
+			continue
+		}
+		if want := slices.Concat([]string{"netfence"}, replyTo, want); !slices.Equal(fence.Args, want) {
+			t.Errorf("template %s: netfence args %q, want %q", name, fence.Args, want)
+		}
+		sc := fence.SecurityContext
+		if sc == nil || sc.RunAsUser == nil || *sc.RunAsUser != 0 || sc.AllowPrivilegeEscalation == nil || *sc.AllowPrivilegeEscalation ||
+			!slices.Equal(sc.Capabilities.Drop, []corev1.Capability{"ALL"}) || !slices.Equal(sc.Capabilities.Add, []corev1.Capability{"NET_ADMIN", "NET_RAW"}) {
+			t.Errorf("template %s: netfence securityContext %+v: want root with exactly NET_ADMIN and NET_RAW, all else dropped, no escalation", name, sc)
+		}
+		if tmpl.Spec.PodTemplate.Spec.InitContainers[0].Name != "netfence" {
+			t.Errorf("template %s: netfence is not the first init container", name)
+		}
+		for _, c := range tmpl.Spec.PodTemplate.Spec.Containers {
+			if c.SecurityContext != nil && c.SecurityContext.Capabilities != nil &&
+				slices.ContainsFunc(c.SecurityContext.Capabilities.Add, func(c corev1.Capability) bool { return strings.HasPrefix(string(c), "NET_") }) {
+				t.Errorf("template %s: container %s adds %v", name, c.Name, c.SecurityContext.Capabilities.Add)
+			}
+		}
+	}
+	// Opted out, or an agent copied in at prepare (nothing would hold the reply ports): none.
+	for _, name := range []string{"optout", "copied"} {
+		if fence, _ := templateNetfence(t, objs, name); fence != nil {
+			t.Errorf("template %s has a netfence init container: %q", name, fence.Args)
+		}
+	}
+	objs = helmchart.Render(t, "duo", "duo-ci", "jobDefaults: {netstackFence: {enabled: false}}\n")
+	if fence, _ := templateNetfence(t, objs, "duo-gvisor"); fence != nil {
+		t.Errorf("jobDefaults.netstackFence.enabled false still renders netfence: %q", fence.Args)
+	}
+}
+
+// What the netstack fence cannot mirror is refused at render time, in one line naming the way out.
+func TestNetstackFenceRefusesWhatItCannotMirror(t *testing.T) {
+	for _, tc := range []struct{ name, values, want string }{
+		{"a pod selector", `templates: [{name: duo-gvisor, image: ci:1, egressRules: [{to: [{podSelector: {matchLabels: {app: x}}}], ports: [{port: 80}]}]}]`,
+			"templates[duo-gvisor].egressRules[0]: the netstack fence mirrors only ipBlock peers without except; use ipBlock, or set templates[duo-gvisor].netstackFence: false"},
+		{"an except", `templates: [{name: duo-gvisor, image: ci:1, egressRules: [{to: [{ipBlock: {cidr: 0.0.0.0/0, except: [10.0.0.0/8]}}], ports: [{port: 443}]}]}]`,
+			"the netstack fence mirrors only ipBlock peers without except"},
+		{"every port", `templates: [{name: duo-gvisor, image: ci:1, egressRules: [{to: [{ipBlock: {cidr: 10.1.0.0/16}}]}]}]`,
+			"templates[duo-gvisor].egressRules[0]: the netstack fence mirrors only rules with both to (ipBlock) and ports"},
+		{"no baked agent", `templates: [{name: duo-gvisor, image: ci:1, bakeAgent: false, netstackFence: true}]`,
+			"templates[duo-gvisor].netstackFence needs bakeAgent"},
+		{"no reply networks", `jobDefaults: {netstackFence: {replyTo: []}}`, "replyTo"},
+	} {
+		_, err := helmchart.Template(t, "duo", "duo-ci", tc.values+"\n")
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: helm template said %v; want an error containing %q", tc.name, err, tc.want)
+		}
+	}
+}
