@@ -12,7 +12,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strings"
 	"syscall"
 	"time"
 
@@ -21,6 +20,7 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/sandbox-executor/sandbox-executor/failure"
+	"github.com/sandbox-executor/sandbox-executor/internal/environ"
 )
 
 // TokenEnv carries the runner authentication token to `gitlab-runner register`, which reads it
@@ -103,7 +103,7 @@ func Command(stdout, stderr io.Writer, serveStages ServeStages) *cli.Command {
 
 // Run registers, then runs gitlab-runner until ctx ends (SIGTERM) and it has stopped gracefully.
 func Run(ctx context.Context, o Options) error {
-	if envValue(o.Environ, TokenEnv) == "" {
+	if environ.Lookup(o.Environ, TokenEnv) == "" {
 		return failure.PermanentError(nil, "start-runner: %s is empty: mount the runner authentication token from the Secret's key runner-token", TokenEnv)
 	}
 	if o.Backoff.Steps < 1 {
@@ -176,7 +176,7 @@ func run(ctx context.Context, o Options) error {
 		}()
 	}
 	cmd := exec.Command(o.GitLabRunner, "run", "--config", o.ConfigFile, "--working-directory", o.WorkingDirectory)
-	cmd.Env, cmd.Stdout, cmd.Stderr = withoutEnv(o.Environ, TokenEnv), o.Stdout, o.Stderr
+	cmd.Env, cmd.Stdout, cmd.Stderr = environ.Without(o.Environ, TokenEnv), o.Stdout, o.Stderr
 	if err := cmd.Start(); err != nil {
 		return failure.PermanentError(err, "start-runner")
 	}
@@ -201,23 +201,4 @@ func exitError(err error) error {
 		return nil
 	}
 	return failure.SystemError(err, "start-runner: gitlab-runner run")
-}
-
-func envValue(environ []string, name string) string {
-	for _, kv := range environ {
-		if v, ok := strings.CutPrefix(kv, name+"="); ok {
-			return v
-		}
-	}
-	return ""
-}
-
-func withoutEnv(environ []string, name string) []string {
-	out := make([]string, 0, len(environ))
-	for _, kv := range environ {
-		if !strings.HasPrefix(kv, name+"=") {
-			out = append(out, kv)
-		}
-	}
-	return out
 }

@@ -10,6 +10,8 @@ import (
 	"net"
 	"syscall"
 	"time"
+
+	"github.com/sandbox-executor/sandbox-executor/agent/wire"
 )
 
 // ErrUnavailable is a socket nobody listens on (no server started, or it stopped): the stage
@@ -49,7 +51,7 @@ func Ping(ctx context.Context, socket string) (string, error) {
 	defer conn.Close()
 	stop := context.AfterFunc(ctx, func() { _ = conn.Close() })
 	defer stop()
-	if err := writeFrame(conn, framePing, nil); err != nil {
+	if err := wire.WriteFrame(conn, framePing, nil); err != nil {
 		return "", fmt.Errorf("%w (%v)", ErrLost, err)
 	}
 	kind, data, err := readFrame(bufio.NewReader(conn), maxOutput)
@@ -104,7 +106,7 @@ func Forward(ctx context.Context, socket string, req Request, stdout, stderr io.
 	})
 	defer stop()
 	_ = conn.SetWriteDeadline(time.Now().Add(requestTimeout))
-	if err := writeFrame(conn, frameRequest, payload); err != nil {
+	if err := wire.WriteFrame(conn, frameRequest, payload); err != nil {
 		if ctx.Err() != nil {
 			return 0, ctx.Err() // nothing reached the server: nothing ran
 		}

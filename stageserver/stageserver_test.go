@@ -15,6 +15,7 @@ import (
 
 	"go.uber.org/goleak"
 
+	"github.com/sandbox-executor/sandbox-executor/agent/wire"
 	"github.com/sandbox-executor/sandbox-executor/failure"
 	"github.com/sandbox-executor/sandbox-executor/internal/testing/testutil"
 )
@@ -201,7 +202,7 @@ func TestBadRequestsAreRefused(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	writeFrame(conn, frameRequest, []byte("{not json"))
+	wire.WriteFrame(conn, frameRequest, []byte("{not json"))
 	reply, _ := io.ReadAll(conn)
 	conn.Close()
 	if len(reply) == 0 || reply[0] != frameRefused {

@@ -22,6 +22,7 @@ import (
 	"github.com/sandbox-executor/sandbox-executor/config"
 	"github.com/sandbox-executor/sandbox-executor/failure"
 	"github.com/sandbox-executor/sandbox-executor/gitlab"
+	"github.com/sandbox-executor/sandbox-executor/internal/environ"
 	"github.com/sandbox-executor/sandbox-executor/stageserver"
 )
 
@@ -68,7 +69,7 @@ type Process struct {
 
 // Launch hands the stage to the stage server and returns its exit code, or becomes the executor.
 func Launch(ctx context.Context, p Process) int {
-	getenv := func(name string) string { return stageserver.Lookup(p.Environ, name) }
+	getenv := func(name string) string { return environ.Lookup(p.Environ, name) }
 	report := gitlab.RunnerEnvFrom(getenv).Report
 	if len(p.Args) == 0 {
 		p.Args = []string{Executor}
