@@ -31,7 +31,6 @@ import (
 	"github.com/sandbox-executor/sandbox-executor/config"
 	"github.com/sandbox-executor/sandbox-executor/failure"
 	"github.com/sandbox-executor/sandbox-executor/kube"
-	"github.com/sandbox-executor/sandbox-executor/operator"
 	"github.com/sandbox-executor/sandbox-executor/stages"
 	"github.com/sandbox-executor/sandbox-executor/stageserver"
 )
@@ -62,10 +61,10 @@ func (r Result) String() string {
 }
 
 // Command is the doctor verb and its flags.
-func Command(setup operator.Setup) *cli.Command {
+func Command(setup stages.Setup) *cli.Command {
 	return &cli.Command{
 		Name:  "doctor",
-		Usage: "check the cluster before use: CRDs, RBAC, RuntimeClasses, pools, their templates and NetworkPolicies, the cold-start admission policy, egress proxies (exit 1 on any FAIL)",
+		Usage: "check the cluster before use: CRDs, RBAC, RuntimeClasses, pools, their templates and NetworkPolicies, the cold-start admission policy, egress proxies (exit 1 on any FAIL; 2, as every verb, when the API server cannot be reached)",
 		Flags: []cli.Flag{
 			&cli.BoolFlag{Name: "kubelet", Usage: "also read every node's kubelet podPidsLimit (needs cluster-admin credentials)"},
 		},
@@ -117,6 +116,11 @@ func Run(ctx context.Context, env *stages.Env, opts Options) error {
 		if r.Status == Fail {
 			failed++
 		}
+	}
+	if api := results[0]; api.Status == Fail {
+		// An API server that does not answer is a system failure, the same exit code as in gc or
+		// a stage: nothing about the cluster was checked.
+		return failure.SystemError(nil, "doctor: %s: %s", api.Check, api.Detail)
 	}
 	if failed > 0 {
 		return failure.PermanentError(nil, "doctor: %d of %d checks failed", failed, len(results))

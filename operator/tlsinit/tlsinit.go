@@ -26,7 +26,7 @@ func Command() *cli.Command {
 			Name:  "init",
 			Usage: "make a new agent CA: tls.crt (for the job pods' ConfigMap) and tls.key (for the runners only)",
 			Flags: []cli.Flag{
-				&cli.StringFlag{Name: "dir", Required: true, Usage: "directory to write tls.crt and tls.key into (created 0700)"},
+				&cli.StringFlag{Name: "dir", Usage: "directory to write tls.crt and tls.key into (created 0700)"},
 				&cli.DurationFlag{Name: "validity", Value: 5 * 365 * 24 * time.Hour, Usage: "how long the CA signs usable certificates"},
 				&cli.StringFlag{Name: "name", Value: "sandbox-executor agent CA", Usage: "the CA's common name"},
 			},
@@ -47,6 +47,9 @@ type Options struct {
 // Run writes a new CA into opts.Dir, never over an existing one (a CA replaced by accident
 // locks every runner out of every warm pod), and says how to install it.
 func Run(out io.Writer, opts Options) error {
+	if opts.Dir == "" {
+		return failure.PermanentError(nil, "tls init: --dir is required: the directory to write tls.crt and tls.key into")
+	}
 	if opts.Validity < 24*time.Hour {
 		return failure.PermanentError(nil, "--validity %s is too short: the CA must outlive the pods that trust it (at least 24h)", opts.Validity)
 	}
