@@ -55,9 +55,9 @@ const StageServerDrain = 10 * time.Second
 // ServeStages listens on a stage server socket and returns its serving loop.
 type ServeStages func(socket string) (serve func(context.Context) error, err error)
 
-// DefaultBackoff tries for about ten minutes before the pod restarts (and the kubelet's own
+// defaultBackoff tries for about ten minutes before the pod restarts (and the kubelet's own
 // backoff takes over).
-var DefaultBackoff = wait.Backoff{Duration: 5 * time.Second, Factor: 2, Jitter: 0.1, Steps: 8, Cap: 2 * time.Minute}
+var defaultBackoff = wait.Backoff{Duration: 5 * time.Second, Factor: 2, Jitter: 0.1, Steps: 8, Cap: 2 * time.Minute}
 
 // Command is the start-runner verb.
 func Command(stdout, stderr io.Writer, serveStages ServeStages) *cli.Command {
@@ -70,7 +70,7 @@ func Command(stdout, stderr io.Writer, serveStages ServeStages) *cli.Command {
 			&cli.StringFlag{Name: "template-config", Value: "/etc/gitlab-runner-templates/runner-template.toml", Usage: "the [[runners]] template for register"},
 			&cli.StringFlag{Name: "config-file", Value: "/home/nonroot/.gitlab-runner/config.toml", Usage: "the config.toml written and run"},
 			&cli.StringFlag{Name: "working-directory", Value: "/home/nonroot", Usage: "gitlab-runner's working directory"},
-			&cli.IntFlag{Name: "register-attempts", Value: DefaultBackoff.Steps, Usage: "registration attempts before giving up"},
+			&cli.IntFlag{Name: "register-attempts", Value: defaultBackoff.Steps, Usage: "registration attempts before giving up"},
 			&cli.StringFlag{Name: "stage-server", Usage: "also serve the executor's stages on this Unix socket (stage_server in the executor's config) while gitlab-runner runs"},
 		},
 		Action: func(c *cli.Context) error {
@@ -78,7 +78,7 @@ func Command(stdout, stderr io.Writer, serveStages ServeStages) *cli.Command {
 				// A flag after an argument is not parsed: refuse rather than run without it.
 				return failure.PermanentError(nil, "start-runner takes no arguments, got %q: flags go before anything else (the runner image's entrypoint already names start-runner)", c.Args().Slice())
 			}
-			backoff := DefaultBackoff
+			backoff := defaultBackoff
 			backoff.Steps = c.Int("register-attempts")
 			var stageServer func() (func(context.Context) error, error)
 			if socket := c.String("stage-server"); socket != "" {
