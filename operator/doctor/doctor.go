@@ -4,7 +4,8 @@
 //	ok|warn|FAIL  <check>: <detail>[; fix: <what to do>]
 //
 // A FAIL means jobs will fail; a warn means they run but less safely or more slowly than they
-// should. doctor fails (exit 1) when any check FAILs.
+// should. doctor fails (exit 1) when any check FAILs, and exits 2, as every verb does, when the
+// API server cannot be reached: nothing else was checked then.
 package doctor
 
 import (
