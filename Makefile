@@ -17,6 +17,9 @@ GOTESTSUM_VERSION := v1.13.0
 GOTESTSUM := $(TOOLS)/gotestsum-$(GOTESTSUM_VERSION)
 STATICCHECK_VERSION := v0.8.2
 STATICCHECK := $(TOOLS)/staticcheck-$(STATICCHECK_VERSION)
+# gci checks the import grouping gofmt leaves alone: standard, third-party, this module.
+GCI_VERSION := v0.13.7
+GCI := $(TOOLS)/gci-$(GCI_VERSION)
 # helm for the chart's lint and rendering tests (unit suite) and make release; built from the
 # module proxy (about 4 minutes on 2 cores the first time, then cached). The -X flags give it
 # what helm's own release build stamps in: its version and the Kubernetes version that
@@ -57,6 +60,9 @@ $(GOTESTSUM): | modules
 
 $(STATICCHECK): | modules
 	@$(call install_tool,honnef.co/go/tools/cmd/staticcheck,$(STATICCHECK_VERSION))
+
+$(GCI): | modules
+	@$(call install_tool,github.com/daixiang0/gci,$(GCI_VERSION))
 
 $(HELM): | modules
 	@$(call install_tool,helm.sh/helm/v3/cmd/helm,$(HELM_VERSION),-ldflags '$(HELM_LDFLAGS)')
@@ -110,8 +116,10 @@ release: build-linux-amd64 build-linux-arm64 $(HELM) runner
 	@echo "release $(VERSION) (chart $(CHART_VERSION)) in $(RELEASE)"
 
 # Formatting, vet and staticcheck, also with every build tag the suites use.
-lint: modules $(STATICCHECK)
+lint: modules $(STATICCHECK) $(GCI)
 	@unformatted=$$(gofmt -l $$(git ls-files '*.go')); if [[ -n $$unformatted ]]; then echo "not gofmt'ed: $$unformatted"; exit 1; fi
+	@misgrouped=$$($(GCI) list -s standard -s default -s "prefix(github.com/sandbox-executor/sandbox-executor)" --skip-generated $$(git ls-files '*.go')); \
+		if [[ -n $$misgrouped ]]; then echo "imports not grouped standard, third-party, module (gci write with the same sections fixes it): $$misgrouped"; exit 1; fi
 	$(GO) vet ./...
 	$(GO) vet -tags e2e,security,runner ./...
 	$(STATICCHECK) ./...

@@ -4,18 +4,12 @@ package config
 import (
 	"errors"
 	"fmt"
-	"net/url"
 	"os"
-	"path"
-	"path/filepath"
 	"reflect"
-	"slices"
-	"sort"
 	"strings"
 	"time"
 
 	"github.com/BurntSushi/toml"
-	"k8s.io/apimachinery/pkg/util/validation"
 )
 
 // EnvVar names the environment variable that points at the config file when --config is not given.
@@ -207,7 +201,8 @@ func Load(path string) (*Config, error) {
 
 // Parse decodes TOML text; path is only used in messages.
 func Parse(path string, data []byte) (*Config, error) {
-	cfg := &Config{path: path}
+	cfg := defaults()
+	cfg.path = path
 	md, err := toml.Decode(string(data), cfg)
 	if err != nil {
 		return nil, decodeError(path, err)
@@ -220,7 +215,7 @@ func Parse(path string, data []byte) (*Config, error) {
 		}
 		return nil, &Error{Path: path, Key: key, Msg: msg}
 	}
-	cfg.applyDefaults()
+	cfg.deriveDefaults()
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
@@ -254,327 +249,34 @@ func decodeError(path string, err error) error {
 	return &Error{Path: path, Msg: strings.TrimPrefix(err.Error(), "toml: ")}
 }
 
-func (c *Config) applyDefaults() {
-	if c.DrainedPool == "" {
-		c.DrainedPool = DrainedPoolCold
+// defaults is the config before the file is decoded onto it: a key the file sets, to zero
+// included, keeps the file's value, which validate then accepts or refuses (a zero timeout) in one
+// line, instead of a zero silently becoming the default.
+func defaults() *Config {
+	c := &Config{
+		DrainedPool:    DrainedPoolCold,
+		UnknownImage:   UnknownImageReject,
+		RuntimeClasses: []string{"gvisor"},
+		BuildsDir:      "/builds",
+		CacheDir:       "/cache",
+		ReadyTimeout:   Duration{2 * time.Minute},
+		ClaimGrace:     Duration{15 * time.Minute},
+		CleanupTimeout: Duration{30 * time.Second},
+		// Zero is allowed: a stage that never re-attaches after its stream drops.
+		Reconnects: 10,
 	}
-	if c.UnknownImage == "" {
-		c.UnknownImage = UnknownImageReject
+	if h, err := os.Hostname(); err == nil {
+		c.RunnerName = h
 	}
-	if c.RuntimeClasses == nil {
-		c.RuntimeClasses = []string{"gvisor"}
-	}
-	if c.BuildsDir == "" {
-		c.BuildsDir = "/builds"
-	}
-	if c.CacheDir == "" {
-		c.CacheDir = "/cache"
-	}
-	if c.ReadyTimeout.Duration == 0 {
-		c.ReadyTimeout.Duration = 2 * time.Minute
-	}
-	if c.ClaimGrace.Duration == 0 {
-		c.ClaimGrace.Duration = 15 * time.Minute
-	}
-	if c.CleanupTimeout.Duration == 0 {
-		c.CleanupTimeout.Duration = 30 * time.Second
-	}
+	return c
+}
+
+// deriveDefaults fills what depends on other keys: the transport follows the agent CA.
+func (c *Config) deriveDefaults() {
 	if c.StageTransport == "" {
 		c.StageTransport = TransportExec
 		if c.AgentCACert != "" {
 			c.StageTransport = TransportNetwork
 		}
 	}
-	if c.Reconnects == 0 {
-		c.Reconnects = 10
-	}
-	if c.RunnerName == "" {
-		if h, err := os.Hostname(); err == nil {
-			c.RunnerName = h
-		}
-	}
 }
-
-func (c *Config) validate() error {
-	fail := func(key, format string, args ...any) error {
-		return &Error{Path: c.path, Key: key, Msg: fmt.Sprintf(format, args...)}
-	}
-	if c.Namespace == "" {
-		return fail("namespace", "is required")
-	}
-	if !isDNSLabel(c.Namespace) {
-		return fail("namespace", "%q is not a valid namespace name", c.Namespace)
-	}
-	if c.RunnerName == "" {
-		return fail("runner_name", "is required (the host name could not be read)")
-	}
-	if len(c.Pools) == 0 {
-		return fail("pool", "at least one [[pool]] is required")
-	}
-	seen := map[string]bool{}
-	for i, p := range c.Pools {
-		key := fmt.Sprintf("pool[%d]", i)
-		if p.Name == "" {
-			return fail(key+".name", "is required")
-		}
-		if !isDNSSubdomain(p.Name) {
-			return fail(key+".name", "%q is not a valid SandboxWarmPool name", p.Name)
-		}
-		if seen[p.Name] {
-			return fail(key+".name", "pool %q is listed twice", p.Name)
-		}
-		seen[p.Name] = true
-		if bad, ok := badImagePattern(p.Images); ok {
-			return fail(key+".images", "bad image pattern %q", bad)
-		}
-		if p.EgressProxy != "" {
-			if u, err := url.Parse(p.EgressProxy); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.User != nil || u.RawQuery != "" || u.Fragment != "" {
-				return fail(key+".egress_proxy", "%q is not an http(s)://host:port URL of the egress proxy's admin address", p.EgressProxy)
-			}
-		}
-		switch {
-		case p.GrantsEgress() && p.EgressProxy == "":
-			return fail(key+".egress_proxy", "is required with egress_instance or egress_allow: the grants go to the egress proxy")
-		case p.EgressInstanceWildcard && !p.EgressInstance:
-			return fail(key+".egress_instance_wildcard", "needs egress_instance = true")
-		case slices.Contains(p.EgressAllow, ""):
-			return fail(key+".egress_allow", "has an empty entry")
-		}
-	}
-	if c.DefaultPool != "" && !seen[c.DefaultPool] {
-		return fail("default_pool", "%q is not one of the [[pool]] names (%s)", c.DefaultPool, strings.Join(c.PoolNames(), ", "))
-	}
-	if c.DrainedPool != DrainedPoolCold && c.DrainedPool != DrainedPoolWait {
-		return fail("drained_pool", "%q is not one of cold, wait", c.DrainedPool)
-	}
-	switch c.UnknownImage {
-	case UnknownImageReject, UnknownImageCold:
-	default:
-		return fail("unknown_image", "%q is not one of reject, cold", c.UnknownImage)
-	}
-	if err := c.validateColdStart(fail); err != nil {
-		return err
-	}
-	if len(c.RuntimeClasses) == 0 {
-		return fail("runtime_classes", "must list at least one RuntimeClass (fail-closed isolation)")
-	}
-	for _, dir := range []struct{ key, value string }{{"builds_dir", c.BuildsDir}, {"cache_dir", c.CacheDir}} {
-		if !path.IsAbs(dir.value) {
-			return fail(dir.key, "%q must be an absolute path inside the job pod", dir.value)
-		}
-	}
-	for _, d := range []struct {
-		key   string
-		value time.Duration
-	}{{"ready_timeout", c.ReadyTimeout.Duration}, {"claim_grace", c.ClaimGrace.Duration}, {"cleanup_timeout", c.CleanupTimeout.Duration}} {
-		if d.value < 0 {
-			return fail(d.key, "must be positive, got %s", d.value)
-		}
-	}
-	if c.HelperBinary != "" {
-		if err := checkExecutable(c.HelperBinary); err != nil {
-			return fail("helper_binary", "%s", err)
-		}
-	}
-	if c.StageTransport != TransportExec && c.StageTransport != TransportNetwork {
-		return fail("stage_transport", "%q is not one of exec, network", c.StageTransport)
-	}
-	if (c.AgentCACert == "") != (c.AgentCAKey == "") {
-		return fail("agent_ca_key", "agent_ca_cert and agent_ca_key go together (sandbox-executor tls init makes both)")
-	}
-	if c.StageTransport == TransportNetwork && c.AgentCACert == "" {
-		return fail("stage_transport", "\"network\" needs the agent CA: set agent_ca_cert and agent_ca_key (sandbox-executor tls init makes them; docs/security.md), or use \"exec\"")
-	}
-	for _, f := range []struct{ key, value string }{{"agent_ca_cert", c.AgentCACert}, {"agent_ca_key", c.AgentCAKey}} {
-		if f.value == "" {
-			continue
-		}
-		if _, err := os.Stat(f.value); err != nil {
-			return fail(f.key, "%v", err)
-		}
-	}
-	if c.Reconnects < 0 {
-		return fail("reconnects", "must not be negative")
-	}
-	if _, err := c.EgressAdminToken(); err != nil {
-		return fail("egress_admin_token_file", "%v", err)
-	}
-	if c.StageServer != "" {
-		if err := c.validateForStageServer(fail); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-// validateForStageServer: the stage server reads the config in another process, with another
-// working directory, so every path in it must be absolute.
-func (c *Config) validateForStageServer(fail func(key, format string, args ...any) error) error {
-	for _, f := range []struct{ key, value string }{
-		{"stage_server", c.StageServer}, {"kubeconfig", c.Kubeconfig}, {"agent_ca_cert", c.AgentCACert},
-		{"agent_ca_key", c.AgentCAKey}, {"agent_binary", c.AgentBinary}, {"helper_binary", c.HelperBinary},
-	} {
-		if f.value != "" && !filepath.IsAbs(f.value) {
-			return fail(f.key, "%q must be an absolute path with stage_server set (the stage server has its own working directory)", f.value)
-		}
-	}
-	return nil
-}
-
-// validateColdStart checks cold_template and cold_images: both required with unknown_image =
-// "cold", neither allowed without it (a forgotten policy switch must not go unnoticed).
-func (c *Config) validateColdStart(fail func(key, format string, args ...any) error) error {
-	if c.UnknownImage != UnknownImageCold {
-		switch {
-		case c.ColdTemplate != "":
-			return fail("cold_template", "is only used with unknown_image = \"cold\" (unknown_image is %q)", c.UnknownImage)
-		case len(c.ColdImages) > 0:
-			return fail("cold_images", "is only used with unknown_image = \"cold\" (unknown_image is %q)", c.UnknownImage)
-		}
-		return nil
-	}
-	switch {
-	case c.ColdTemplate == "":
-		return fail("cold_template", "is required with unknown_image = \"cold\": the SandboxTemplate cold starts are made from")
-	case !isDNSSubdomain(c.ColdTemplate):
-		return fail("cold_template", "%q is not a valid SandboxTemplate name", c.ColdTemplate)
-	case len(c.ColdImages) == 0:
-		return fail("cold_images", "is required with unknown_image = \"cold\": the image patterns that may be cold-started")
-	}
-	if bad, ok := badImagePattern(c.ColdImages); ok {
-		return fail("cold_images", "bad image pattern %q", bad)
-	}
-	return nil
-}
-
-// badImagePattern returns the first pattern that is empty or not path.Match syntax.
-func badImagePattern(patterns []string) (string, bool) {
-	for _, pattern := range patterns {
-		if _, err := path.Match(pattern, ""); err != nil || pattern == "" {
-			return pattern, true
-		}
-	}
-	return "", false
-}
-
-// checkExecutable accepts a path to an executable regular file; the message says what it is
-// instead.
-func checkExecutable(file string) error {
-	if !path.IsAbs(file) {
-		return fmt.Errorf("%q must be an absolute path on the runner host", file)
-	}
-	info, err := os.Stat(file)
-	switch {
-	case errors.Is(err, os.ErrNotExist):
-		return fmt.Errorf("%s does not exist", file)
-	case err != nil:
-		return fmt.Errorf("%s: %v", file, unwrapPathError(err))
-	case !info.Mode().IsRegular():
-		return fmt.Errorf("%s is not a regular file", file)
-	case info.Mode().Perm()&0o111 == 0:
-		return fmt.Errorf("%s is not executable", file)
-	}
-	return nil
-}
-
-func unwrapPathError(err error) error {
-	var pe *os.PathError
-	if errors.As(err, &pe) {
-		return pe.Err
-	}
-	return err
-}
-
-// PoolNames lists the configured pools, for messages.
-func (c *Config) PoolNames() []string {
-	names := make([]string, 0, len(c.Pools))
-	for _, p := range c.Pools {
-		names = append(names, p.Name)
-	}
-	return names
-}
-
-// Pool returns the named pool, or nil.
-func (c *Config) Pool(name string) *Pool {
-	for i := range c.Pools {
-		if c.Pools[i].Name == name {
-			return &c.Pools[i]
-		}
-	}
-	return nil
-}
-
-// AllowedImages lists every image pattern some pool serves, sorted, for messages.
-func (c *Config) AllowedImages() []string {
-	var images []string
-	for _, p := range c.Pools {
-		images = append(images, p.Images...)
-	}
-	sort.Strings(images)
-	return images
-}
-
-// ErrImageNotAllowed is returned by PoolFor for images that no pool serves.
-var ErrImageNotAllowed = errors.New("image not allowed")
-
-// PoolFor picks the pool serving image. An empty image goes to default_pool. Patterns use
-// path.Match syntax, where "*" does not cross "/": "node:*" matches "node:22" but not
-// "evil/node:22", so a pattern never widens to another registry or namespace by accident.
-func (c *Config) PoolFor(image string) (string, error) {
-	if image == "" {
-		if c.DefaultPool == "" {
-			return "", fmt.Errorf("%w: the job sets no image and no default_pool is configured", ErrImageNotAllowed)
-		}
-		return c.DefaultPool, nil
-	}
-	for _, p := range c.Pools {
-		if matchesAny(p.Images, image) {
-			return p.Name, nil
-		}
-	}
-	allowed := c.AllowedImages()
-	if len(allowed) == 0 {
-		return "", fmt.Errorf("%w: %q: no pool serves any image; remove image: from the job to use default_pool", ErrImageNotAllowed, image)
-	}
-	return "", fmt.Errorf("%w: %q: allowed images are %s", ErrImageNotAllowed, image, strings.Join(allowed, ", "))
-}
-
-// Placement is where a job runs: a warm pool, or a cold start from a template (unknown_image =
-// "cold"). Exactly one field is set.
-type Placement struct {
-	Pool         string
-	ColdTemplate string
-}
-
-// Place picks where image runs: the pool serving it (PoolFor), else, with unknown_image = "cold",
-// a cold start from cold_template if a cold_images pattern matches. An image allowed by neither
-// is ErrImageNotAllowed, naming both lists.
-func (c *Config) Place(image string) (Placement, error) {
-	pool, err := c.PoolFor(image)
-	if err == nil {
-		return Placement{Pool: pool}, nil
-	}
-	if c.UnknownImage != UnknownImageCold || image == "" {
-		return Placement{}, err
-	}
-	if matchesAny(c.ColdImages, image) {
-		return Placement{ColdTemplate: c.ColdTemplate}, nil
-	}
-	cold := slices.Sorted(slices.Values(c.ColdImages))
-	return Placement{}, fmt.Errorf("%w; cold starts (unknown_image = \"cold\") allow %s", err, strings.Join(cold, ", "))
-}
-
-// matchesAny reports whether image matches one of the patterns. Patterns use path.Match syntax,
-// where "*" does not cross "/".
-func matchesAny(patterns []string, image string) bool {
-	for _, pattern := range patterns {
-		if ok, _ := path.Match(pattern, image); ok {
-			return true
-		}
-	}
-	return false
-}
-
-func isDNSLabel(s string) bool { return len(validation.IsDNS1123Label(s)) == 0 }
-
-func isDNSSubdomain(s string) bool { return len(validation.IsDNS1123Subdomain(s)) == 0 }

@@ -35,6 +35,31 @@ func TestDefaults(t *testing.T) {
 	}
 }
 
+// A key the file sets keeps its value, zero included: zero reconnects means never re-attach, and
+// a zero timeout or an emptied default is refused in one line instead of becoming the default.
+func TestExplicitZerosAreKeptOrRefused(t *testing.T) {
+	const top, pool = "namespace = \"ns\"\n", "[[pool]]\nname = \"p\"\n"
+	cfg, err := config.Parse("c.toml", []byte(top+"reconnects = 0\n"+pool))
+	if err != nil || cfg.Reconnects != 0 {
+		t.Errorf("reconnects = 0: %v, Reconnects %d, want 0 (never re-attach)", err, cfg.Reconnects)
+	}
+	for _, tc := range []struct{ line, want string }{
+		{`ready_timeout = "0s"`, "ready_timeout: must be positive, got 0s"},
+		{`claim_grace = "0s"`, "claim_grace: must be positive, got 0s"},
+		{`cleanup_timeout = "0s"`, "cleanup_timeout: must be positive, got 0s"},
+		{`builds_dir = ""`, `builds_dir: "" must be an absolute path`},
+		{`drained_pool = ""`, `drained_pool: "" is not one of cold, wait`},
+		{`unknown_image = ""`, `unknown_image: "" is not one of reject, cold`},
+		{`runner_name = ""`, "runner_name: is required"},
+		{"reconnects = -1", "reconnects: must not be negative"},
+	} {
+		_, err := config.Parse("c.toml", []byte(top+tc.line+"\n"+pool))
+		if err == nil || !strings.Contains(err.Error(), tc.want) || strings.Contains(err.Error(), "\n") {
+			t.Errorf("%s: %v, want one line containing %q", tc.line, err, tc.want)
+		}
+	}
+}
+
 func TestErrorsNameKeyAndFile(t *testing.T) {
 	base := "namespace = \"ns\"\n"
 	pool := "[[pool]]\nname = \"p\"\nimages = [\"ci:*\"]\n"

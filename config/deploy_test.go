@@ -10,7 +10,7 @@ import (
 )
 
 // The config the chart gives gc is valid (the runner's is the same plus the runner image's
-// binaries and the agent CA: tests/charttest), uses the pod's ServiceAccount (in-cluster config), and pins
+// binaries and the agent CA: tests/chart), uses the pod's ServiceAccount (in-cluster config), and pins
 // runner_name: gc reaps claims by it, whichever runner pod made them.
 func TestChartExecutorConfig(t *testing.T) {
 	objs := helmchart.Render(t, "sandbox-executor", "ci-sandbox", "")

@@ -1,6 +1,7 @@
 // Package failure classifies what went wrong the way the runner must treat it: a system failure
-// (retried), the job's own failure, or a permanent one (not retried). The CLI maps a Kind to an
-// exit code in one place (cmd/sandbox-executor/app).
+// (retried), the job's own failure, or a permanent one (not retried). gitlab/exit.go maps a Kind
+// to the runner's exit code in one place (gitlab.RunnerEnv.ExitCode), for every binary the runner
+// starts.
 package failure
 
 import (

@@ -12,7 +12,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strings"
 	"syscall"
 	"time"
 
@@ -21,6 +20,7 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/sandbox-executor/sandbox-executor/failure"
+	"github.com/sandbox-executor/sandbox-executor/internal/environ"
 )
 
 // TokenEnv carries the runner authentication token to `gitlab-runner register`, which reads it
@@ -55,9 +55,9 @@ const StageServerDrain = 10 * time.Second
 // ServeStages listens on a stage server socket and returns its serving loop.
 type ServeStages func(socket string) (serve func(context.Context) error, err error)
 
-// DefaultBackoff tries for about ten minutes before the pod restarts (and the kubelet's own
+// defaultBackoff tries for about ten minutes before the pod restarts (and the kubelet's own
 // backoff takes over).
-var DefaultBackoff = wait.Backoff{Duration: 5 * time.Second, Factor: 2, Jitter: 0.1, Steps: 8, Cap: 2 * time.Minute}
+var defaultBackoff = wait.Backoff{Duration: 5 * time.Second, Factor: 2, Jitter: 0.1, Steps: 8, Cap: 2 * time.Minute}
 
 // Command is the start-runner verb.
 func Command(stdout, stderr io.Writer, serveStages ServeStages) *cli.Command {
@@ -70,7 +70,7 @@ func Command(stdout, stderr io.Writer, serveStages ServeStages) *cli.Command {
 			&cli.StringFlag{Name: "template-config", Value: "/etc/gitlab-runner-templates/runner-template.toml", Usage: "the [[runners]] template for register"},
 			&cli.StringFlag{Name: "config-file", Value: "/home/nonroot/.gitlab-runner/config.toml", Usage: "the config.toml written and run"},
 			&cli.StringFlag{Name: "working-directory", Value: "/home/nonroot", Usage: "gitlab-runner's working directory"},
-			&cli.IntFlag{Name: "register-attempts", Value: DefaultBackoff.Steps, Usage: "registration attempts before giving up"},
+			&cli.IntFlag{Name: "register-attempts", Value: defaultBackoff.Steps, Usage: "registration attempts before giving up"},
 			&cli.StringFlag{Name: "stage-server", Usage: "also serve the executor's stages on this Unix socket (stage_server in the executor's config) while gitlab-runner runs"},
 		},
 		Action: func(c *cli.Context) error {
@@ -78,7 +78,7 @@ func Command(stdout, stderr io.Writer, serveStages ServeStages) *cli.Command {
 				// A flag after an argument is not parsed: refuse rather than run without it.
 				return failure.PermanentError(nil, "start-runner takes no arguments, got %q: flags go before anything else (the runner image's entrypoint already names start-runner)", c.Args().Slice())
 			}
-			backoff := DefaultBackoff
+			backoff := defaultBackoff
 			backoff.Steps = c.Int("register-attempts")
 			var stageServer func() (func(context.Context) error, error)
 			if socket := c.String("stage-server"); socket != "" {
@@ -103,7 +103,7 @@ func Command(stdout, stderr io.Writer, serveStages ServeStages) *cli.Command {
 
 // Run registers, then runs gitlab-runner until ctx ends (SIGTERM) and it has stopped gracefully.
 func Run(ctx context.Context, o Options) error {
-	if envValue(o.Environ, TokenEnv) == "" {
+	if environ.Lookup(o.Environ, TokenEnv) == "" {
 		return failure.PermanentError(nil, "start-runner: %s is empty: mount the runner authentication token from the Secret's key runner-token", TokenEnv)
 	}
 	if o.Backoff.Steps < 1 {
@@ -176,7 +176,7 @@ func run(ctx context.Context, o Options) error {
 		}()
 	}
 	cmd := exec.Command(o.GitLabRunner, "run", "--config", o.ConfigFile, "--working-directory", o.WorkingDirectory)
-	cmd.Env, cmd.Stdout, cmd.Stderr = withoutEnv(o.Environ, TokenEnv), o.Stdout, o.Stderr
+	cmd.Env, cmd.Stdout, cmd.Stderr = environ.Without(o.Environ, TokenEnv), o.Stdout, o.Stderr
 	if err := cmd.Start(); err != nil {
 		return failure.PermanentError(err, "start-runner")
 	}
@@ -201,23 +201,4 @@ func exitError(err error) error {
 		return nil
 	}
 	return failure.SystemError(err, "start-runner: gitlab-runner run")
-}
-
-func envValue(environ []string, name string) string {
-	for _, kv := range environ {
-		if v, ok := strings.CutPrefix(kv, name+"="); ok {
-			return v
-		}
-	}
-	return ""
-}
-
-func withoutEnv(environ []string, name string) []string {
-	out := make([]string, 0, len(environ))
-	for _, kv := range environ {
-		if !strings.HasPrefix(kv, name+"=") {
-			out = append(out, kv)
-		}
-	}
-	return out
 }

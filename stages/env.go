@@ -1,6 +1,6 @@
 // Package stages holds what every stage of the custom executor protocol shares; each stage
-// (configure, prepare, run, cleanup) is a package of its own below it. The operator commands
-// (package operator) run in the same Env.
+// (configure, prepare, run, cleanup) is a package of its own below it. The operator's verbs
+// (operator/gc, operator/doctor, operator/exporter) run in the same Env, which Setup builds.
 package stages
 
 import (

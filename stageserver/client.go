@@ -10,6 +10,8 @@ import (
 	"net"
 	"syscall"
 	"time"
+
+	"github.com/sandbox-executor/sandbox-executor/agent/wire"
 )
 
 // ErrUnavailable is a socket nobody listens on (no server started, or it stopped): the stage
@@ -20,7 +22,7 @@ var ErrUnavailable = errors.New("no stage server listening")
 // in its own process: nobody listening, a server of another user (which is handed nothing), or
 // one that refused it before running anything (another build, another user).
 func NotServed(err error) bool {
-	var refused *RefusedError
+	var refused *refusedError
 	return errors.Is(err, ErrUnavailable) || errors.Is(err, errForeign) || errors.As(err, &refused)
 }
 
@@ -28,17 +30,17 @@ func NotServed(err error) bool {
 var errForeign = errors.New("the stage server is not this user's")
 
 // cancelGrace bounds how long a cancelled stage may take to end in the server before the
-// connection is dropped (ErrLost); the runner kills the stage's process before that anyway
+// connection is dropped (errLost); the runner kills the stage's process before that anyway
 // (graceful_kill_timeout).
 const cancelGrace = time.Minute
 
-// ErrLost is a server that went away before the stage ended: what the stage did is unknown.
-var ErrLost = errors.New("the stage server closed the connection before the stage ended")
+// errLost is a server that went away before the stage ended: what the stage did is unknown.
+var errLost = errors.New("the stage server closed the connection before the stage ended")
 
-// RefusedError is a server that would not serve the stage (another user, a bad request).
-type RefusedError struct{ Reason string }
+// refusedError is a server that would not serve the stage (another user, a bad request).
+type refusedError struct{ Reason string }
 
-func (e *RefusedError) Error() string { return "the stage server refused the stage: " + e.Reason }
+func (e *refusedError) Error() string { return "the stage server refused the stage: " + e.Reason }
 
 // Ping asks the server at socket whether it serves, and returns its version.
 func Ping(ctx context.Context, socket string) (string, error) {
@@ -49,17 +51,17 @@ func Ping(ctx context.Context, socket string) (string, error) {
 	defer conn.Close()
 	stop := context.AfterFunc(ctx, func() { _ = conn.Close() })
 	defer stop()
-	if err := writeFrame(conn, framePing, nil); err != nil {
-		return "", fmt.Errorf("%w (%v)", ErrLost, err)
+	if err := wire.WriteFrame(conn, framePing, nil); err != nil {
+		return "", fmt.Errorf("%w (%v)", errLost, err)
 	}
 	kind, data, err := readFrame(bufio.NewReader(conn), maxOutput)
 	switch {
 	case err != nil:
-		return "", fmt.Errorf("%w (%v)", ErrLost, err)
+		return "", fmt.Errorf("%w (%v)", errLost, err)
 	case kind == frameRefused:
-		return "", &RefusedError{Reason: string(data)}
+		return "", &refusedError{Reason: string(data)}
 	case kind != framePong:
-		return "", fmt.Errorf("%w (unknown frame %q)", ErrLost, kind)
+		return "", fmt.Errorf("%w (unknown frame %q)", errLost, kind)
 	}
 	return string(data), nil
 }
@@ -82,11 +84,11 @@ func dial(ctx context.Context, socket string) (net.Conn, error) {
 	return conn, nil
 }
 
-// Forward has the server at socket run req, relays its output to stdout and stderr, and returns
+// forward has the server at socket run req, relays its output to stdout and stderr, and returns
 // the stage's exit code. When ctx ends (the runner cancels the stage), the server is told so and
-// the stage there is cancelled; Forward still relays what the stage writes until it ends, as the
+// the stage there is cancelled; forward still relays what the stage writes until it ends, as the
 // stage would in this process.
-func Forward(ctx context.Context, socket string, req Request, stdout, stderr io.Writer) (int, error) {
+func forward(ctx context.Context, socket string, req Request, stdout, stderr io.Writer) (int, error) {
 	conn, err := dial(ctx, socket)
 	if err != nil {
 		return 0, err
@@ -104,17 +106,17 @@ func Forward(ctx context.Context, socket string, req Request, stdout, stderr io.
 	})
 	defer stop()
 	_ = conn.SetWriteDeadline(time.Now().Add(requestTimeout))
-	if err := writeFrame(conn, frameRequest, payload); err != nil {
+	if err := wire.WriteFrame(conn, frameRequest, payload); err != nil {
 		if ctx.Err() != nil {
 			return 0, ctx.Err() // nothing reached the server: nothing ran
 		}
-		return 0, fmt.Errorf("%w (sending the stage: %v)", ErrLost, err)
+		return 0, fmt.Errorf("%w (sending the stage: %v)", errLost, err)
 	}
 	r := bufio.NewReader(conn)
 	for {
 		kind, data, err := readFrame(r, maxOutput)
 		if err != nil {
-			return 0, fmt.Errorf("%w (%v)", ErrLost, err)
+			return 0, fmt.Errorf("%w (%v)", errLost, err)
 		}
 		switch kind {
 		case frameStdout:
@@ -123,13 +125,13 @@ func Forward(ctx context.Context, socket string, req Request, stdout, stderr io.
 			_, _ = stderr.Write(data)
 		case frameExit:
 			if len(data) != 4 {
-				return 0, fmt.Errorf("%w (an exit frame of %d bytes)", ErrLost, len(data))
+				return 0, fmt.Errorf("%w (an exit frame of %d bytes)", errLost, len(data))
 			}
 			return int(int32(binary.BigEndian.Uint32(data))), nil
 		case frameRefused:
-			return 0, &RefusedError{Reason: string(data)}
+			return 0, &refusedError{Reason: string(data)}
 		default:
-			return 0, fmt.Errorf("%w (unknown frame %q)", ErrLost, kind)
+			return 0, fmt.Errorf("%w (unknown frame %q)", errLost, kind)
 		}
 	}
 }

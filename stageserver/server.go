@@ -13,6 +13,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/sandbox-executor/sandbox-executor/agent/wire"
 )
 
 // Handler runs one stage invocation, writing its output to stdout and stderr, and returns the
@@ -189,14 +191,14 @@ func (s *Server) serveConn(base context.Context, conn net.Conn) {
 	}()
 	if err := checkPeer(conn); err != nil {
 		s.logf("stage server: refused a connection: %v", err)
-		_ = writeFrame(conn, frameRefused, []byte(err.Error()))
+		_ = wire.WriteFrame(conn, frameRefused, []byte(err.Error()))
 		return
 	}
 	r := bufio.NewReader(conn)
 	_ = conn.SetReadDeadline(time.Now().Add(requestTimeout))
 	kind, payload, err := readFrame(r, maxRequest)
 	if err == nil && kind == framePing {
-		_ = writeFrame(conn, framePong, []byte(s.Version))
+		_ = wire.WriteFrame(conn, framePong, []byte(s.Version))
 		return
 	}
 	if err == nil && kind != frameRequest {
@@ -211,7 +213,7 @@ func (s *Server) serveConn(base context.Context, conn net.Conn) {
 	}
 	if err != nil {
 		s.logf("stage server: bad request: %v", err)
-		_ = writeFrame(conn, frameRefused, []byte(err.Error()))
+		_ = wire.WriteFrame(conn, frameRefused, []byte(err.Error()))
 		return
 	}
 	_ = conn.SetReadDeadline(time.Time{})
@@ -235,7 +237,7 @@ func (s *Server) serveConn(base context.Context, conn net.Conn) {
 	var exit [4]byte
 	binary.BigEndian.PutUint32(exit[:], uint32(int32(code)))
 	mu.Lock()
-	err = writeFrame(conn, frameExit, exit[:])
+	err = wire.WriteFrame(conn, frameExit, exit[:])
 	mu.Unlock()
 	if err != nil {
 		s.logf("stage server: the client of that %s was gone before its exit code (%v)", verb, err)

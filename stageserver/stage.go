@@ -35,7 +35,7 @@ type Stage struct {
 func Hand(ctx context.Context, socket string, s Stage, stdout, stderr io.Writer) (int, error) {
 	args := append([]string{"sandbox-executor", "--config", s.Config, s.Name}, s.Args...)
 	req := Request{Args: args, Environ: s.Environ, Started: s.Started, Version: buildinfo.Version}
-	code, err := Forward(ctx, socket, req, stdout, stderr)
+	code, err := forward(ctx, socket, req, stdout, stderr)
 	switch {
 	case err == nil:
 		return code, nil

@@ -23,6 +23,9 @@ import (
 	"io"
 	"sync"
 	"time"
+
+	"github.com/sandbox-executor/sandbox-executor/agent/wire"
+	"github.com/sandbox-executor/sandbox-executor/internal/environ"
 )
 
 // Request is one stage invocation handed to the server.
@@ -39,18 +42,7 @@ type Request struct {
 }
 
 // Getenv looks a variable up in the request's environment.
-func (r *Request) Getenv(name string) string { return Lookup(r.Environ, name) }
-
-// Lookup looks a variable up in environ (KEY=value); the last of duplicates wins, as in os/exec.
-func Lookup(environ []string, name string) string {
-	for i := len(environ) - 1; i >= 0; i-- {
-		kv := environ[i]
-		if len(kv) > len(name) && kv[len(name)] == '=' && kv[:len(name)] == name {
-			return kv[len(name)+1:]
-		}
-	}
-	return ""
-}
+func (r *Request) Getenv(name string) string { return environ.Lookup(r.Environ, name) }
 
 // Frame kinds on the socket: the request (client to server), then output and the exit code, or
 // a refusal (server to client).
@@ -75,17 +67,6 @@ const maxRequest = 16 << 20
 
 // maxOutput bounds one output frame (writes are split to fit).
 const maxOutput = 64 << 10
-
-// writeFrame writes one frame: kind, big-endian length, payload, in one write (a peer that
-// answers a frame and closes must not make a second write of the same frame fail).
-func writeFrame(w io.Writer, kind byte, payload []byte) error {
-	frame := make([]byte, 5+len(payload))
-	frame[0] = kind
-	binary.BigEndian.PutUint32(frame[1:5], uint32(len(payload)))
-	copy(frame[5:], payload)
-	_, err := w.Write(frame)
-	return err
-}
 
 // readFrame reads one frame of at most limit bytes.
 func readFrame(r *bufio.Reader, limit int) (byte, []byte, error) {
@@ -138,7 +119,7 @@ func (f frameWriter) Write(p []byte) (int, error) {
 	written := 0
 	for len(p) > 0 {
 		chunk := p[:min(len(p), maxOutput)]
-		if err := writeFrame(f.w, f.kind, chunk); err != nil {
+		if err := wire.WriteFrame(f.w, f.kind, chunk); err != nil {
 			return written, err
 		}
 		written += len(chunk)

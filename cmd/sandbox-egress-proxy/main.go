@@ -8,8 +8,8 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -18,37 +18,78 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/urfave/cli/v2"
+
+	"github.com/sandbox-executor/sandbox-executor/buildinfo"
 	"github.com/sandbox-executor/sandbox-executor/egress"
+	"github.com/sandbox-executor/sandbox-executor/failure"
 )
 
-func main() {
-	if err := run(); err != nil {
-		fmt.Fprintln(os.Stderr, "sandbox-egress-proxy:", err)
-		os.Exit(1)
+// Exit codes: 2 for a command line that cannot run, 1 for a failure while running.
+const (
+	exitFailure = 1
+	exitUsage   = 2
+)
+
+func main() { os.Exit(proxyMain(os.Args, os.Stdout, os.Stderr)) }
+
+// proxyMain runs the command line and returns the exit code.
+func proxyMain(args []string, stdout, stderr io.Writer) int {
+	code := 0
+	fail := func(c int, err error) error {
+		code = c
+		fmt.Fprintln(stderr, "sandbox-egress-proxy:", failure.OneLine(err.Error()))
+		return nil
 	}
+	app := &cli.App{
+		Name:      "sandbox-egress-proxy",
+		Usage:     "the egress proxy of proxied job pools: lets through only the destinations of its allowlist (docs/egress.md)",
+		Version:   buildinfo.Version,
+		Writer:    stdout,
+		ErrWriter: stderr,
+		Flags: []cli.Flag{
+			&cli.StringFlag{Name: "config", Value: "/etc/sandbox-egress-proxy/config.toml", Usage: "TOML configuration file"},
+			&cli.StringFlag{Name: "listen", Usage: "proxy address (overrides listen)"},
+			&cli.StringFlag{Name: "admin-listen", Usage: "admin address (overrides admin_listen)"},
+			&cli.BoolFlag{Name: "check", Usage: "validate the configuration and exit"},
+		},
+		// One line, not the whole help page, as in sandbox-executor.
+		OnUsageError: func(_ *cli.Context, err error, _ bool) error {
+			return fail(exitUsage, fmt.Errorf("%v: see sandbox-egress-proxy --help", err))
+		},
+		Action: func(c *cli.Context) error {
+			if c.NArg() > 0 {
+				return fail(exitUsage, fmt.Errorf("unexpected arguments %q: everything is a flag (see --help)", c.Args().Slice()))
+			}
+			err := run(c.String("config"), c.String("listen"), c.String("admin-listen"), c.Bool("check"), stdout, stderr)
+			if err != nil {
+				return fail(exitFailure, err)
+			}
+			return nil
+		},
+	}
+	if err := app.Run(args); err != nil {
+		fail(exitFailure, err)
+	}
+	return code
 }
 
-func run() error {
-	configPath := flag.String("config", "/etc/sandbox-egress-proxy/config.toml", "TOML configuration file")
-	listen := flag.String("listen", "", "proxy address (overrides listen)")
-	adminListen := flag.String("admin-listen", "", "admin address (overrides admin_listen)")
-	check := flag.Bool("check", false, "validate the configuration and exit")
-	flag.Parse()
-	cfg, err := egress.LoadConfig(*configPath)
+func run(configPath, listen, adminListen string, check bool, stdout, stderr io.Writer) error {
+	cfg, err := egress.LoadConfig(configPath)
 	if err != nil {
 		return err
 	}
-	if *listen != "" {
-		cfg.Config.Listen = *listen
+	if listen != "" {
+		cfg.Config.Listen = listen
 	}
-	if *adminListen != "" {
-		cfg.Config.AdminListen = *adminListen
+	if adminListen != "" {
+		cfg.Config.AdminListen = adminListen
 	}
-	if *check {
-		fmt.Printf("ok: %d rules: %s\n", len(cfg.Allowlist.Rules()), strings.Join(cfg.Allowlist.Rules(), ", "))
+	if check {
+		fmt.Fprintf(stdout, "ok: %d rules: %s\n", len(cfg.Allowlist.Rules()), strings.Join(cfg.Allowlist.Rules(), ", "))
 		return nil
 	}
-	rec := &egress.Recorder{PerClient: cfg.Config.PerClient, MaxClients: cfg.Config.MaxClients, Out: os.Stdout}
+	rec := &egress.Recorder{PerClient: cfg.Config.PerClient, MaxClients: cfg.Config.MaxClients, Out: stdout}
 	grants := &egress.Grants{}
 	proxy := &egress.Proxy{Allowlist: cfg.Allowlist, Grants: grants, Hosts: cfg.Hosts, Recorder: rec,
 		MaxTunnelsPerClient: cfg.Config.MaxTunnelsPerClient, TunnelIdleTimeout: cfg.TunnelIdleTimeout}
@@ -70,14 +111,14 @@ func run() error {
 	for i, ln := range []net.Listener{proxyLn, adminLn} {
 		go func() { errc <- servers[i].Serve(ln) }()
 	}
-	fmt.Fprintf(os.Stderr, "sandbox-egress-proxy: proxy on %s, admin on %s, %d allowlist rules: %s\n",
+	fmt.Fprintf(stderr, "sandbox-egress-proxy: proxy on %s, admin on %s, %d allowlist rules: %s\n",
 		proxyLn.Addr(), adminLn.Addr(), len(cfg.Allowlist.Rules()), strings.Join(cfg.Allowlist.Rules(), ", "))
 
 	sig := make(chan os.Signal, 1)
 	signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT)
 	select {
 	case s := <-sig:
-		fmt.Fprintf(os.Stderr, "sandbox-egress-proxy: %s, shutting down\n", s)
+		fmt.Fprintf(stderr, "sandbox-egress-proxy: %s, shutting down\n", s)
 	case err = <-errc:
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)

@@ -3,6 +3,10 @@
 // (docs/metrics.md, "Autoscaling a pool"). It runs behind the aggregation layer, as the chart's
 // APIService installs it; its flags are sigs.k8s.io/custom-metrics-apiserver's (serving,
 // delegated authentication and authorization, --lister-kubeconfig) and --namespace.
+//
+// Its flags are parsed with pflag, not urfave/cli like the other binaries: the API server
+// library defines them on a pflag.FlagSet, and Kubernetes components' flag conventions are what
+// an operator of an aggregated API server expects.
 package main
 
 import (

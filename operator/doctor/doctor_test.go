@@ -279,6 +279,21 @@ func TestAPIUnreachableStopsWithOneFail(t *testing.T) {
 	expect(t, results, "kubernetes API", doctor.Fail, "connection refused", "kubeconfig")
 }
 
+// An API server that does not answer gives the exit code it gives in every verb (gc, the stages):
+// a system failure, not doctor's "a check failed".
+func TestAPIUnreachableIsASystemFailure(t *testing.T) {
+	f := newFixture(t)
+	c := f.checker(t, nil)
+	f.kube.PrependReactor("get", "version", func(k8stesting.Action) (bool, runtime.Object, error) {
+		return true, nil, errors.New("dial tcp 10.0.0.1:6443: connect: connection refused")
+	})
+	env := &stages.Env{Config: f.cfg, Stdout: io.Discard, Clients: func() (*kube.Clients, error) { return c.Clients, nil }}
+	err := doctor.Run(context.Background(), env, doctor.Options{})
+	if kind := failure.KindOf(err); kind != failure.KindSystem {
+		t.Errorf("doctor with the API unreachable: %v, kind %v, want a system failure", err, kind)
+	}
+}
+
 func TestCRDs(t *testing.T) {
 	t.Run("missing", func(t *testing.T) {
 		f := newFixture(t)

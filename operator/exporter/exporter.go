@@ -20,12 +20,11 @@ import (
 
 	"github.com/sandbox-executor/sandbox-executor/failure"
 	"github.com/sandbox-executor/sandbox-executor/kube"
-	"github.com/sandbox-executor/sandbox-executor/operator"
 	"github.com/sandbox-executor/sandbox-executor/stages"
 )
 
 // Command is the exporter verb and its flags.
-func Command(setup operator.Setup) *cli.Command {
+func Command(setup stages.Setup) *cli.Command {
 	return &cli.Command{
 		Name:  "exporter",
 		Usage: "serve Prometheus metrics about the namespace's warm pools and jobs until stopped",

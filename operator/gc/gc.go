@@ -14,12 +14,11 @@ import (
 
 	"github.com/sandbox-executor/sandbox-executor/config"
 	"github.com/sandbox-executor/sandbox-executor/kube"
-	"github.com/sandbox-executor/sandbox-executor/operator"
 	"github.com/sandbox-executor/sandbox-executor/stages"
 )
 
 // Command is the gc verb and its flags.
-func Command(setup operator.Setup) *cli.Command {
+func Command(setup stages.Setup) *cli.Command {
 	return &cli.Command{
 		Name:  "gc",
 		Usage: "report (or with --delete, delete) this runner's claims whose jobs must be over",

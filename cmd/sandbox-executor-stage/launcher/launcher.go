@@ -22,6 +22,7 @@ import (
 	"github.com/sandbox-executor/sandbox-executor/config"
 	"github.com/sandbox-executor/sandbox-executor/failure"
 	"github.com/sandbox-executor/sandbox-executor/gitlab"
+	"github.com/sandbox-executor/sandbox-executor/internal/environ"
 	"github.com/sandbox-executor/sandbox-executor/stageserver"
 )
 
@@ -68,7 +69,7 @@ type Process struct {
 
 // Launch hands the stage to the stage server and returns its exit code, or becomes the executor.
 func Launch(ctx context.Context, p Process) int {
-	getenv := func(name string) string { return stageserver.Lookup(p.Environ, name) }
+	getenv := func(name string) string { return environ.Lookup(p.Environ, name) }
 	report := gitlab.RunnerEnvFrom(getenv).Report
 	if len(p.Args) == 0 {
 		p.Args = []string{Executor}
@@ -109,6 +110,10 @@ func (p Process) hand(ctx context.Context, socket string, stage stageserver.Stag
 // served reads the command line the runner gave ([--config PATH] STAGE) and the config it names,
 // and returns the stage server's socket and the stage to hand it; ok is false for anything else,
 // which the executor handles as it always does (its usage errors, its config errors).
+//
+// It reads the arguments by hand instead of through urfave/cli like the other binaries: it must
+// recognise only the two shapes it can hand over and pass every other command line, unknown flags
+// included, to the executor unchanged, where a parser would refuse them itself.
 func served(args []string, getenv func(string) string) (socket string, stage stageserver.Stage, ok bool) {
 	var configFlag string
 	for len(args) > 0 && strings.HasPrefix(args[0], "-") {

@@ -1,12 +1,12 @@
-// Package app wires the command line onto the stages. It is the one place where a failure
-// becomes an exit code.
+// Package app is the command line of sandbox-executor: it parses the arguments, builds a verb's
+// Env and runs the verb; what the verbs do lives in their packages (stages/*, operator/*,
+// runnerstart, stagehost). It is the one place where a failure becomes an exit code.
 package app
 
 import (
 	"context"
 	"errors"
 	"flag"
-	"fmt"
 	"io"
 	"os"
 	"os/signal"
@@ -23,17 +23,7 @@ import (
 	"github.com/sandbox-executor/sandbox-executor/failure"
 	"github.com/sandbox-executor/sandbox-executor/gitlab"
 	"github.com/sandbox-executor/sandbox-executor/kube"
-	"github.com/sandbox-executor/sandbox-executor/operator"
-	"github.com/sandbox-executor/sandbox-executor/operator/doctor"
-	"github.com/sandbox-executor/sandbox-executor/operator/exporter"
-	"github.com/sandbox-executor/sandbox-executor/operator/gc"
-	"github.com/sandbox-executor/sandbox-executor/operator/tlsinit"
-	"github.com/sandbox-executor/sandbox-executor/runnerstart"
 	"github.com/sandbox-executor/sandbox-executor/stages"
-	"github.com/sandbox-executor/sandbox-executor/stages/cleanup"
-	"github.com/sandbox-executor/sandbox-executor/stages/configure"
-	"github.com/sandbox-executor/sandbox-executor/stages/prepare"
-	"github.com/sandbox-executor/sandbox-executor/stages/run"
 )
 
 // Main runs the command line and exits.
@@ -61,119 +51,62 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 	return RunWith(ctx, args, stdout, stderr, getenv, Deps{Clients: kube.NewClients, Environ: os.Environ})
 }
 
-// RunWith is Run with replaceable dependencies.
+// RunWith is Run with replaceable dependencies. Every error, the command line's own included,
+// ends as one line and the exit code of its kind (gitlab.RunnerEnv.Report).
 func RunWith(ctx context.Context, args []string, stdout, stderr io.Writer, getenv func(string) string, deps Deps) int {
-	started := deps.Started
-	if started.IsZero() {
-		started = time.Now()
+	if deps.Started.IsZero() {
+		deps.Started = time.Now()
 	}
-	runnerEnv := gitlab.RunnerEnvFrom(getenv)
-	newEnv := func(c *cli.Context) (*stages.Env, error) {
-		cfg, err := config.Load(config.ResolvePath(c.String("config"), getenv))
-		if err != nil {
-			return nil, failure.PermanentError(err, "")
-		}
-		return &stages.Env{
-			Config:  cfg,
-			Runner:  runnerEnv,
-			Version: buildinfo.Version,
-			Stdout:  stdout,
-			Stderr:  stderr,
-			Getenv:  getenv,
-			Clients: func() (*kube.Clients, error) { return deps.Clients(cfg) },
-			Clock:   clock.RealClock{},
-			Started: started,
-		}, nil
+	if deps.Environ == nil {
+		deps.Environ = os.Environ
 	}
-	actionRan := false
-	var stage operator.Setup = func(fn func(*cli.Context, *stages.Env) error) cli.ActionFunc {
-		return func(c *cli.Context) error {
-			actionRan = true
-			env, err := newEnv(c)
-			if err != nil {
-				return err
-			}
-			if handled, err := forwardStage(c, env, deps); handled {
-				return err
-			}
-			return fn(c, env)
-		}
-	}
-	// A verb that needs no config still counts as having run: its errors are its own, not usage.
-	ran := func(cmd *cli.Command) *cli.Command {
-		action := cmd.Action
-		cmd.Action = func(c *cli.Context) error {
-			actionRan = true
-			return action(c)
-		}
-		return cmd
-	}
-	app := &cli.App{
-		Name:      "sandbox-executor",
-		Usage:     "GitLab Runner custom executor: every job in a gVisor pod claimed from an agent-sandbox warm pool",
-		Version:   buildinfo.Version,
-		Writer:    stdout,
-		ErrWriter: stderr,
-		Flags: []cli.Flag{
-			&cli.StringFlag{Name: "config", Usage: "config file (default $" + config.EnvVar + ", else " + config.DefaultPath + ")"},
-		},
-		Commands: []*cli.Command{
-			{
-				Name:   "config",
-				Usage:  "config_exec: print the runner's ConfigExecOutput JSON",
-				Action: stage(func(_ *cli.Context, env *stages.Env) error { return configure.Run(env) }),
-			},
-			{
-				Name:   "prepare",
-				Usage:  "prepare_exec: claim a gVisor sandbox for the job and wait until it is ready",
-				Action: stage(func(c *cli.Context, env *stages.Env) error { return prepare.Run(c.Context, env) }),
-			},
-			{
-				Name:      "run",
-				Usage:     "run_exec: run one stage script in the job's sandbox",
-				ArgsUsage: "SCRIPT STAGE",
-				Action: stage(func(c *cli.Context, env *stages.Env) error {
-					if c.NArg() != 2 {
-						return failure.PermanentError(nil, "run takes 2 arguments, SCRIPT and STAGE; got %d", c.NArg())
-					}
-					return run.Run(c.Context, env, c.Args().Get(0), c.Args().Get(1))
-				}),
-			},
-			gc.Command(stage),
-			doctor.Command(stage),
-			exporter.Command(stage),
-			serveCommand(stage, deps, stderr),
-			ran(runnerstart.Command(stdout, stderr, func(socket string) (func(context.Context) error, error) {
-				// The executor config the runner's stages use (SANDBOX_EXECUTOR_CONFIG in the
-				// chart), to connect ahead of the first job; without it, at the first stage.
-				warm, err := config.Load(config.ResolvePath("", getenv))
-				if err != nil {
-					fmt.Fprintf(stderr, "start-runner: stage server: %s; it connects at the first stage\n", failure.OneLine(err.Error()))
-				}
-				return StageServer(socket, runnerstart.StageServerDrain, deps, stderr, warm)
-			})),
-			tlsinit.Command(),
-			{
-				Name:   "cleanup",
-				Usage:  "cleanup_exec: release the job's sandbox",
-				Action: stage(func(c *cli.Context, env *stages.Env) error { return cleanup.Run(c.Context, env) }),
-			},
-		},
-		// One line, not the whole help page: these errors land in job logs.
-		OnUsageError: func(_ *cli.Context, err error, _ bool) error { return err },
-		// Exit codes are decided below, from the error's kind, not by the CLI library.
-		ExitErrHandler: func(*cli.Context, error) {},
-	}
-	err := app.RunContext(ctx, args)
+	inv := &invocation{deps: deps, getenv: getenv, stdout: stdout, stderr: stderr}
+	err := inv.app().RunContext(ctx, args)
 	var served exitStatus
 	if errors.As(err, &served) {
 		return int(served)
 	}
-	if err != nil && !actionRan {
-		// A misconfigured runner (bad run_args) will not get better by retrying.
-		err = failure.PermanentError(err, "usage")
+	return gitlab.RunnerEnvFrom(getenv).Report(stderr, err)
+}
+
+// invocation is one run of the command line: what its verbs are given.
+type invocation struct {
+	deps           Deps
+	getenv         func(string) string
+	stdout, stderr io.Writer
+}
+
+// setup is the stages.Setup of this invocation: it loads the config, builds the Env and hands
+// prepare and cleanup to the stage server when the config names one.
+func (inv *invocation) setup(run func(*cli.Context, *stages.Env) error) cli.ActionFunc {
+	return func(c *cli.Context) error {
+		env, err := inv.env(c)
+		if err != nil {
+			return err
+		}
+		if handled, err := forwardStage(c, env, inv.deps); handled {
+			return err
+		}
+		return run(c, env)
 	}
-	return runnerEnv.Report(stderr, err)
+}
+
+func (inv *invocation) env(c *cli.Context) (*stages.Env, error) {
+	cfg, err := config.Load(config.ResolvePath(c.String("config"), inv.getenv))
+	if err != nil {
+		return nil, failure.PermanentError(err, "")
+	}
+	return &stages.Env{
+		Config:  cfg,
+		Runner:  gitlab.RunnerEnvFrom(inv.getenv),
+		Version: buildinfo.Version,
+		Stdout:  inv.stdout,
+		Stderr:  inv.stderr,
+		Getenv:  inv.getenv,
+		Clients: func() (*kube.Clients, error) { return inv.deps.Clients(cfg) },
+		Clock:   clock.RealClock{},
+		Started: inv.deps.Started,
+	}, nil
 }
 
 // silenceClientLogs keeps client-go's own log lines (klog) out of job logs: what matters reaches

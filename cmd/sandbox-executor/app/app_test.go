@@ -575,3 +575,48 @@ func TestJobLogSaysHowTheJobGotItsSandbox(t *testing.T) {
 		})
 	}
 }
+
+func TestUsageErrorsAreOneLineNamingTheFix(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"config", "--config", "x.toml"}, "usage: --config goes before the command: sandbox-executor --config VALUE config"},
+		{[]string{"bogus"}, `usage: unknown command "bogus": see sandbox-executor --help`},
+		{[]string{"gc", "--bogus"}, "usage: flag provided but not defined: -bogus: see sandbox-executor gc --help"},
+		{[]string{"tls", "init", "--dir"}, "usage: flag needs an argument: -dir: see sandbox-executor tls init --help"},
+		{[]string{"tls", "bogus"}, `usage: unknown command "bogus": see sandbox-executor tls --help`},
+		{[]string{"tls", "init"}, "tls init: --dir is required"},
+	} {
+		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
+			h := newHarness(t, "ci:1")
+			code, out, errOut := h.run(tc.args...)
+			if code != 1 {
+				t.Errorf("exit %d, want BUILD_FAILURE (1): a bad command line does not get better by retrying", code)
+			}
+			if out != "" || strings.Count(errOut, "\n") != 1 || !strings.Contains(errOut, tc.want) {
+				t.Errorf("stdout %q, stderr %q: want one line on stderr containing %q", out, errOut, tc.want)
+			}
+		})
+	}
+}
+
+func TestVersionCommandIsTheVersionFlag(t *testing.T) {
+	h := newHarness(t, "")
+	code, verb, _ := h.run("version")
+	_, flag, _ := h.run("--version")
+	if code != 0 || verb != flag || !strings.Contains(verb, "sandbox-executor version") {
+		t.Errorf("version: exit %d, %q; --version: %q", code, verb, flag)
+	}
+}
+
+func TestHelpListsCommandsInProtocolOrder(t *testing.T) {
+	_, out, _ := newHarness(t, "").run("--help")
+	var order []int
+	for _, cmd := range []string{"config ", "prepare ", "run ", "cleanup ", "serve ", "start-runner ", "gc ", "doctor ", "exporter ", "tls ", "version "} {
+		order = append(order, strings.Index(out, "\n   "+cmd))
+	}
+	if slices.Contains(order, -1) || !slices.IsSorted(order) {
+		t.Errorf("--help does not list the commands in protocol order, then the operator's:\n%s", out)
+	}
+}

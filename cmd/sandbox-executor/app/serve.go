@@ -4,17 +4,14 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"os"
 	"path/filepath"
-	"sync"
 	"time"
 
 	"github.com/urfave/cli/v2"
 
-	"github.com/sandbox-executor/sandbox-executor/buildinfo"
 	"github.com/sandbox-executor/sandbox-executor/config"
 	"github.com/sandbox-executor/sandbox-executor/failure"
-	"github.com/sandbox-executor/sandbox-executor/kube"
+	"github.com/sandbox-executor/sandbox-executor/stagehost"
 	"github.com/sandbox-executor/sandbox-executor/stages"
 	"github.com/sandbox-executor/sandbox-executor/stageserver"
 )
@@ -36,11 +33,7 @@ func forwardStage(c *cli.Context, env *stages.Env, deps Deps) (handled bool, err
 	if err != nil {
 		return false, failure.PermanentError(err, "config path")
 	}
-	environ := deps.Environ
-	if environ == nil {
-		environ = os.Environ
-	}
-	stage := stageserver.Stage{Config: configPath, Name: c.Command.Name, Args: c.Args().Slice(), Environ: environ(), Started: env.Started}
+	stage := stageserver.Stage{Config: configPath, Name: c.Command.Name, Args: c.Args().Slice(), Environ: deps.Environ(), Started: env.Started}
 	code, err := stageserver.Hand(c.Context, socket, stage, env.Stdout, env.Stderr)
 	switch {
 	case stageserver.NotServed(err):
@@ -54,7 +47,7 @@ func forwardStage(c *cli.Context, env *stages.Env, deps Deps) (handled bool, err
 }
 
 // serveCommand is the serve verb: the stage server, until SIGTERM.
-func serveCommand(stage func(func(*cli.Context, *stages.Env) error) cli.ActionFunc, deps Deps, stderr io.Writer) *cli.Command {
+func (inv *invocation) serveCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "serve",
 		Usage: "stage server: keep the cluster connection warm for prepare and cleanup (stage_server in the config)",
@@ -62,7 +55,7 @@ func serveCommand(stage func(func(*cli.Context, *stages.Env) error) cli.ActionFu
 			&cli.StringFlag{Name: "socket", Usage: "the Unix socket (default: stage_server in the config)"},
 			&cli.DurationFlag{Name: "drain", Value: 5 * time.Minute, Usage: "on SIGTERM, how long stages still running may take to finish before they are cancelled"},
 		},
-		Action: stage(func(c *cli.Context, env *stages.Env) error {
+		Action: inv.setup(func(c *cli.Context, env *stages.Env) error {
 			socket := c.String("socket")
 			if socket == "" {
 				socket = env.Config.StageServer
@@ -70,7 +63,7 @@ func serveCommand(stage func(func(*cli.Context, *stages.Env) error) cli.ActionFu
 			if socket == "" {
 				return failure.PermanentError(nil, "serve: no socket: set stage_server in %s or pass --socket", env.Config.Path())
 			}
-			serve, err := StageServer(socket, c.Duration("drain"), deps, stderr, env.Config)
+			serve, err := inv.stageServer(socket, c.Duration("drain"), env.Config)
 			if err != nil {
 				return err
 			}
@@ -79,103 +72,22 @@ func serveCommand(stage func(func(*cli.Context, *stages.Env) error) cli.ActionFu
 	}
 }
 
-// StageServer listens on socket and returns the loop that serves stages there until its context
-// ends; the stages share one connection to each cluster they name, and the identity lines of
-// the pods they may be handed, read ahead (kube.AgentLines). With warm, the cluster of that
-// config is connected to at the start, so that the first job finds its lines read too.
+// stageServer listens on socket and returns the loop that serves stages there, each through
+// this command line, until its context ends (package stagehost).
+func (inv *invocation) stageServer(socket string, drain time.Duration, warm *config.Config) (func(context.Context) error, error) {
+	return StageServer(socket, drain, inv.deps, inv.stderr, warm)
+}
+
+// StageServer is the stage server of the executor with deps: tests start one on a fake cluster.
 func StageServer(socket string, drain time.Duration, deps Deps, log io.Writer, warm *config.Config) (func(context.Context) error, error) {
-	ln, err := stageserver.Listen(socket)
-	if err != nil {
-		return nil, failure.PermanentError(nil, "%s", err)
-	}
-	fmt.Fprintf(log, "stage server: listening on %s\n", socket)
-	return func(ctx context.Context) error {
-		clients := &sharedClients{connect: deps.Clients, background: ctx}
-		defer clients.wait()
-		if warm != nil {
-			if _, err := clients.get(warm); err != nil {
-				fmt.Fprintf(log, "stage server: connecting to the cluster ahead of the first stage: %s\n", failure.OneLine(err.Error()))
-			}
-		}
-		server := &stageserver.Server{
-			Drain:   drain,
-			Log:     log,
-			Version: buildinfo.Version,
-			Handler: func(ctx context.Context, req stageserver.Request, stdout, stderr io.Writer) int {
-				return RunWith(ctx, req.Args, stdout, stderr, req.Getenv, Deps{Clients: clients.get, Started: req.Started, Served: true})
-			},
-		}
-		return server.Serve(ctx, ln)
-	}, nil
-}
-
-// sharedClients connects once per cluster and namespace (kubeconfig, context, namespace) and
-// hands every stage the same clients: one HTTP/2 connection to the API server, kept warm between
-// jobs, and with the network transport the identity lines of the namespace's pods, read ahead. A
-// kubeconfig that changes (new credentials, another server) is a new cluster.
-type sharedClients struct {
-	connect func(*config.Config) (*kube.Clients, error)
-	// background is the server's life: the identity lines are followed until it ends.
-	background context.Context
-	running    sync.WaitGroup
-	mu         sync.Mutex
-	byKey      map[clientsKey]*sharedCluster
-}
-
-type clientsKey struct {
-	kubeconfig, context, namespace string
-	modified                       time.Time
-	size                           int64
-}
-
-type sharedCluster struct {
-	clients *kube.Clients
-	stop    context.CancelFunc
-}
-
-func (s *sharedClients) get(cfg *config.Config) (*kube.Clients, error) {
-	key := clientsKey{kubeconfig: cfg.Kubeconfig, context: cfg.Context, namespace: cfg.Namespace}
-	if info, err := os.Stat(cfg.Kubeconfig); cfg.Kubeconfig != "" && err == nil {
-		key.modified, key.size = info.ModTime(), info.Size()
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if c, ok := s.byKey[key]; ok {
-		return c.clients, nil
-	}
-	connected, err := s.connect(cfg)
-	if err != nil {
-		return nil, err
-	}
-	if s.byKey == nil {
-		s.byKey = map[clientsKey]*sharedCluster{}
-	}
-	for old, c := range s.byKey {
-		if old.kubeconfig == key.kubeconfig && old.context == key.context && old.namespace == key.namespace {
-			c.stop() // the kubeconfig changed since
-			delete(s.byKey, old)
-		}
-	}
-	clients := *connected
-	ctx, stop := context.WithCancel(s.background)
-	if cfg.StageTransport == config.TransportNetwork {
-		clients.AgentLines = kube.NewAgentLines(&clients, cfg.Namespace)
-		s.running.Add(1)
-		go func() {
-			defer s.running.Done()
-			clients.AgentLines.Run(ctx)
-		}()
-	}
-	s.byKey[key] = &sharedCluster{clients: &clients, stop: stop}
-	return &clients, nil
-}
-
-// wait stops what the shared clients follow and waits for it, once the server has stopped.
-func (s *sharedClients) wait() {
-	s.mu.Lock()
-	for _, c := range s.byKey {
-		c.stop()
-	}
-	s.mu.Unlock()
-	s.running.Wait()
+	return stagehost.Host{
+		Socket:  socket,
+		Drain:   drain,
+		Connect: deps.Clients,
+		Log:     log,
+		Warm:    warm,
+		Run: func(ctx context.Context, req stageserver.Request, clients stagehost.Connect, stdout, stderr io.Writer) int {
+			return RunWith(ctx, req.Args, stdout, stderr, req.Getenv, Deps{Clients: clients, Started: req.Started, Served: true})
+		},
+	}.Listen()
 }

@@ -15,6 +15,7 @@ import (
 
 	"go.uber.org/goleak"
 
+	"github.com/sandbox-executor/sandbox-executor/agent/wire"
 	"github.com/sandbox-executor/sandbox-executor/failure"
 	"github.com/sandbox-executor/sandbox-executor/internal/testing/testutil"
 )
@@ -59,7 +60,7 @@ func TestForwardRelaysOutputAndExitCode(t *testing.T) {
 		return 37
 	})
 	var stdout, stderr bytes.Buffer
-	code, err := Forward(context.Background(), socket, request("prepare"), &stdout, &stderr)
+	code, err := forward(context.Background(), socket, request("prepare"), &stdout, &stderr)
 	if err != nil || code != 37 {
 		t.Fatalf("Forward = %d, %v; want 37, nil", code, err)
 	}
@@ -76,7 +77,7 @@ func TestForwardRelaysOutputAndExitCode(t *testing.T) {
 
 func TestForwardWithoutAServer(t *testing.T) {
 	dir := t.TempDir()
-	if _, err := Forward(context.Background(), filepath.Join(dir, "none.sock"), request("prepare"), io.Discard, io.Discard); !errors.Is(err, ErrUnavailable) || !NotServed(err) {
+	if _, err := forward(context.Background(), filepath.Join(dir, "none.sock"), request("prepare"), io.Discard, io.Discard); !errors.Is(err, ErrUnavailable) || !NotServed(err) {
 		t.Errorf("no socket: %v, want ErrUnavailable", err)
 	}
 	// A socket left by a server that died: nobody listens.
@@ -88,7 +89,7 @@ func TestForwardWithoutAServer(t *testing.T) {
 	}
 	ln.SetUnlinkOnClose(false)
 	ln.Close()
-	if _, err := Forward(context.Background(), stale, request("prepare"), io.Discard, io.Discard); !errors.Is(err, ErrUnavailable) {
+	if _, err := forward(context.Background(), stale, request("prepare"), io.Discard, io.Discard); !errors.Is(err, ErrUnavailable) {
 		t.Errorf("stale socket: %v, want ErrUnavailable", err)
 	}
 	// Listen replaces it.
@@ -159,7 +160,7 @@ func TestCancellingTheClientCancelsTheStage(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	go func() { <-started; cancel() }()
 	var stderr bytes.Buffer
-	code, err := Forward(ctx, socket, request("prepare"), io.Discard, &stderr)
+	code, err := forward(ctx, socket, request("prepare"), io.Discard, &stderr)
 	if err != nil || code != 3 || stderr.String() != "stage cancelled, claim released\n" {
 		t.Errorf("Forward = %d, %v, stderr %q; want the stage's own end", code, err, stderr.String())
 	}
@@ -173,8 +174,8 @@ func TestAServerLostMidStageIsAnError(t *testing.T) {
 		panic("boom")
 	})
 	var stderr bytes.Buffer
-	code, err := Forward(context.Background(), socket, request("prepare"), io.Discard, &stderr)
-	if !errors.Is(err, ErrLost) || code != 0 {
+	code, err := forward(context.Background(), socket, request("prepare"), io.Discard, &stderr)
+	if !errors.Is(err, errLost) || code != 0 {
 		t.Errorf("Forward = %d, %v; want ErrLost", code, err)
 	}
 	if stderr.String() != "claiming\n" || !strings.Contains(log.String(), "internal error serving a stage: boom") {
@@ -187,21 +188,21 @@ func TestBadRequestsAreRefused(t *testing.T) {
 		t.Error("the handler ran")
 		return 0
 	})
-	var refused *RefusedError
-	if _, err := Forward(context.Background(), socket, Request{Args: []string{"sandbox-executor"}, Version: "v1.2.3"}, io.Discard, io.Discard); !errors.As(err, &refused) || !strings.Contains(refused.Reason, "names no command") || !NotServed(err) {
+	var refused *refusedError
+	if _, err := forward(context.Background(), socket, Request{Args: []string{"sandbox-executor"}, Version: "v1.2.3"}, io.Discard, io.Discard); !errors.As(err, &refused) || !strings.Contains(refused.Reason, "names no command") || !NotServed(err) {
 		t.Errorf("a request without a command: %v", err)
 	}
 	// A stage of another build: the server was started before an upgrade.
 	upgraded := request("prepare")
 	upgraded.Version = "v1.3.0"
-	if _, err := Forward(context.Background(), socket, upgraded, io.Discard, io.Discard); !errors.As(err, &refused) || !strings.Contains(refused.Reason, "the stage is of build v1.3.0, this server of build v1.2.3: restart the server") || !NotServed(err) {
+	if _, err := forward(context.Background(), socket, upgraded, io.Discard, io.Discard); !errors.As(err, &refused) || !strings.Contains(refused.Reason, "the stage is of build v1.3.0, this server of build v1.2.3: restart the server") || !NotServed(err) {
 		t.Errorf("a stage of another build: %v", err)
 	}
 	conn, err := net.Dial("unix", socket)
 	if err != nil {
 		t.Fatal(err)
 	}
-	writeFrame(conn, frameRequest, []byte("{not json"))
+	wire.WriteFrame(conn, frameRequest, []byte("{not json"))
 	reply, _ := io.ReadAll(conn)
 	conn.Close()
 	if len(reply) == 0 || reply[0] != frameRefused {
@@ -231,7 +232,7 @@ func TestServeDrainsThenCancels(t *testing.T) {
 	go func() { served <- srv.Serve(ctx, ln) }()
 	forwarded := make(chan int, 1)
 	go func() {
-		code, _ := Forward(context.Background(), socket, request("cleanup"), io.Discard, io.Discard)
+		code, _ := forward(context.Background(), socket, request("cleanup"), io.Discard, io.Discard)
 		forwarded <- code
 	}()
 	<-running
