@@ -165,7 +165,8 @@ func (a *Agent) spawnViaDaemon(dir, shell string) error {
 	if _, err := fmt.Fprintf(conn, "spawn\t%s\t%s\n", dir, shell); err != nil {
 		return errNoDaemon
 	}
-	answer, _ := io.ReadAll(conn)
+	// Bounded: the job owns BaseDir and can put its own server at the socket, answering anything.
+	answer, _ := io.ReadAll(io.LimitReader(conn, maxDaemonAnswer))
 	if string(answer) != "ok" {
 		return fmt.Errorf("starting stage: %s", strings.TrimSpace(string(answer)))
 	}
@@ -173,6 +174,9 @@ func (a *Agent) spawnViaDaemon(dir, shell string) error {
 }
 
 var errNoDaemon = errors.New("no stage daemon")
+
+// maxDaemonAnswer bounds what is read of the daemon's answer: "ok" or one error line.
+const maxDaemonAnswer = 4 << 10
 
 // startStage starts the stage's shell with its output appended to out, and records the process
 // group to stop on cancel, the session to sweep, and the keeper to spare (0: the session leader
