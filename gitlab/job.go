@@ -109,6 +109,12 @@ func ReadJob(path string) (*Job, error) {
 	if err != nil {
 		return nil, failure.SystemError(nil, "reading JOB_RESPONSE_FILE %s: %v", path, failure.WithoutPath(err))
 	}
+	return parseJob(path, data)
+}
+
+// parseJob reads the job JSON data of the file at path (named in errors, never quoted).
+func parseJob(path string, data []byte) (*Job, error) {
+	var err error
 	var resp jobResponse
 	if err := json.Unmarshal(data, &resp); err != nil {
 		return nil, failure.PermanentError(nil, "JOB_RESPONSE_FILE %s is not valid job JSON", path)
