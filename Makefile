@@ -131,6 +131,23 @@ vet: lint
 # rendering tests (tests/charttest) run the pinned helm.
 unit: $(GOTESTSUM) $(HELM) $(PROMTOOL)
 	SANDBOX_EXECUTOR_HELM=$(HELM) SANDBOX_EXECUTOR_PROMTOOL=$(PROMTOOL) $(call gotest,pkgname) -race -count=1 ./...
+	$(MAKE) --no-print-directory fuzz FUZZTIME=$(UNIT_FUZZTIME)
+
+# Fuzzing: every fuzz target in the module, found with go test -list per package that has one,
+# each run for FUZZTIME (go test fuzzes one target at a time). A crasher is saved under the
+# package's testdata/fuzz/<target>/ and, committed, runs in every go test from then on, as the
+# seed corpora there do. make unit runs each for UNIT_FUZZTIME (about ten targets: under 3
+# minutes).
+FUZZTIME ?= 5m
+UNIT_FUZZTIME ?= 10s
+.PHONY: fuzz
+fuzz: modules
+	@set -e; for dir in $$(grep -rl --include='*_test.go' --exclude-dir=.git '^func Fuzz' . | xargs -n1 dirname | sort -u); do \
+		for target in $$($(GO) test -list '^Fuzz' $$dir | grep '^Fuzz'); do \
+			echo "fuzz $$dir $$target for $(FUZZTIME)"; \
+			$(GO) test -run '^$$' -fuzz "^$$target\$$" -fuzztime $(FUZZTIME) $$dir; \
+		done; \
+	done
 
 test: lint unit
 

@@ -32,6 +32,9 @@ type Options struct {
 // Agent runs agent commands against one stages directory.
 type Agent struct {
 	stagesDir string
+	// bound is called once, when the network path first admits a job: from then on the pod is
+	// that job's (nil: nothing to do).
+	bound func()
 }
 
 // New makes an agent with opts.

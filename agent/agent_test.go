@@ -60,7 +60,7 @@ func startArgs(a *agent.Agent, stage, script string, resume bool) []string {
 }
 
 // controls splits the agent's stderr into its control lines and its text.
-func controls(t *testing.T, stderr string) (started bool, status int, hasStatus bool, text string) {
+func controls(t testing.TB, stderr string) (started bool, status int, hasStatus bool, text string) {
 	t.Helper()
 	var rest []string
 	for _, line := range strings.Split(strings.TrimSuffix(stderr, "\n"), "\n") {

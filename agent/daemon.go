@@ -11,8 +11,10 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 )
@@ -41,7 +43,7 @@ func (a *Agent) initCommand(args []string, stdin io.Reader, stdout io.Writer) er
 			return err
 		}
 	}
-	if err := a.startDaemon(*listen); err != nil {
+	if err := a.startDaemon(*listen, "--bound"); err != nil {
 		return err
 	}
 	return a.probe(nil, stdout)
@@ -61,12 +63,12 @@ func (a *Agent) saveClientCA(stdin io.Reader) error {
 }
 
 // startDaemon starts the daemon unless one answers already, and returns once it listens.
-func (a *Agent) startDaemon(listen string) error {
+func (a *Agent) startDaemon(listen string, flags ...string) error {
 	if conn, err := net.DialTimeout("unix", a.daemonSocket(), time.Second); err == nil {
 		conn.Close()
 		return nil
 	}
-	if err := spawnDetached("daemon", "--stages", a.stagesDir, "--listen", listen); err != nil {
+	if err := spawnDetached(append([]string{"daemon", "--stages", a.stagesDir, "--listen", listen}, flags...)...); err != nil {
 		return fmt.Errorf("starting the stage daemon: %w", err)
 	}
 	return nil
@@ -76,6 +78,7 @@ func (a *Agent) daemonCommand(args []string) error {
 	fs := flag.NewFlagSet("daemon", flag.ContinueOnError)
 	fs.StringVar(&a.stagesDir, "stages", a.stagesDir, "stage directories")
 	listen := fs.String("listen", "", "also serve agent commands on this TCP address, with the agent CA saved in the stages' parent directory")
+	bound := fs.Bool("bound", false, "the pod already serves its job (init at prepare): keep a spare shell from the start")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -94,15 +97,18 @@ func (a *Agent) daemonCommand(args []string) error {
 	}
 	// The pid lets tests that run the agent on the host stop the daemon they started.
 	_ = writeFileAtomic(filepath.Join(base, "daemon.pid"), []byte(strconv.Itoa(os.Getpid())), 0o600)
+	d := &daemon{agent: a, sparesDir: filepath.Join(base, "spares")}
+	if shell, err := findShell(); err == nil {
+		d.shell = shell // without one, every stage fails to start anyway, and says why
+	}
+	a.bound = d.keepSpares
+	if *bound {
+		d.keepSpares()
+	}
 	if *listen != "" {
 		if err := a.listenNetwork(*listen); err != nil {
 			return fail(fmt.Errorf("serving the network path: %w", err))
 		}
-	}
-	d := &daemon{agent: a}
-	if shell, err := findShell(); err == nil {
-		// Without a spare, stages start on demand: slower, never wrong.
-		d.spares, _ = newSpares(shell, filepath.Join(base, "spares"))
 	}
 	fmt.Fprint(ready, "ok")
 	ready.Close()
@@ -116,8 +122,39 @@ func (a *Agent) daemonCommand(args []string) error {
 }
 
 type daemon struct {
-	agent  *Agent
-	spares *spares
+	agent     *Agent
+	shell     string
+	sparesDir string
+
+	sparesOnce sync.Once
+	mu         sync.Mutex
+	spares     *spares // nil until keepSpares, or when starting them failed
+}
+
+// keepSpares starts keeping a spare shell ready. A spare runs the image's shell, so a daemon
+// started with a warm pod waits until the pod is bound to its job (the network path admitted
+// it, or the first stage arrived over exec): no code of the image runs in a pod no job has
+// claimed yet. Without a spare, stages start on demand: slower, never wrong.
+func (d *daemon) keepSpares() {
+	d.sparesOnce.Do(func() {
+		if d.shell == "" {
+			return
+		}
+		sp, err := newSpares(d.shell, d.sparesDir)
+		if err != nil {
+			return
+		}
+		d.mu.Lock()
+		d.spares = sp
+		d.mu.Unlock()
+	})
+}
+
+func (d *daemon) spare(shell string) *spare {
+	d.mu.Lock()
+	sp := d.spares
+	d.mu.Unlock()
+	return sp.take(shell)
 }
 
 // serveSpawn handles one "spawn DIR SHELL" request: it starts the stage and answers "ok" once
@@ -138,7 +175,11 @@ func (d *daemon) serveSpawn(conn net.Conn) {
 		fmt.Fprint(conn, err.Error())
 		return
 	}
-	if sp := d.spares.take(shell); sp != nil && sp.assign(dir) == nil {
+	sp := d.spare(shell)
+	// A stage binds the pod as surely as the network path's first job: the next stage gets a
+	// spare.
+	d.keepSpares()
+	if sp != nil && sp.assign(dir) == nil {
 		fmt.Fprint(conn, "ok")
 		return
 	}
@@ -165,7 +206,8 @@ func (a *Agent) spawnViaDaemon(dir, shell string) error {
 	if _, err := fmt.Fprintf(conn, "spawn\t%s\t%s\n", dir, shell); err != nil {
 		return errNoDaemon
 	}
-	answer, _ := io.ReadAll(conn)
+	// Bounded: the job owns BaseDir and can put its own server at the socket, answering anything.
+	answer, _ := io.ReadAll(io.LimitReader(conn, maxDaemonAnswer))
 	if string(answer) != "ok" {
 		return fmt.Errorf("starting stage: %s", strings.TrimSpace(string(answer)))
 	}
@@ -173,6 +215,9 @@ func (a *Agent) spawnViaDaemon(dir, shell string) error {
 }
 
 var errNoDaemon = errors.New("no stage daemon")
+
+// maxDaemonAnswer bounds what is read of the daemon's answer: "ok" or one error line.
+const maxDaemonAnswer = 4 << 10
 
 // startStage starts the stage's shell with its output appended to out, and records the process
 // group to stop on cancel, the session to sweep, and the keeper to spare (0: the session leader
@@ -207,16 +252,25 @@ func startStage(dir, shell string, attr *syscall.SysProcAttr, keeper int) (*exec
 	return cmd, nil
 }
 
-// stageEnv puts bin (BinDir: next to the stages directory) first on PATH.
+// shellStartupVars make a shell run code of the image's before the script: BASH_ENV and ENV
+// name files to source, SHELLOPTS with xtrace runs PS4's substitutions, BASHOPTS sets options.
+// No stage shell inherits them, spare or not, so a stage starts the same way both ways, and
+// nothing the image set runs before the job's own script.
+var shellStartupVars = []string{"BASH_ENV", "ENV", "SHELLOPTS", "BASHOPTS", "PS4"}
+
+// stageEnv is a stage shell's environment: the container's, without shellStartupVars, and with
+// bin (BinDir: next to the stages directory) first on PATH.
 func stageEnv(env []string, bin string) []string {
 	out := make([]string, 0, len(env)+1)
 	path := "PATH=" + bin + ":/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 	for _, kv := range env {
-		if v, ok := strings.CutPrefix(kv, "PATH="); ok {
-			path = "PATH=" + bin + ":" + v
-			continue
+		name, value, _ := strings.Cut(kv, "=")
+		switch {
+		case name == "PATH":
+			path = "PATH=" + bin + ":" + value
+		case !slices.Contains(shellStartupVars, name):
+			out = append(out, kv)
 		}
-		out = append(out, kv)
 	}
 	return append(out, path)
 }

@@ -44,7 +44,7 @@ func (a *Agent) ServeNetwork(ln net.Listener, clientCAPEM []byte) (string, error
 }
 
 func (a *Agent) serveNetwork(ln net.Listener) error {
-	pod := &owner{}
+	pod := &owner{bound: a.bound}
 	for {
 		conn, err := ln.Accept()
 		if err != nil {

@@ -73,6 +73,8 @@ func jobOf(state tls.ConnectionState) (string, error) {
 type owner struct {
 	mu  sync.Mutex
 	job string
+	// bound is called when the pod is bound to its job (nil: nothing to do).
+	bound func()
 }
 
 // admit binds the pod to job if it is not bound yet, and reports whether job is its owner.
@@ -81,6 +83,9 @@ func (o *owner) admit(job string) bool {
 	defer o.mu.Unlock()
 	if o.job == "" {
 		o.job = job
+		if o.bound != nil {
+			go o.bound()
+		}
 	}
 	return o.job == job
 }

@@ -19,6 +19,7 @@ import (
 	"math/big"
 	"net/url"
 	"os"
+	"syscall"
 	"time"
 
 	"github.com/sandbox-executor/sandbox-executor/agent/wire"
@@ -84,11 +85,33 @@ func Load(certFile, keyFile string) (*CA, error) {
 	if err != nil {
 		return nil, err
 	}
+	if err := checkKeyMode(keyFile); err != nil {
+		return nil, err
+	}
 	keyPEM, err := os.ReadFile(keyFile)
 	if err != nil {
 		return nil, err
 	}
 	return Parse(certPEM, keyPEM)
+}
+
+// checkKeyMode refuses a key file others can read: whoever reads it can mint a client
+// certificate for any job. Group access passes only for the process's own group: the chart
+// mounts the key 0440 for the runner pod's group (fsGroup, runAsGroup), which no one else has.
+func checkKeyMode(keyFile string) error {
+	info, err := os.Stat(keyFile)
+	if err != nil {
+		return err
+	}
+	perm := info.Mode().Perm()
+	ownGroup := false
+	if st, ok := info.Sys().(*syscall.Stat_t); ok {
+		ownGroup = int(st.Gid) == os.Getegid()
+	}
+	if perm&0o007 != 0 || perm&0o070 != 0 && !ownGroup {
+		return fmt.Errorf("the agent CA's key %s is open to other users (mode %04o): chmod 600 %s", keyFile, perm, keyFile)
+	}
+	return nil
 }
 
 // Parse reads a CA from PEM.

@@ -2,6 +2,8 @@ package agentca_test
 
 import (
 	"crypto/x509"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -58,4 +60,49 @@ func TestParseRefusesWhatIsNotACA(t *testing.T) {
 	if _, err := agentca.Parse(certPEM, keyPEM); err != nil {
 		t.Errorf("its own key: %v", err)
 	}
+}
+
+// Whoever reads the CA's key mints client certificates for any job: Load refuses a key file
+// other users can read, naming the fix.
+func TestLoadRefusesAKeyOthersCanRead(t *testing.T) {
+	dir := t.TempDir()
+	cert, key := filepath.Join(dir, "ca.pem"), filepath.Join(dir, "ca.key")
+	if err := writeCA(cert, key); err != nil {
+		t.Fatal(err)
+	}
+	for mode, wantErr := range map[os.FileMode]bool{0o600: false, 0o400: false, 0o640: false, 0o604: true, 0o644: true, 0o666: true} {
+		if err := os.Chmod(key, mode); err != nil {
+			t.Fatal(err)
+		}
+		_, err := agentca.Load(cert, key)
+		if wantErr != (err != nil) {
+			t.Errorf("a key of mode %04o: Load = %v; want refused %t", mode, err, wantErr)
+		}
+		if err != nil && !strings.Contains(err.Error(), "chmod 600 "+key) {
+			t.Errorf("the refusal does not name the fix: %v", err)
+		}
+	}
+	// Group access only for the process's own group (the chart's fsGroup): another group's
+	// members are other users.
+	other := os.Getegid() + 1
+	if err := os.Chmod(key, 0o640); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chown(key, -1, other); err != nil {
+		t.Skipf("cannot give the key another group (%v)", err)
+	}
+	if _, err := agentca.Load(cert, key); err == nil {
+		t.Errorf("a key readable by group %d, not this process's, was loaded", other)
+	}
+}
+
+func writeCA(certFile, keyFile string) error {
+	certPEM, keyPEM, err := agentca.Generate("test", time.Hour)
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(certFile, certPEM, 0o644); err != nil {
+		return err
+	}
+	return os.WriteFile(keyFile, keyPEM, 0o600)
 }

@@ -110,12 +110,13 @@ func (a *AgentNetwork) send(ctx context.Context, conn *tls.Conn, req kube.ExecRe
 	if stdout == nil {
 		stdout = io.Discard
 	}
-	var refusal bytes.Buffer
+	// Only the head of stderr can be a refusal's reason; the rest of it is the stage's own.
+	refusal := newHeadBuffer(maxKeptText)
 	if stderr == nil {
 		stderr = io.Discard
 	}
 	idle := &idleReader{conn: conn, timeout: networkIdleTimeout}
-	code, err := wire.ReadFrames(bufio.NewReaderSize(idle, 256<<10), stdout, io.MultiWriter(stderr, &refusal))
+	code, err := wire.ReadFrames(bufio.NewReaderSize(idle, 256<<10), stdout, io.MultiWriter(stderr, refusal))
 	var remote *net.OpError
 	if errors.As(err, &remote) && remote.Op == "remote error" {
 		// A TLS alert before any answer: the agent refused this client certificate (another
@@ -126,7 +127,7 @@ func (a *AgentNetwork) send(ctx context.Context, conn *tls.Conn, req kube.ExecRe
 		return err
 	}
 	if code == wire.ExitRefused {
-		return &RefusedError{Addr: a.Addr, Reason: string(bytes.TrimSpace(refusal.Bytes()))}
+		return &RefusedError{Addr: a.Addr, Reason: refusal.String()}
 	}
 	if code != 0 {
 		return &kube.ExitError{Code: code}

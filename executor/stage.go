@@ -132,11 +132,12 @@ func (r *StageRunner) Run(ctx context.Context, name string, script []byte, stdou
 func (r *StageRunner) stop(stageDir, name string) error {
 	ctx, cancel := context.WithTimeout(context.Background(), r.KillGrace+15*time.Second)
 	defer cancel()
-	var stdout, stderr bytes.Buffer // separate: the streams are copied concurrently
+	// Bounded: only the head of stderr becomes the error, and the pod can answer with anything.
+	stderr := newHeadBuffer(maxKeptText)
 	err := r.Exec.Exec(ctx, kube.ExecRequest{
 		Namespace: r.Sandbox.Namespace, Pod: r.Sandbox.Pod, Container: r.Sandbox.Container,
 		Command: wire.KillArgs(stageDir, int(r.KillGrace/time.Second)),
-		Stdout:  &stdout, Stderr: &stderr,
+		Stdout:  io.Discard, Stderr: stderr,
 	})
 	if err != nil {
 		return failure.SystemError(nil, "stage %s cancelled, but stopping its processes in pod %s failed: %s", name, r.Sandbox.Pod, failure.OneLine(strings.TrimSpace(stderr.String()+" "+err.Error())))

@@ -31,8 +31,13 @@ type Job struct {
 	// unknown (runners without JOB_RESPONSE_FILE).
 	Token string
 	// ServerURL and ServerHost are the GitLab instance the job came from (CI_SERVER_URL,
-	// CI_SERVER_HOST): the first of each in the job JSON, where GitLab puts its predefined
-	// variables before the project's.
+	// CI_SERVER_HOST): the first of each in the job JSON. A job can define a variable of the same
+	// name, but GitLab lists its predefined variables before every user-defined one
+	// (Gitlab::Ci::Variables::Builder#scoped_variables: predefined, then the project's instance
+	// and server variables, then YAML, pipeline, group and project variables), and the job JSON
+	// has no other field that names the instance (git_info.repo_url follows the instance's
+	// custom clone URL, when it has one). TestReadJobTakesTheInstanceGitLabListsFirst holds us
+	// to taking the first.
 	ServerURL  string
 	ServerHost string
 }
@@ -60,7 +65,8 @@ type jobResponse struct {
 		ProjectID int64 `json:"project_id"`
 	} `json:"job_info"`
 	RunnerInfo struct {
-		Timeout int64 `json:"timeout"`
+		// Timeout is absent in a job JSON that predates it (nil: DefaultJobTimeout).
+		Timeout *int64 `json:"timeout"`
 	} `json:"runner_info"`
 	Image struct {
 		Name string `json:"name"`
@@ -81,6 +87,19 @@ type jobResponse struct {
 // DefaultJobTimeout applies when the job JSON carries no timeout (GitLab's own default).
 const DefaultJobTimeout = time.Hour
 
+// MaxJobTimeout is the longest job timeout accepted: GitLab's own maximum (a month). The timeout
+// becomes the claim's shutdownTime and the egress grant's lifetime, so a larger one (or one that
+// overflows a time.Duration, 9223372037 s and up) would keep a sandbox and its grants for ever.
+const MaxJobTimeout = 30 * 24 * time.Hour
+
+// jobTimeout is a timeout of secs seconds from source, refused unless in (0, MaxJobTimeout].
+func jobTimeout(secs int64, source string) (time.Duration, error) {
+	if secs <= 0 || secs > int64(MaxJobTimeout/time.Second) {
+		return 0, failure.PermanentError(nil, "%s is %d seconds: a job timeout must be between 1 second and %d (30 days); fix the job's or the project's timeout", source, secs, int64(MaxJobTimeout/time.Second))
+	}
+	return time.Duration(secs) * time.Second, nil
+}
+
 // ReadJob parses the job JSON at path. Errors never quote the file: it holds the job token.
 func ReadJob(path string) (*Job, error) {
 	if path == "" {
@@ -90,6 +109,12 @@ func ReadJob(path string) (*Job, error) {
 	if err != nil {
 		return nil, failure.SystemError(nil, "reading JOB_RESPONSE_FILE %s: %v", path, failure.WithoutPath(err))
 	}
+	return parseJob(path, data)
+}
+
+// parseJob reads the job JSON data of the file at path (named in errors, never quoted).
+func parseJob(path string, data []byte) (*Job, error) {
+	var err error
 	var resp jobResponse
 	if err := json.Unmarshal(data, &resp); err != nil {
 		return nil, failure.PermanentError(nil, "JOB_RESPONSE_FILE %s is not valid job JSON", path)
@@ -102,8 +127,10 @@ func ReadJob(path string) (*Job, error) {
 	for _, d := range resp.Dependencies {
 		job.NeedsHelper = job.NeedsHelper || d.ArtifactsFile.Filename != ""
 	}
-	if resp.RunnerInfo.Timeout > 0 {
-		job.Timeout = time.Duration(resp.RunnerInfo.Timeout) * time.Second
+	if resp.RunnerInfo.Timeout != nil {
+		if job.Timeout, err = jobTimeout(*resp.RunnerInfo.Timeout, "runner_info.timeout in JOB_RESPONSE_FILE"); err != nil {
+			return nil, err
+		}
 	}
 	for _, v := range resp.Variables {
 		switch v.Key {
@@ -138,8 +165,14 @@ func JobFromEnv(getenv func(string) string) (*Job, error) {
 	job := &Job{ID: id, Image: getenv("CUSTOM_ENV_CI_JOB_IMAGE"), Timeout: DefaultJobTimeout, NeedsHelper: true}
 	job.ProjectID, _ = strconv.ParseInt(getenv("CUSTOM_ENV_CI_PROJECT_ID"), 10, 64)
 	job.PipelineID, _ = strconv.ParseInt(getenv("CUSTOM_ENV_CI_PIPELINE_ID"), 10, 64)
-	if secs, err := strconv.ParseInt(getenv("CUSTOM_ENV_CI_JOB_TIMEOUT"), 10, 64); err == nil && secs > 0 {
-		job.Timeout = time.Duration(secs) * time.Second
+	if v := getenv("CUSTOM_ENV_CI_JOB_TIMEOUT"); v != "" {
+		secs, err := strconv.ParseInt(v, 10, 64)
+		if err != nil {
+			return nil, failure.PermanentError(nil, "CUSTOM_ENV_CI_JOB_TIMEOUT %q is not a number of seconds", truncate(v, 40))
+		}
+		if job.Timeout, err = jobTimeout(secs, "CUSTOM_ENV_CI_JOB_TIMEOUT"); err != nil {
+			return nil, err
+		}
 	}
 	return job, nil
 }

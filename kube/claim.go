@@ -174,7 +174,11 @@ func (c *Claimer) resolveSandbox(ctx context.Context, claim *extv1beta1.SandboxC
 	if err != nil {
 		return nil, explainAPIError(err, apiCall{"get", Sandboxes.String(), ns, name})
 	}
-	out, err := c.verifiedSandbox(ctx, sbx, &guess, podOwner{claimUID: claim.UID, template: "the SandboxTemplate of pool " + claim.Spec.WarmPoolRef.Name}, runtimeClasses)
+	owner := podOwner{claimUID: claim.UID, template: "the SandboxTemplate of pool " + claim.Spec.WarmPoolRef.Name}
+	if ref := metav1.GetControllerOf(sbx); ref != nil && ref.UID == claim.UID {
+		owner.sandboxUID = sbx.UID // adopted: its pod may not carry the claim's label yet
+	}
+	out, err := c.verifiedSandbox(ctx, sbx, &guess, owner, runtimeClasses)
 	if err != nil {
 		return nil, err
 	}

@@ -76,7 +76,9 @@ type podOwner struct {
 	claimUID types.UID
 	// coldStart: there is no claim; the pod is controlled by the job's own Sandbox sandboxUID
 	// and labelled with no claim.
-	coldStart  bool
+	coldStart bool
+	// sandboxUID is the Sandbox whose pod it must be: the job's own (cold start) or the one its
+	// claim adopted.
 	sandboxUID types.UID
 	// template names the template to fix, for the refusal: "the SandboxTemplate of pool x".
 	template string
@@ -97,11 +99,20 @@ func verifyPod(pod *corev1.Pod, owner podOwner, runtimeClasses []string) error {
 			pod.Namespace, pod.Name, shown, strings.Join(runtimeClasses, ", "), owner.template)
 	}
 	claimUID := pod.Labels[extv1beta1.SandboxIDLabel]
-	if owner.coldStart {
-		if ref := metav1.GetControllerOf(pod); claimUID != "" || ref == nil || ref.UID != owner.sandboxUID {
+	controlledBySandbox := false
+	if ref := metav1.GetControllerOf(pod); ref != nil && owner.sandboxUID != "" {
+		controlledBySandbox = ref.UID == owner.sandboxUID
+	}
+	switch {
+	case owner.coldStart:
+		if claimUID != "" || !controlledBySandbox {
 			return failure.SystemError(nil, "pod %s/%s is not the pod of the job's Sandbox", pod.Namespace, pod.Name)
 		}
-	} else if claimUID != "" && claimUID != string(owner.claimUID) {
+	case claimUID == "" && !controlledBySandbox:
+		// A claimed pod carries its claim's UID. Right after adoption the Sandbox controller may
+		// not have relabelled it yet: then it must be the pod of the Sandbox the claim adopted.
+		return failure.SystemError(nil, "pod %s/%s carries no claim label (%s) and is not the pod of the claim's Sandbox", pod.Namespace, pod.Name, extv1beta1.SandboxIDLabel)
+	case claimUID != "" && claimUID != string(owner.claimUID):
 		return failure.SystemError(nil, "pod %s/%s belongs to another claim", pod.Namespace, pod.Name)
 	}
 	if pod.DeletionTimestamp != nil || pod.Status.Phase != corev1.PodRunning {

@@ -243,18 +243,36 @@ func ParseRequestHeader(line string) (Request, error) {
 	return req, nil
 }
 
-// WriteFrame writes one frame; callers that share w serialise their calls.
+// MaxFrame bounds one frame's payload. A peer names the length before the bytes, so without a
+// bound a reader would allocate whatever it claims (up to 4 GiB from 5 bytes). The agent's
+// largest write is its 256 KiB copy buffer; a frame over MaxFrame is a protocol error.
+const MaxFrame = 1 << 20
+
+// ErrFrameTooLarge: the peer claimed a frame over MaxFrame.
+var ErrFrameTooLarge = fmt.Errorf("a frame over %d bytes: not a sandbox-executor agent, or a broken one", MaxFrame)
+
+// WriteFrame writes p as frames of at most MaxFrame bytes each (an exit frame is one frame);
+// callers that share w serialise their calls.
 func WriteFrame(w io.Writer, kind byte, p []byte) error {
-	buf := make([]byte, 5+len(p))
-	buf[0] = kind
-	binary.BigEndian.PutUint32(buf[1:5], uint32(len(p)))
-	copy(buf[5:], p)
-	_, err := w.Write(buf)
-	return err
+	for {
+		chunk := p[:min(len(p), MaxFrame)]
+		buf := make([]byte, 5+len(chunk))
+		buf[0] = kind
+		binary.BigEndian.PutUint32(buf[1:5], uint32(len(chunk)))
+		copy(buf[5:], chunk)
+		if _, err := w.Write(buf); err != nil {
+			return err
+		}
+		p = p[len(chunk):]
+		if len(p) == 0 {
+			return nil
+		}
+	}
 }
 
 // ReadFrames demultiplexes a response body onto stdout and stderr and returns the command's exit
-// code; io.ErrUnexpectedEOF when the stream ended before the exit frame.
+// code; io.ErrUnexpectedEOF when the stream ended before the exit frame, ErrFrameTooLarge for a
+// frame over MaxFrame, and an error for an exit frame that is not a number.
 func ReadFrames(r io.Reader, stdout, stderr io.Writer) (int, error) {
 	var hdr [5]byte
 	buf := make([]byte, 64<<10)
@@ -266,6 +284,9 @@ func ReadFrames(r io.Reader, stdout, stderr io.Writer) (int, error) {
 			return 0, err
 		}
 		n := int(binary.BigEndian.Uint32(hdr[1:]))
+		if n > MaxFrame {
+			return 0, ErrFrameTooLarge
+		}
 		if n > len(buf) {
 			buf = make([]byte, n)
 		}
@@ -282,8 +303,13 @@ func ReadFrames(r io.Reader, stdout, stderr io.Writer) (int, error) {
 				return 0, err
 			}
 		case FrameExit:
-			return strconv.Atoi(string(buf[:n]))
+			code, err := strconv.Atoi(string(buf[:n]))
+			if err != nil {
+				return 0, errors.New("an exit frame that is not a number: not a sandbox-executor agent, or a broken one")
+			}
+			return code, nil
 		}
+		// A frame of another type is skipped: a newer agent may send more than this reader knows.
 	}
 }
 

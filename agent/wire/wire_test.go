@@ -2,8 +2,11 @@ package wire_test
 
 import (
 	"bytes"
+	"encoding/binary"
+	"errors"
 	"io"
 	"reflect"
+	"strings"
 	"testing"
 
 	"github.com/sandbox-executor/sandbox-executor/agent/wire"
@@ -76,5 +79,47 @@ func TestFramesRoundTrip(t *testing.T) {
 	}
 	if _, err := wire.ReadFrames(bytes.NewReader([]byte{wire.FrameStdout, 0, 0, 0, 1, 'x'}), io.Discard, io.Discard); err != io.ErrUnexpectedEOF {
 		t.Errorf("a stream without its exit frame: %v, want io.ErrUnexpectedEOF", err)
+	}
+}
+
+// The 11 bytes fuzzing found: a frame header claiming 4 GiB. The reader used to allocate what
+// the peer claimed; a frame over MaxFrame is now a protocol error, with nothing allocated.
+func TestReadFramesRefusesAFrameOverTheCap(t *testing.T) {
+	for _, n := range []uint32{wire.MaxFrame + 1, 1<<32 - 1} {
+		input := append([]byte{wire.FrameStdout}, binary.BigEndian.AppendUint32(nil, n)...)
+		input = append(input, "\x00\x00\x00\x00\x00\x00"...)
+		_, err := wire.ReadFrames(bytes.NewReader(input), io.Discard, io.Discard)
+		if !errors.Is(err, wire.ErrFrameTooLarge) {
+			t.Errorf("a frame of %d bytes: %v, want ErrFrameTooLarge", n, err)
+		}
+		if strings.Contains(err.Error(), "\n") {
+			t.Errorf("the error is not one line: %q", err)
+		}
+	}
+}
+
+// A write over MaxFrame goes out as several frames, so that the agent never sends a frame the
+// executor refuses.
+func TestWriteFrameSplitsAWriteOverTheCap(t *testing.T) {
+	data := bytes.Repeat([]byte("x"), 2*wire.MaxFrame+1)
+	var stream bytes.Buffer
+	if err := wire.WriteFrame(&stream, wire.FrameStderr, data); err != nil {
+		t.Fatal(err)
+	}
+	if err := wire.WriteFrame(&stream, wire.FrameExit, []byte("0")); err != nil {
+		t.Fatal(err)
+	}
+	var stderr bytes.Buffer
+	code, err := wire.ReadFrames(&stream, io.Discard, &stderr)
+	if err != nil || code != 0 || !bytes.Equal(stderr.Bytes(), data) {
+		t.Fatalf("ReadFrames = %d, %v, %d bytes of stderr; want 0, nil, %d bytes", code, err, stderr.Len(), len(data))
+	}
+}
+
+func TestReadFramesRefusesAnExitFrameThatIsNotANumber(t *testing.T) {
+	var stream bytes.Buffer
+	_ = wire.WriteFrame(&stream, wire.FrameExit, []byte("zero"))
+	if _, err := wire.ReadFrames(&stream, io.Discard, io.Discard); err == nil {
+		t.Fatal("an exit frame of text accepted")
 	}
 }
