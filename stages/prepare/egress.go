@@ -30,6 +30,9 @@ func grantEgress(ctx context.Context, env *stages.Env, cluster stages.Cluster, j
 	grant := adminclient.Grant{Allow: pool.EgressAllow, Until: env.Clock.Now().Add(job.Timeout + env.Config.ClaimGrace.Duration)}
 	if pool.EgressInstance {
 		instance, err := allowlist.InstanceRules(job.ServerURL, job.ServerHost, pool.EgressInstanceWildcard)
+		if err == nil && pool.EgressInstanceWildcard {
+			err = job.CheckInstanceWildcard()
+		}
 		if err != nil {
 			_, _ = releaseSandbox(ctx, cluster, sbx, binding, kube.Outcome{Result: kube.OutcomeFailed, Reason: kube.ReasonPermanent})
 			return failure.PermanentError(nil, "pool %s grants each job its GitLab instance (egress_instance), but %v", pool.Name, err)

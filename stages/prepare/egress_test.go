@@ -100,6 +100,8 @@ func TestGrantEgressFailuresReleaseTheSandbox(t *testing.T) {
 	}{
 		{"no instance in the job JSON", "egress_instance = true\n", "", false, failure.KindPermanent,
 			"pool duo-flow grants each job its GitLab instance (egress_instance), but the job JSON has no CI_SERVER_URL"},
+		{"a one-label instance with the wildcard", "egress_instance = true\negress_instance_wildcard = true\n", "https://com", false, failure.KindPermanent,
+			"fewer than two labels: egress_instance_wildcard would grant *.com"},
 		{"a bad allow entry", "egress_allow = [\"a.*.example\"]\n", "https://gitlab.example.com", false, failure.KindSystem,
 			"refused the job's egress grant: 400 Bad Request: egress proxy admin: grant refused"},
 		{"a proxy that does not trust the runner", "egress_instance = true\n", "https://gitlab.example.com", true, failure.KindSystem,
