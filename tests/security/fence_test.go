@@ -5,6 +5,7 @@ package security
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -14,6 +15,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/utils/ptr"
+	extv1beta1 "sigs.k8s.io/agent-sandbox/extensions/api/v1beta1"
 
 	"github.com/sandbox-executor/sandbox-executor/agent/wire"
 	"github.com/sandbox-executor/sandbox-executor/tests/harness/clusterjobs"
@@ -27,17 +30,24 @@ import (
 // be handed a pod: their prepares wait. Once enforcement is back, the same jobs run, and none of
 // them reaches "the internet".
 //
+// The pool is the default template's without its netstack fence (a cluster whose runsc takes no
+// net-raw, jobDefaults.netstackFence.enabled false): with it, a lapse of NetworkPolicy opens
+// nothing (TestNetstackFenceHoldsThroughPolicyAgentRestarts) and the pods would stay Ready.
 // It needs deploy/local's templates with the fence check (SANDBOX_EXECUTOR_FENCE_* and the
 // readinessProbe): make cluster-up applies them.
 func TestFenceFailsClosedWhileNetworkPolicyIsNotEnforced(t *testing.T) {
 	c := clusterjobs.Connect(t)
 	requireFenceInTemplate(t, c)
-	r := c.NewRunner(t, "sec-fence", "require_fence = true")
+	pool := policyOnlyPool(t, c, "sec-fence-np-only", 2)
+	r := c.NewRunnerWith(t, "sec-fence", localcluster.Config{
+		Pools: append([]localcluster.PoolConfig{{Name: pool, Images: []string{localcluster.CIImage}}}, localcluster.Pools(localcluster.Pool)[1:]...),
+		Extra: "require_fence = true",
+	})
 	clusterjobs.RestoreAfterBreak(t, func() error { return clusterjobs.RunScript("networkpolicy.sh", "up") })
 	if err := clusterjobs.RunScript("networkpolicy.sh", "enforcement-down"); err != nil {
 		t.Fatal(err)
 	}
-	waitPoolPodsNotReady(t, c)
+	waitPoolPodsNotReady(t, c, pool)
 
 	jobs := []*clusterjobs.Job{r.NewJob(t, clusterjobs.JobSpec{}), r.NewJob(t, clusterjobs.JobSpec{})}
 	var prepared atomic.Int32
@@ -63,12 +73,12 @@ func TestFenceFailsClosedWhileNetworkPolicyIsNotEnforced(t *testing.T) {
 	}
 }
 
-// waitPoolPodsNotReady waits until no pod of the default warm pool is Ready: their readiness
-// checks found the fence down.
-func waitPoolPodsNotReady(t *testing.T, c *clusterjobs.Cluster) {
+// waitPoolPodsNotReady waits until no pod of the warm pool is Ready: their readiness checks
+// found the fence down.
+func waitPoolPodsNotReady(t *testing.T, c *clusterjobs.Cluster, name string) {
 	t.Helper()
 	ctx := t.Context()
-	pool, err := c.Admin.Extensions.ExtensionsV1beta1().SandboxWarmPools(clusterjobs.Namespace).Get(ctx, localcluster.Pool, metav1.GetOptions{})
+	pool, err := c.Admin.Extensions.ExtensionsV1beta1().SandboxWarmPools(clusterjobs.Namespace).Get(ctx, name, metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -88,7 +98,7 @@ func waitPoolPodsNotReady(t *testing.T, c *clusterjobs.Cluster) {
 		return len(pods.Items) > 0 && len(states) == 0, nil
 	})
 	if err != nil {
-		t.Fatalf("pool %s: %s (%v)", localcluster.Pool, last, err)
+		t.Fatalf("pool %s: %s (%v)", name, last, err)
 	}
 }
 
@@ -146,4 +156,45 @@ func requireFenceInTemplate(t *testing.T, c *clusterjobs.Cluster) {
 		}
 	}
 	t.Fatalf("SandboxTemplate %s has no fence check (%s, readinessProbe): apply this branch's deploy/local (make cluster-up)", tmpl.Name, wire.FenceDenyEnv)
+}
+
+// policyOnlyPool makes a copy of the default template without its netstack fence, so that
+// NetworkPolicy alone fences its pods, and a warm pool of replicas on it, and waits until they
+// are Ready; both go when the test ends. It returns the pool's name.
+func policyOnlyPool(t *testing.T, c *clusterjobs.Cluster, name string, replicas int32) string {
+	t.Helper()
+	ctx := t.Context()
+	templates := c.Admin.Extensions.ExtensionsV1beta1().SandboxTemplates(clusterjobs.Namespace)
+	base, err := templates.Get(ctx, localcluster.Template, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &extv1beta1.SandboxTemplate{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: clusterjobs.Namespace, Labels: base.Labels},
+		Spec:       *base.Spec.DeepCopy(),
+	}
+	pod := &tmpl.Spec.PodTemplate.Spec
+	pod.InitContainers = slices.DeleteFunc(pod.InitContainers, func(c corev1.Container) bool { return c.Name == netfenceContainer })
+	_ = templates.Delete(ctx, name, metav1.DeleteOptions{})
+	if _, err := templates.Create(ctx, tmpl, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = templates.Delete(context.Background(), name, metav1.DeleteOptions{}) })
+	pools := c.Admin.Extensions.ExtensionsV1beta1().SandboxWarmPools(clusterjobs.Namespace)
+	_ = pools.Delete(ctx, name, metav1.DeleteOptions{})
+	warm := &extv1beta1.SandboxWarmPool{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: clusterjobs.Namespace},
+		Spec:       extv1beta1.SandboxWarmPoolSpec{Replicas: ptr.To(replicas), TemplateRef: extv1beta1.SandboxTemplateRef{Name: name}},
+	}
+	if _, err := pools.Create(ctx, warm, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = pools.Delete(context.Background(), name, metav1.DeleteOptions{}) })
+	if err := wait.PollUntilContextTimeout(ctx, time.Second, 3*time.Minute, true, func(ctx context.Context) (bool, error) {
+		p, err := pools.Get(ctx, name, metav1.GetOptions{})
+		return err == nil && p.Status.ReadyReplicas >= replicas, nil
+	}); err != nil {
+		t.Fatalf("pool %s: %d sandboxes not Ready after 3 minutes: %v", name, replicas, err)
+	}
+	return name
 }
