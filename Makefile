@@ -128,7 +128,7 @@ lint: modules $(STATICCHECK) $(GCI)
 vet: lint
 
 # Unit tests: fake clientsets and a stubbed exec, with the race detector; the chart's lint and
-# rendering tests (tests/charttest) run the pinned helm.
+# rendering tests (tests/chart) run the pinned helm.
 unit: $(GOTESTSUM) $(HELM) $(PROMTOOL)
 	SANDBOX_EXECUTOR_HELM=$(HELM) SANDBOX_EXECUTOR_PROMTOOL=$(PROMTOOL) $(call gotest,pkgname) -race -count=1 ./...
 	$(MAKE) --no-print-directory fuzz FUZZTIME=$(UNIT_FUZZTIME)

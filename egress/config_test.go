@@ -8,7 +8,7 @@ import (
 	"time"
 )
 
-// The local cluster's configuration loads (the chart's is tested in tests/charttest).
+// The local cluster's configuration loads (the chart's is tested in tests/chart).
 func TestLocalConfigLoads(t *testing.T) {
 	b, err := LoadConfig("../deploy/local/egress-proxy.toml")
 	if err != nil {

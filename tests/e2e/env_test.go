@@ -2,7 +2,7 @@
 
 // Package e2e runs real jobs through sandbox-executor on the real local cluster (make
 // cluster-up): kube-apiserver, the agent-sandbox controller, gVisor pods, and the real
-// gitlab-runner against a fake GitLab API on loopback. tests/clustertest drives the jobs and
+// gitlab-runner against a fake GitLab API on loopback. tests/harness/clusterjobs drives the jobs and
 // checks what they leave behind.
 package e2e
 

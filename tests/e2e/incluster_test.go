@@ -33,7 +33,7 @@ import (
 // registration), a job, a cleanup.
 const inClusterTimeout = 5 * time.Minute
 
-// TestInClusterInstall installs the chart into a namespace of its own (tests/incluster), where
+// TestInClusterInstall installs the chart into a namespace of its own (tests/harness/chartinstall), where
 // the runner pod registers with the fake GitLab by a cluster DNS name and runs a Duo-shaped job,
 // a failing job and a canceled one in gVisor pods over the pod network; then gc, started from
 // its CronJob, reaps an expired claim; then helm uninstall leaves nothing behind.

@@ -1,5 +1,5 @@
 // Command demo installs sandbox-executor on the local cluster as a user does (the Helm chart
-// with the project's images, the runner in a pod with gitlab-runner 17.9.0; tests/incluster),
+// with the project's images, the runner in a pod with gitlab-runner 17.9.0; tests/harness/chartinstall),
 // runs a Duo-shaped job (GitLab Duo Agent Platform flow) through it against a stand-in GitLab
 // instance on the network job pods may reach (tools/duoflow), reached by a cluster DNS name,
 // prints the job log as GitLab would show it and the commit the job pushed, and uninstalls.

@@ -1,5 +1,5 @@
 // Package duoflow stages a GitLab Duo Agent Platform flow job the way a job pod meets it: a
-// GitLab instance on the network job pods may reach (tests/localcluster), serving the API, the
+// GitLab instance on the network job pods may reach (tests/harness/localcluster), serving the API, the
 // project's repository over smart HTTP, the runner's S3 cache and an npm registry on one
 // address, and the flow job's script with a stand-in for `duo run` (the duo CLI cannot be
 // installed here). The e2e suite and the demo share it.
