@@ -115,11 +115,13 @@ release: build-linux-amd64 build-linux-arm64 $(HELM) runner
 	cd $(RELEASE) && sha256sum $$(find . -type f ! -name SHA256SUMS | sort) >SHA256SUMS
 	@echo "release $(VERSION) (chart $(CHART_VERSION)) in $(RELEASE)"
 
-# Formatting, vet and staticcheck, also with every build tag the suites use.
+# Formatting, import groups, test file names (tests/README.md#conventions), vet and staticcheck,
+# also with every build tag the suites use.
 lint: modules $(STATICCHECK) $(GCI)
 	@unformatted=$$(gofmt -l $$(git ls-files '*.go')); if [[ -n $$unformatted ]]; then echo "not gofmt'ed: $$unformatted"; exit 1; fi
 	@misgrouped=$$($(GCI) list -s standard -s default -s "prefix(github.com/sandbox-executor/sandbox-executor)" --skip-generated $$(git ls-files '*.go')); \
 		if [[ -n $$misgrouped ]]; then echo "imports not grouped standard, third-party, module (gci write with the same sections fixes it): $$misgrouped"; exit 1; fi
+	@tests/lint-test-names.sh
 	$(GO) vet ./...
 	$(GO) vet -tags e2e,security,runner ./...
 	$(STATICCHECK) ./...

@@ -5,6 +5,8 @@ import (
 	"bytes"
 	"testing"
 	"time"
+
+	"github.com/sandbox-executor/sandbox-executor/agent/wire"
 )
 
 // FuzzReadFrame: whatever reaches the stage server's socket (a peer of its own user) is frames
@@ -17,7 +19,7 @@ func FuzzReadFrame(f *testing.F) {
 		f.Fatal(err)
 	}
 	var seed bytes.Buffer
-	_ = writeFrame(&seed, frameRequest, payload)
+	_ = wire.WriteFrame(&seed, frameRequest, payload)
 	f.Add(seed.Bytes())
 	f.Add([]byte{framePing, 0, 0, 0, 0})
 	f.Add([]byte{frameRequest, 0xff, 0xff, 0xff, 0xff, '{'})
@@ -39,7 +41,7 @@ func FuzzReadFrame(f *testing.F) {
 			}
 		}
 		var stream bytes.Buffer
-		if err := writeFrame(&stream, frameStdout, data); err != nil {
+		if err := wire.WriteFrame(&stream, frameStdout, data); err != nil {
 			t.Fatal(err)
 		}
 		kind, payload, err := readFrame(bufio.NewReader(&stream), maxRequest)
