@@ -106,7 +106,8 @@ func forward(ctx context.Context, socket string, req Request, stdout, stderr io.
 	})
 	defer stop()
 	_ = conn.SetWriteDeadline(time.Now().Add(requestTimeout))
-	if err := wire.WriteFrame(conn, frameRequest, payload); err != nil {
+	// One frame, however large the job's environment: the server reads the request as one.
+	if err := wire.WriteFrames(conn, frameRequest, payload, maxRequest); err != nil {
 		if ctx.Err() != nil {
 			return 0, ctx.Err() // nothing reached the server: nothing ran
 		}

@@ -41,7 +41,7 @@ func FuzzReadFrame(f *testing.F) {
 			}
 		}
 		var stream bytes.Buffer
-		if err := wire.WriteFrame(&stream, frameStdout, data); err != nil {
+		if err := wire.WriteFrames(&stream, frameStdout, data, maxRequest); err != nil {
 			t.Fatal(err)
 		}
 		kind, payload, err := readFrame(bufio.NewReader(&stream), maxRequest)

@@ -75,6 +75,24 @@ func TestForwardRelaysOutputAndExitCode(t *testing.T) {
 	}
 }
 
+// A job's environment over the agent protocol's frame limit still travels as the one request
+// frame the server reads (the stage server has its own, larger limit).
+func TestARequestOverTheAgentsFrameLimitIsServed(t *testing.T) {
+	req := request("prepare")
+	req.Environ = append(req.Environ, "BIG="+strings.Repeat("v", 2*wire.MaxFrame))
+	var got Request
+	socket, _ := serving(t, func(ctx context.Context, req Request, stdout, stderr io.Writer) int {
+		got = req
+		return 0
+	})
+	if code, err := forward(context.Background(), socket, req, io.Discard, io.Discard); err != nil || code != 0 {
+		t.Fatalf("forward = %d, %v; want 0, nil", code, err)
+	}
+	if len(got.Getenv("BIG")) != 2*wire.MaxFrame {
+		t.Errorf("the server got BIG of %d bytes, want %d", len(got.Getenv("BIG")), 2*wire.MaxFrame)
+	}
+}
+
 func TestForwardWithoutAServer(t *testing.T) {
 	dir := t.TempDir()
 	if _, err := forward(context.Background(), filepath.Join(dir, "none.sock"), request("prepare"), io.Discard, io.Discard); !errors.Is(err, ErrUnavailable) || !NotServed(err) {

@@ -253,9 +253,13 @@ var ErrFrameTooLarge = fmt.Errorf("a frame over %d bytes: not a sandbox-executor
 
 // WriteFrame writes p as frames of at most MaxFrame bytes each (an exit frame is one frame);
 // callers that share w serialise their calls.
-func WriteFrame(w io.Writer, kind byte, p []byte) error {
+func WriteFrame(w io.Writer, kind byte, p []byte) error { return WriteFrames(w, kind, p, MaxFrame) }
+
+// WriteFrames writes p as frames of at most limit bytes each: the same framing for a protocol
+// with its own limit (the stage server's, whose request is one frame).
+func WriteFrames(w io.Writer, kind byte, p []byte, limit int) error {
 	for {
-		chunk := p[:min(len(p), MaxFrame)]
+		chunk := p[:min(len(p), limit)]
 		buf := make([]byte, 5+len(chunk))
 		buf[0] = kind
 		binary.BigEndian.PutUint32(buf[1:5], uint32(len(chunk)))
