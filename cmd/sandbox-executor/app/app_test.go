@@ -586,7 +586,7 @@ func TestUsageErrorsAreOneLineNamingTheFix(t *testing.T) {
 		{[]string{"gc", "--bogus"}, "usage: flag provided but not defined: -bogus: see sandbox-executor gc --help"},
 		{[]string{"tls", "init", "--dir"}, "usage: flag needs an argument: -dir: see sandbox-executor tls init --help"},
 		{[]string{"tls", "bogus"}, `usage: unknown command "bogus": see sandbox-executor tls --help`},
-		{[]string{"tls", "init"}, "tls init: --dir is required"},
+		{[]string{"tls", "init"}, "tls init takes one of --dir (files) or --secret (in the cluster)"},
 	} {
 		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
 			h := newHarness(t, "ci:1")
