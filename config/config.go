@@ -125,10 +125,17 @@ type Config struct {
 	path string
 }
 
-// Pool maps image patterns onto a SandboxWarmPool.
+// Pool maps images onto a SandboxWarmPool.
 type Pool struct {
-	Name   string   `toml:"name"`
+	Name string `toml:"name"`
+	// Images are the exact references of the image the pool's template runs (a job naming one
+	// runs here; "node:22" and "docker.io/library/node:22" are one image). No patterns: a pool
+	// whose pods run one image must not take a job that asked for another without saying so.
 	Images []string `toml:"images"`
+	// ServeOtherTags also sends here the jobs that name another tag or digest of the
+	// repositories in Images (e.g. a newer release of GitLab's default flow image): they run in
+	// the pool's image, and the job log warns which image was asked for and which one runs.
+	ServeOtherTags bool `toml:"serve_other_tags"`
 	// EgressProxy is the admin address of the egress proxy this pool's pods are forced through
 	// (e.g. "http://10.0.0.5:3129"): after each stage, run lists the attempts it blocked.
 	EgressProxy string `toml:"egress_proxy"`

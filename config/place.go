@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"path"
 	"slices"
-	"sort"
 	"strings"
 
 	"k8s.io/apimachinery/pkg/util/validation"
@@ -30,64 +29,86 @@ func (c *Config) Pool(name string) *Pool {
 	return nil
 }
 
-// AllowedImages lists every image pattern some pool serves, sorted, for messages.
-func (c *Config) AllowedImages() []string {
-	var images []string
-	for _, p := range c.Pools {
-		images = append(images, p.Images...)
-	}
-	sort.Strings(images)
-	return images
-}
-
-// ErrImageNotAllowed is returned by PoolFor for images that no pool serves.
+// ErrImageNotAllowed is returned by Place for images that it may run nowhere.
 var ErrImageNotAllowed = errors.New("image not allowed")
 
-// PoolFor picks the pool serving image. An empty image goes to default_pool. Patterns use
-// path.Match syntax, where "*" does not cross "/": "node:*" matches "node:22" but not
-// "evil/node:22", so a pattern never widens to another registry or namespace by accident.
-func (c *Config) PoolFor(image string) (string, error) {
-	if image == "" {
-		if c.DefaultPool == "" {
-			return "", fmt.Errorf("%w: the job sets no image and no default_pool is configured", ErrImageNotAllowed)
-		}
-		return c.DefaultPool, nil
-	}
-	for _, p := range c.Pools {
-		if matchesAny(p.Images, image) {
-			return p.Name, nil
-		}
-	}
-	allowed := c.AllowedImages()
-	if len(allowed) == 0 {
-		return "", fmt.Errorf("%w: %q: no pool serves any image; remove image: from the job to use default_pool", ErrImageNotAllowed, image)
-	}
-	return "", fmt.Errorf("%w: %q: allowed images are %s", ErrImageNotAllowed, image, strings.Join(allowed, ", "))
-}
-
 // Placement is where a job runs: a warm pool, or a cold start from a template (unknown_image =
-// "cold"). Exactly one field is set.
+// "cold"). Exactly one of Pool and ColdTemplate is set.
 type Placement struct {
 	Pool         string
 	ColdTemplate string
+	// OtherTag: Pool takes the image only through serve_other_tags, so its pods run another tag
+	// or digest of the image's repository; prepare warns in the job log which image runs.
+	OtherTag bool
 }
 
-// Place picks where image runs: the pool serving it (PoolFor), else, with unknown_image = "cold",
-// a cold start from cold_template if a cold_images pattern matches. An image allowed by neither
-// is ErrImageNotAllowed, naming both lists.
+// Place picks where image runs, the exact image first:
+//   - no image: default_pool, whose template's image the job takes;
+//   - a pool listing the image (an exact reference, resolved as the runtime does: "node:22" is
+//     "docker.io/library/node:22");
+//   - a pool with serve_other_tags listing another tag of its repository (OtherTag);
+//   - with unknown_image = "cold", a cold start of the image itself from cold_template if a
+//     cold_images pattern matches (path.Match syntax, where "*" does not cross "/", so a pattern
+//     never widens to another registry or namespace by accident).
+//
+// Anything else is ErrImageNotAllowed, one line naming the pools, the images they serve and the
+// cold_images patterns.
 func (c *Config) Place(image string) (Placement, error) {
-	pool, err := c.PoolFor(image)
-	if err == nil {
-		return Placement{Pool: pool}, nil
+	if image == "" {
+		if c.DefaultPool == "" {
+			return Placement{}, fmt.Errorf("%w: the job sets no image and no default_pool is configured", ErrImageNotAllowed)
+		}
+		return Placement{Pool: c.DefaultPool}, nil
 	}
-	if c.UnknownImage != UnknownImageCold || image == "" {
-		return Placement{}, err
+	if p := c.poolListing(image, SameImage, false); p != nil {
+		return Placement{Pool: p.Name}, nil
 	}
-	if matchesAny(c.ColdImages, image) {
+	if p := c.poolListing(image, sameRepository, true); p != nil {
+		return Placement{Pool: p.Name, OtherTag: true}, nil
+	}
+	cold := c.UnknownImage == UnknownImageCold
+	if cold && matchesAny(c.ColdImages, image) {
 		return Placement{ColdTemplate: c.ColdTemplate}, nil
 	}
-	cold := slices.Sorted(slices.Values(c.ColdImages))
-	return Placement{}, fmt.Errorf("%w; cold starts (unknown_image = \"cold\") allow %s", err, strings.Join(cold, ", "))
+	msg := fmt.Sprintf("%q: no pool runs it (%s)", image, c.servedImages())
+	if cold {
+		msg += fmt.Sprintf("; cold starts (unknown_image = \"cold\") allow %s", strings.Join(slices.Sorted(slices.Values(c.ColdImages)), ", "))
+	}
+	if c.DefaultPool != "" {
+		msg += fmt.Sprintf("; remove image: from the job to run in default_pool %s", c.DefaultPool)
+	}
+	return Placement{}, fmt.Errorf("%w: %s", ErrImageNotAllowed, msg)
+}
+
+// poolListing is the first pool with an image that matches image, among the pools with
+// serve_other_tags only if otherTags.
+func (c *Config) poolListing(image string, match func(listed, image string) bool, otherTags bool) *Pool {
+	for i, p := range c.Pools {
+		if (!otherTags || p.ServeOtherTags) && slices.ContainsFunc(p.Images, func(listed string) bool { return match(listed, image) }) {
+			return &c.Pools[i]
+		}
+	}
+	return nil
+}
+
+// servedImages says which images each pool serves, for the refusal: "pool a serves x:1, pool b
+// serves y:2 and its other tags".
+func (c *Config) servedImages() string {
+	var served []string
+	for _, p := range c.Pools {
+		if len(p.Images) == 0 {
+			continue
+		}
+		line := "pool " + p.Name + " serves " + strings.Join(p.Images, ", ")
+		if p.ServeOtherTags {
+			line += " and other tags of it"
+		}
+		served = append(served, line)
+	}
+	if len(served) == 0 {
+		return "no pool serves an image"
+	}
+	return strings.Join(served, "; ")
 }
 
 // matchesAny reports whether image matches one of the patterns. Patterns use path.Match syntax,

@@ -75,8 +75,8 @@ func (c *Config) checkPools() error {
 			return c.fail(key+".name", "pool %q is listed twice", p.Name)
 		}
 		seen[p.Name] = true
-		if bad, ok := badImagePattern(p.Images); ok {
-			return c.fail(key+".images", "bad image pattern %q", bad)
+		if err := c.checkPoolImages(key, p); err != nil {
+			return err
 		}
 		if p.EgressProxy != "" {
 			if u, err := url.Parse(p.EgressProxy); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.User != nil || u.RawQuery != "" || u.Fragment != "" {
@@ -93,6 +93,37 @@ func (c *Config) checkPools() error {
 		}
 	}
 	return nil
+}
+
+// checkPoolImages: a pool lists the exact images its template runs; other tags of them only
+// with serve_other_tags, never through a pattern.
+func (c *Config) checkPoolImages(key string, p Pool) error {
+	for _, image := range p.Images {
+		switch problem := imageRefProblem(image); {
+		case isImagePattern(image):
+			return c.fail(key+".images", "%q is a pattern: list the exact image the pool's template runs (e.g. %s), and set serve_other_tags = true to send it the jobs that ask for other tags of it",
+				image, exampleExactImage(image))
+		case problem != "":
+			return c.fail(key+".images", "%q %s: list the exact image the pool's template runs, e.g. node:22", image, problem)
+		}
+	}
+	if p.ServeOtherTags && len(p.Images) == 0 {
+		return c.fail(key+".serve_other_tags", "needs images: the exact image the pool's template runs, whose other tags it serves")
+	}
+	return nil
+}
+
+// exampleExactImage turns a pattern of tags like "node:*" into the exact reference that replaces
+// it ("node:<tag>"); a pattern over names gets a plain example.
+func exampleExactImage(pattern string) string {
+	name, _, _ := strings.Cut(pattern, "@")
+	if i := strings.LastIndex(name, ":"); i > strings.LastIndex(name, "/") {
+		name = name[:i]
+	}
+	if name == "" || isImagePattern(name) {
+		return "node:22"
+	}
+	return name + ":<tag>"
 }
 
 // checkPolicies: default_pool names a pool; drained_pool and unknown_image are known policies.

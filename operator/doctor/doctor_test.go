@@ -383,6 +383,19 @@ func TestPools(t *testing.T) {
 			t.Errorf("the existing pool must still be checked:\n%s", out.String())
 		}
 	})
+	t.Run("images its template runs", func(t *testing.T) {
+		f := newFixture(t)
+		f.cfg.Pools[0].Images = []string{"ci:bookworm", "docker.io/library/ci:bookworm"}
+		expect(t, f.checker(t, nil).Run(context.Background()), "pool duo-default images", doctor.OK, "ci:bookworm, exactly")
+		f.cfg.Pools[0].ServeOtherTags = true
+		expect(t, f.checker(t, nil).Run(context.Background()), "pool duo-default images", doctor.OK, "and other tags of it")
+	})
+	t.Run("an image its template does not run", func(t *testing.T) {
+		f := newFixture(t)
+		f.cfg.Pools[0].Images = []string{"ci:bookworm", "ci:trixie"}
+		expect(t, f.checker(t, nil).Run(context.Background()), "pool duo-default images", doctor.Fail,
+			"template duo-gvisor runs ci:bookworm, not ci:trixie: jobs naming those fail at prepare", "list only ci:bookworm in the pool's images")
+	})
 	t.Run("none ready", func(t *testing.T) {
 		f := newFixture(t)
 		f.pool.Status.ReadyReplicas = 0

@@ -17,12 +17,13 @@ import (
 // The warm pools and their SandboxTemplates.
 
 // checkPools checks each configured pool, then the template of each pool that exists, and
-// cold_template.
+// cold_template, then that each pool lists only the image its template runs.
 func (c *Checker) checkPools(ctx context.Context) []Result {
 	ns := c.Config.Namespace
 	var out []Result
 	templates := map[string][]string{} // template -> what uses it: "pool x", "cold_template"
 	var order []string
+	poolTemplates := map[string]string{} // pool -> its template
 	useTemplate := func(template, user string) {
 		if _, seen := templates[template]; !seen {
 			order = append(order, template)
@@ -43,12 +44,38 @@ func (c *Checker) checkPools(ctx context.Context) []Result {
 		}
 		out = append(out, poolResult(pool))
 		useTemplate(pool.Spec.TemplateRef.Name, "pool "+p.Name)
+		poolTemplates[p.Name] = pool.Spec.TemplateRef.Name
 	}
 	if c.Config.UnknownImage == config.UnknownImageCold {
 		useTemplate(c.Config.ColdTemplate, "cold_template")
 	}
 	for _, t := range order {
 		out = append(out, c.checkTemplate(ctx, t, templates[t]))
+	}
+	return append(out, c.checkPoolImages(poolTemplates)...)
+}
+
+// checkPoolImages: each image a pool lists is the one its template runs, or every job naming it
+// fails at prepare (a job runs in the image it asked for). Pools without images (reached as
+// default_pool only) and templates that could not be read have nothing to compare.
+func (c *Checker) checkPoolImages(poolTemplates map[string]string) []Result {
+	var out []Result
+	for _, p := range c.Config.Pools {
+		i := slices.IndexFunc(c.templates, func(t *extv1beta1.SandboxTemplate) bool { return t.Name == poolTemplates[p.Name] })
+		if len(p.Images) == 0 || i < 0 || len(c.templates[i].Spec.PodTemplate.Spec.Containers) == 0 {
+			continue
+		}
+		check, runs := "pool "+p.Name+" images", c.templates[i].Spec.PodTemplate.Spec.Containers[0].Image
+		others := slices.DeleteFunc(slices.Clone(p.Images), func(image string) bool { return config.SameImage(image, runs) })
+		switch {
+		case len(others) > 0:
+			out = append(out, Result{Fail, check, fmt.Sprintf("template %s runs %s, not %s: jobs naming those fail at prepare", c.templates[i].Name, runs, strings.Join(others, ", ")),
+				fmt.Sprintf("list only %s in the pool's images (the chart's pools[].images: its template's image), with serve_other_tags = true for other tags, in %s", runs, c.Config.Path())})
+		case p.ServeOtherTags:
+			out = append(out, Result{OK, check, runs + ", and other tags of it (serve_other_tags: their jobs run in " + runs + " with a warning)", ""})
+		default:
+			out = append(out, Result{OK, check, runs + ", exactly", ""})
+		}
 	}
 	return out
 }

@@ -101,7 +101,9 @@ func (p *preparation) acquire(ctx context.Context, placement config.Placement) (
 		sbx, err = cluster.ColdStart(ctx, req, placement.ColdTemplate)
 	} else {
 		defer log.Section("sandbox_claim", "Claiming a gVisor sandbox from pool "+placement.Pool)()
-		sbx, err = claimFromPool(ctx, env, cluster, req)
+		if sbx, err = claimFromPool(ctx, env, cluster, req); err == nil {
+			err = p.checkImage(ctx, sbx, placement)
+		}
 	}
 	if err != nil {
 		return nil, conn, 0, err
@@ -125,6 +127,25 @@ func (p *preparation) acquire(ctx context.Context, placement config.Placement) (
 		return nil, conn, 0, err
 	}
 	return sbx, conn, claimed, nil
+}
+
+// checkImage holds the pod claimed from a pool to the image the job asked for: the same image,
+// or, from a pool with serve_other_tags, another tag of it, which the job log names with the image
+// the job runs in. A pod of a pool that serves exact images but runs another one (its
+// SandboxTemplate changed, or its [[pool]] images list an image it does not run) is released
+// before any script runs, and the job fails naming both images.
+func (p *preparation) checkImage(ctx context.Context, sbx *kube.Sandbox, placement config.Placement) error {
+	asked := p.job.Image
+	if asked == "" || config.SameImage(asked, sbx.Image) {
+		return nil
+	}
+	if placement.OtherTag {
+		p.env.Log().Warnf("The job asked for image %s but runs in %s, the image of pool %s (serve_other_tags = true)", asked, sbx.Image, sbx.Pool)
+		return nil
+	}
+	released := release(ctx, p.cluster, sbx, p.req.Binding, kube.Outcome{Result: kube.OutcomeFailed, Reason: kube.ReasonPermanent})
+	return failure.PermanentError(nil, "pool %s runs image %s, not %s that the job asks for: list only the image its SandboxTemplate runs in its [[pool]] images in %s; %s",
+		sbx.Pool, sbx.Image, asked, p.env.Config.Path(), released)
 }
 
 // grantAndKeep grants the pod its egress, installs the runner helper if the job needs it and
@@ -275,10 +296,7 @@ func checkFence(ctx context.Context, env *stages.Env, cluster stages.Cluster, sb
 	case !report.Configured:
 		log.Debugf("Egress fence not checked: %s", report)
 	case !report.Holds:
-		released, relErr := releaseSandbox(ctx, cluster, sbx, req.Binding, kube.Outcome{Result: kube.OutcomeFailed, Reason: kube.ReasonFence})
-		if relErr != nil {
-			released = "not released (" + failure.OneLine(relErr.Error()) + ")"
-		}
+		released := release(ctx, cluster, sbx, req.Binding, kube.Outcome{Result: kube.OutcomeFailed, Reason: kube.ReasonFence})
 		return failure.SystemError(nil, "the egress fence of pod %s/%s does not hold: %s (is NetworkPolicy enforced on its node?); %s", sbx.Namespace, sbx.Pod, report, released)
 	case probed != nil:
 		log.Debugf("Egress fence holds (checked with the probe)")
@@ -294,6 +312,16 @@ func releaseSandbox(ctx context.Context, cluster stages.Cluster, sbx *kube.Sandb
 		return "its Sandbox " + sbx.SandboxName + " was deleted", cluster.ReleaseColdStart(ctx, sbx.Namespace, sbx.SandboxName, binding, outcome)
 	}
 	return "its claim " + sbx.Claim + " was released", cluster.Release(ctx, sbx.Namespace, sbx.Claim, binding, outcome)
+}
+
+// release releases the job's claim or cold-started Sandbox on a failure, and says what became of
+// it for the failure's line.
+func release(ctx context.Context, cluster stages.Cluster, sbx *kube.Sandbox, binding string, outcome kube.Outcome) string {
+	released, err := releaseSandbox(ctx, cluster, sbx, binding, outcome)
+	if err != nil {
+		return "not released (" + failure.OneLine(err.Error()) + ")"
+	}
+	return released
 }
 
 // templateOf names the template to fix, for messages.

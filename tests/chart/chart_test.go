@@ -42,8 +42,8 @@ templates:
   - {name: duo-gvisor, image: "registry.example.com/duo/ci:bookworm"}
   - {name: duo-gvisor-proxied, image: "registry.example.com/duo/ci:bookworm", egress: proxied}
 pools:
-  - {name: duo-default, template: duo-gvisor, replicas: 2, images: ["registry.example.com/duo/ci:*"]}
-  - {name: duo-proxied, template: duo-gvisor-proxied, replicas: 1, images: ["registry.example.com/duo/ci-proxied:*"]}
+  - {name: duo-default, template: duo-gvisor, replicas: 2, images: ["registry.example.com/duo/ci:bookworm"]}
+  - {name: duo-proxied, template: duo-gvisor-proxied, replicas: 1, images: ["registry.example.com/duo/ci-proxied:bookworm"], serveOtherTags: true}
 `},
 	{"existing RuntimeClass and non-root jobs", "sandbox-executor", "gke-ci", `
 runtimeClass: {create: false, name: gvisor}
@@ -55,7 +55,7 @@ jobDefaults: {nonRoot: true}
 exporter: {enabled: true}
 metricsAdapter: {enabled: true}
 pools:
-  - {name: duo-default, template: duo-gvisor, replicas: 2, images: ["registry.example.com/duo/ci:*"], autoscaling: {maxReplicas: 8}}
+  - {name: duo-default, template: duo-gvisor, replicas: 2, images: ["registry.example.com/duo/ci:bookworm"], autoscaling: {maxReplicas: 8}}
 `},
 }
 
@@ -572,23 +572,29 @@ func fullname(release string) string {
 }
 
 // values-duo-flow.yaml serves GitLab's default flow image and its hardened variant: each pool
-// grants its jobs their own instance on the egress proxy (and npm for the default image only),
-// and the hardened image runs as its own UID with builds and cache it can write.
+// lists the image its template runs, and serves the jobs naming another tag of it (GitLab's
+// default moving on) with a warning; each grants its jobs their own instance on the egress proxy
+// (and npm for the default image only), and the hardened image runs as its own UID with builds
+// and cache it can write.
 func TestDuoFlowValues(t *testing.T) {
 	const release = "duo"
 	objs := helmchart.Render(t, release, "duo-flows", chartFile("values-duo-flow.yaml"))
 	cfg := executorConfig(t, objs, release)
 	for _, want := range []struct {
-		pool, image string
-		npm         bool
+		pool, template, repository string
+		npm                        bool
 	}{
-		{"duo-flow", "registry.gitlab.com/gitlab-org/duo-workflow/default-docker-image/workflow-generic-image:v0.0.9", true},
-		{"duo-flow-hardened", "registry.gitlab.com/gitlab-org/duo-workflow/default-docker-image/workflow-generic-image-hardened:v0.0.9", false},
+		{"duo-flow", "duo-gvisor-flow", "registry.gitlab.com/gitlab-org/duo-workflow/default-docker-image/workflow-generic-image", true},
+		{"duo-flow-hardened", "duo-gvisor-flow-hardened", "registry.gitlab.com/gitlab-org/duo-workflow/default-docker-image/workflow-generic-image-hardened", false},
 	} {
-		placement, err := cfg.Place(want.image)
-		if err != nil || placement.Pool != want.pool {
-			t.Errorf("image %s goes to %+v, %v; want pool %s", want.image, placement, err, want.pool)
-			continue
+		var template extv1beta1.SandboxTemplate
+		objs.Decode(t, "SandboxTemplate", want.template, &template)
+		runs := template.Spec.PodTemplate.Spec.Containers[0].Image
+		for image, otherTag := range map[string]bool{runs: false, want.repository + ":v0.0.99": true} {
+			placement, err := cfg.Place(image)
+			if err != nil || placement != (config.Placement{Pool: want.pool, OtherTag: otherTag}) {
+				t.Errorf("image %s goes to %+v, %v; want pool %s, another tag than its template's %s: %t", image, placement, err, want.pool, runs, otherTag)
+			}
 		}
 		p := cfg.Pool(want.pool)
 		if p.EgressProxy == "" || !p.EgressInstance || !p.EgressInstanceWildcard || slices.Contains(p.EgressAllow, "registry.npmjs.org:443") != want.npm {
@@ -608,6 +614,46 @@ func TestDuoFlowValues(t *testing.T) {
 	}
 	if !slices.Contains(mounts, "/builds") || !slices.Contains(mounts, "/cache") {
 		t.Errorf("the hardened image's mounts %v lack /builds or /cache", mounts)
+	}
+}
+
+// A pool's images render as exact references, with serve_other_tags only where the pool sets
+// serveOtherTags; a pattern, or serveOtherTags without an image, is refused at install in one line.
+func TestPoolsServeExactImages(t *testing.T) {
+	const release = "ci"
+	objs := helmchart.Render(t, release, "ci-sandbox", `
+templates:
+  - {name: duo-gvisor, image: "registry.corp.example/ci:1", egress: proxied}
+pools:
+  - {name: exact, template: duo-gvisor, images: ["registry.corp.example/ci:1"]}
+  - {name: tags, template: duo-gvisor, images: ["registry.corp.example/flow:v1"], serveOtherTags: true}
+executor: {defaultPool: exact}
+`)
+	cfg := executorConfig(t, objs, release)
+	if p := cfg.Pool("exact"); p == nil || p.ServeOtherTags || !slices.Equal(p.Images, []string{"registry.corp.example/ci:1"}) {
+		t.Errorf("pool exact: %+v; want its one image, no other tags", p)
+	}
+	if p := cfg.Pool("tags"); p == nil || !p.ServeOtherTags {
+		t.Errorf("pool tags: %+v; want serve_other_tags", p)
+	}
+	for image, want := range map[string]config.Placement{
+		"registry.corp.example/ci:1":    {Pool: "exact"},
+		"registry.corp.example/flow:v2": {Pool: "tags", OtherTag: true},
+	} {
+		if got, err := cfg.Place(image); err != nil || got != want {
+			t.Errorf("Place(%s) = %+v, %v; want %+v", image, got, err, want)
+		}
+	}
+	if _, err := cfg.Place("registry.corp.example/ci:2"); err == nil {
+		t.Error("another tag of a pool without serveOtherTags was placed")
+	}
+	for _, tc := range []struct{ values, want string }{
+		{"pools: [{name: duo-default, template: duo-gvisor, images: ['registry.example.com/duo/ci:*']}]\n",
+			`pools[duo-default].images "registry.example.com/duo/ci:*" is a pattern: list the exact image its template runs, and set serveOtherTags: true`},
+		{"pools: [{name: duo-default, template: duo-gvisor, images: [], serveOtherTags: true}]\n", "pools[duo-default].serveOtherTags needs images"},
+		{"pools: [{name: duo-default, template: duo-gvisor, serveOtherTags: 'yes'}]\n", "/pools/0/serveOtherTags"},
+	} {
+		refused(t, tc.values, tc.want)
 	}
 }
 

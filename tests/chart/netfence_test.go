@@ -39,7 +39,7 @@ templates:
   - {name: optout, image: ci:1, egress: direct, netstackFence: false}
   - {name: copied, image: ci:1, egress: none, bakeAgent: false}
 pools:
-  - {name: p, template: proxied, replicas: 1, images: ["ci:*"]}
+  - {name: p, template: proxied, replicas: 1, images: ["ci:1"]}
 executor: {defaultPool: p}
 `)
 	replyTo := []string{"--reply-to", "10.244.0.0/16"}

@@ -26,7 +26,7 @@ func TestDefaultsAreTheSecureFastPath(t *testing.T) {
 gitlab: {url: "https://gitlab.corp.example"}
 runner: {secret: my-token}
 templates: [{name: duo-gvisor, image: "registry.corp.example/ci:1", egress: proxied}]
-pools: [{name: duo-default, template: duo-gvisor, replicas: 2, images: ["registry.corp.example/ci:*"], egressInstance: true}]
+pools: [{name: duo-default, template: duo-gvisor, replicas: 2, images: ["registry.corp.example/ci:1"], egressInstance: true}]
 `)
 	cfg := executorConfig(t, objs, release)
 	var cm corev1.ConfigMap
@@ -93,8 +93,8 @@ templates:
   - {name: duo-gvisor, image: "registry.corp.example/ci:1", egress: direct}
   - {name: duo-proxied, image: "registry.corp.example/ci:1", egress: proxied}
 pools:
-  - {name: duo-default, template: duo-gvisor, images: ["registry.corp.example/ci:*"]}
-  - {name: duo-proxied, template: duo-proxied, images: ["registry.corp.example/ci-proxied:*"]}
+  - {name: duo-default, template: duo-gvisor, images: ["registry.corp.example/ci:1"]}
+  - {name: duo-proxied, template: duo-proxied, images: ["registry.corp.example/ci:1"]}
 `)
 	var direct extv1beta1.SandboxTemplate
 	objs.Decode(t, "SandboxTemplate", "duo-gvisor", &direct)
@@ -328,7 +328,7 @@ func TestBadOnPremValuesAreRefused(t *testing.T) {
 		{"gitlab: {ports: ['443']}\n", "/gitlab/ports/0"},
 		{"executor: {readyTimeout: 2min}\n", "/executor/readyTimeout"},
 		{"executor: {defaultPool: nope}\n", `executor.defaultPool "nope" names no pool: use one of duo-default`},
-		{"pools: [{name: duo-default, template: duo-gvsior, images: ['x/*:*']}]\n", `pools[duo-default].template "duo-gvsior": no templates[] entry has that name`},
+		{"pools: [{name: duo-default, template: duo-gvsior, images: ['x/ci:1']}]\n", `pools[duo-default].template "duo-gvsior": no templates[] entry has that name`},
 		{"gitlab: {cidrs: [10.20.0.5]}\n", `gitlab.cidrs "10.20.0.5" is not a CIDR`},
 		{"gitlab: {cidrs: [10.20.0.300/32]}\n", `gitlab.cidrs "10.20.0.300/32" is not a CIDR`},
 		{"templates: [{name: duo-gvisor, image: 'r.example/ci:1', egress: direct}]\n", "templates[duo-gvisor].egress direct needs gitlab.cidrs"},
@@ -363,7 +363,7 @@ func refusedRaw(t *testing.T, values, want string) {
 func TestNotesNameTheExampleValues(t *testing.T) {
 	notes := helmchart.Notes(t, "ci", "ci-sandbox", "gitlab: {cidrs: [192.0.2.10/32]}\njobDefaults: {fence: {allow: ['192.0.2.10:443']}}\n")
 	for _, want := range []string{"images.repository registry.example.com/sandbox-executor", "templates[duo-gvisor].image registry.example.com/duo/ci:bookworm",
-		"pools images registry.example.com/duo/ci:*", "gitlab.url https://gitlab.example.com", "gitlab.cidrs 192.0.2.10/32", "jobDefaults.fence 192.0.2.10:443",
+		"pools images registry.example.com/duo/ci:bookworm", "gitlab.url https://gitlab.example.com", "gitlab.cidrs 192.0.2.10/32", "jobDefaults.fence 192.0.2.10:443",
 		"kubectl label namespace ci-sandbox pod-security.kubernetes.io/enforce=privileged"} {
 		if !strings.Contains(notes, want) {
 			t.Errorf("NOTES.txt does not name %q:\n%s", want, notes)
@@ -373,7 +373,7 @@ func TestNotesNameTheExampleValues(t *testing.T) {
 images: {repository: registry.corp.example/sandbox-executor}
 gitlab: {url: "https://gitlab.corp.example"}
 templates: [{name: duo-gvisor, image: "registry.corp.example/ci:1", egress: proxied}]
-pools: [{name: duo-default, template: duo-gvisor, images: ["registry.corp.example/ci:*"]}]
+pools: [{name: duo-default, template: duo-gvisor, images: ["registry.corp.example/ci:1"]}]
 `)
 	if strings.Contains(set, "WARNING") {
 		t.Errorf("NOTES.txt warns with every value set:\n%s", set)

@@ -157,14 +157,14 @@ jobDefaults:
     requests: {cpu: 50m, memory: 64Mi, ephemeral-storage: 256Mi}
     limits: {cpu: "1", memory: 512Mi, ephemeral-storage: 1Gi}
 templates:
-  - {name: posix-gvisor, image: %q, bakeAgent: false, command: ["sleep", "infinity"], runnerIngress: false, egress: none}
+  - {name: posix-gvisor, image: %[2]q, bakeAgent: false, command: ["sleep", "infinity"], runnerIngress: false, egress: none}
 pools:
-  - name: %s
+  - name: %[3]s
     template: posix-gvisor
     replicas: 1
-    images: ["sandbox-executor.local/posix:*"]
+    images: [%[2]q]
     autoscaling: {minReplicas: 1, maxReplicas: 4, claimsPerSandbox: 1, scaleDownAfterSeconds: 5}
-executor: {defaultPool: %s}
+executor: {defaultPool: %[4]s}
 runner: {enabled: false}
 gc: {enabled: false}
 metricsAdapter: {enabled: true}

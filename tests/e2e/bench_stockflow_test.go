@@ -40,8 +40,8 @@ func BenchmarkStockFlowStartup(b *testing.B) {
 	defer npm.Close()
 	cluster := clusterjobs.Connect(b)
 	c := newRunner(b, cluster, localcluster.Config{Extra: helper, Pools: []localcluster.PoolConfig{
-		{Name: flowPool, Images: []string{flowImages}, EgressProxy: flowEgressAdmin, EgressInstance: true, EgressAllow: []string{npm.Host + ":80"}},
-		{Name: hardenedPool, Images: []string{hardenedImages}, EgressProxy: flowEgressAdmin, EgressInstance: true},
+		{Name: flowPool, Images: []string{flowImage}, ServeOtherTags: true, EgressProxy: flowEgressAdmin, EgressInstance: true, EgressAllow: []string{npm.Host + ":80"}},
+		{Name: hardenedPool, Images: []string{hardenedImage}, ServeOtherTags: true, EgressProxy: flowEgressAdmin, EgressInstance: true},
 	}})
 	base, err := inst.CreateProject()
 	if err != nil {

@@ -29,7 +29,7 @@ func coldRunner(t *testing.T) *clusterjobs.Runner {
 	return c.NewRunner(t, "e2e-cold", `unknown_image = "cold"
 cold_template = "`+localcluster.Template+`"
 cold_images = ["sandbox-executor.local/posix:*"]`,
-		clusterjobs.Pool{Name: localcluster.Pool, Images: []string{"sandbox-executor.local/ci:*"}})
+		clusterjobs.Pool{Name: localcluster.Pool, Images: []string{localcluster.CIImage}})
 }
 
 // An image no pool serves but cold_images allows runs in a Sandbox created from cold_template with
@@ -109,7 +109,7 @@ func TestColdImageRefusesUnlistedImage(t *testing.T) {
 		t.Fatalf("prepare exited %d, want BUILD_FAILURE (%d)\n%s", res.ExitCode, clusterjobs.BuildFailure, res.Output())
 	}
 	msg := strings.TrimSpace(res.Output())
-	mustContain(t, "prepare output", msg, `image not allowed: "sandbox-executor.local/unlisted:latest"`, "allowed images are sandbox-executor.local/ci:*",
+	mustContain(t, "prepare output", msg, `image not allowed: "sandbox-executor.local/unlisted:latest"`, "no pool runs it (pool "+localcluster.Pool+" serves "+localcluster.CIImage+")",
 		`cold starts (unknown_image = "cold") allow sandbox-executor.local/posix:*`)
 	if strings.Contains(msg, "\n") {
 		t.Errorf("not one line:\n%s", msg)

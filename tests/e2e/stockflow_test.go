@@ -29,11 +29,10 @@ import (
 // the duo-flow pools of the chart's values-duo-flow.yaml, as deploy/local/values.yaml has them on the local cluster, serving the stand-ins of
 // GitLab's flow images (tests/cluster/images-duo.sh) through the egress proxy.
 const (
-	flowPool       = "duo-flow"
-	flowImages     = "registry.gitlab.com/gitlab-org/duo-workflow/default-docker-image/workflow-generic-image:*"
-	hardenedPool   = "duo-flow-hardened"
-	hardenedImages = "registry.gitlab.com/gitlab-org/duo-workflow/default-docker-image/workflow-generic-image-hardened:*"
-	hardenedImage  = "registry.gitlab.com/gitlab-org/duo-workflow/default-docker-image/workflow-generic-image-hardened:v0.0.7"
+	flowPool      = "duo-flow"
+	flowImage     = "registry.gitlab.com/gitlab-org/duo-workflow/default-docker-image/workflow-generic-image:v0.0.6"
+	hardenedPool  = "duo-flow-hardened"
+	hardenedImage = "registry.gitlab.com/gitlab-org/duo-workflow/default-docker-image/workflow-generic-image-hardened:v0.0.7"
 	// flowEgressAdmin is the proxy of these pools: deploy/local's (tests/cluster/egress-proxy.sh).
 	flowEgressAdmin = egressAdmin
 )
@@ -68,7 +67,7 @@ func TestStockDuoFlow(t *testing.T) {
 	defer npm.Close()
 	// The instance is granted from the job itself; only the npm registry is the pool's.
 	pools := append([]localcluster.PoolConfig{
-		{Name: flowPool, Images: []string{flowImages}, EgressProxy: flowEgressAdmin, EgressInstance: true, EgressAllow: []string{npm.Host + ":80"}},
+		{Name: flowPool, Images: []string{flowImage}, ServeOtherTags: true, EgressProxy: flowEgressAdmin, EgressInstance: true, EgressAllow: []string{npm.Host + ":80"}},
 	}, localcluster.Pools(pool)...)
 	c := newRunner(t, clusterjobs.Connect(t), localcluster.Config{Pools: pools, Extra: helper})
 	base, err := inst.CreateProject()
@@ -205,7 +204,7 @@ func TestStockDuoFlowHardenedImage(t *testing.T) {
 	}
 	defer inst.Close()
 	pools := append([]localcluster.PoolConfig{
-		{Name: hardenedPool, Images: []string{hardenedImages}, EgressProxy: flowEgressAdmin, EgressInstance: true},
+		{Name: hardenedPool, Images: []string{hardenedImage}, ServeOtherTags: true, EgressProxy: flowEgressAdmin, EgressInstance: true},
 	}, localcluster.Pools(pool)...)
 	c := newRunner(t, clusterjobs.Connect(t), localcluster.Config{Pools: pools, Extra: helper})
 	base, err := inst.CreateProject()

@@ -33,7 +33,7 @@ func install(t *testing.T, socket string) (self, cfg string) {
 	if socket != "" {
 		text += fmt.Sprintf("stage_server = %q\n", socket)
 	}
-	text += "[[pool]]\nname = \"duo\"\nimages = [\"*\"]\n"
+	text += "[[pool]]\nname = \"duo\"\nimages = [\"ci:bookworm\"]\n"
 	if err := os.WriteFile(cfg, []byte(text), 0o600); err != nil {
 		t.Fatal(err)
 	}

@@ -57,6 +57,12 @@ cold_images = ["tools/*:*"]`
 // newHarnessWithConfig adds extra to the top-level keys of the executor's config.
 func newHarnessWithConfig(t *testing.T, image, extra string) *harness {
 	t.Helper()
+	return newHarnessWithPool(t, image, extra, `images = ["ci:bookworm"]`)
+}
+
+// newHarnessWithPool also gives the pool poolKeys instead of its image, the one its pods run.
+func newHarnessWithPool(t *testing.T, image, extra, poolKeys string) *harness {
+	t.Helper()
 	tmp := t.TempDir()
 	agentBin := filepath.Join(tmp, "agent-binary")
 	os.WriteFile(agentBin, []byte("\x7fELF stand-in"), 0o755)
@@ -68,8 +74,8 @@ agent_binary = %q
 %s
 [[pool]]
 name = %q
-images = ["ci:*"]
-`, fakecluster.Namespace, fakecluster.Pool, agentBin, extra, fakecluster.Pool)), 0o600)
+%s
+`, fakecluster.Namespace, fakecluster.Pool, agentBin, extra, fakecluster.Pool, poolKeys)), 0o600)
 	job := map[string]any{
 		"id": 777, "token": "glcbt-64_s3cr3tJobT0ken",
 		"job_info":    map[string]any{"project_id": 12},
@@ -196,7 +202,7 @@ func TestPermanentErrorsAreBuildFailuresWithOneLine(t *testing.T) {
 		edit        func(h *harness)
 		want        string
 	}{
-		{"image not allowed", "evil/miner:latest", nil, `image not allowed: "evil/miner:latest": allowed images are ci:*`},
+		{"image not allowed", "evil/miner:latest", nil, `image not allowed: "evil/miner:latest": no pool runs it (pool duo-default serves ci:bookworm)`},
 		{"bad config", "ci:1", func(h *harness) { os.WriteFile(h.env[config.EnvVar], []byte("namespace = 3\n"), 0o600) }, "namespace"},
 		{"missing config", "ci:1", func(h *harness) { h.env[config.EnvVar] = "/nonexistent/config.toml" }, "config /nonexistent/config.toml: file not found"},
 	} {
@@ -341,7 +347,7 @@ func TestColdStartJobLifecycle(t *testing.T) {
 	refused := newHarnessWithConfig(t, "evil/tools:1", coldConfig)
 	code, out, errOut := refused.run("prepare")
 	if code != 1 || out != "" || strings.Count(strings.TrimSpace(errOut), "\n") > 0 ||
-		!strings.Contains(errOut, `image not allowed: "evil/tools:1": allowed images are ci:*; cold starts (unknown_image = "cold") allow tools/*:*`) {
+		!strings.Contains(errOut, `image not allowed: "evil/tools:1": no pool runs it (pool `+fakecluster.Pool+` serves ci:bookworm); cold starts (unknown_image = "cold") allow tools/*:*`) {
 		t.Errorf("an image in neither list: exit %d, stderr %q; want BUILD_FAILURE (1) with one line naming both lists", code, errOut)
 	}
 	if list, _ := refused.cluster.Sandboxes.AgentsV1beta1().Sandboxes(fakecluster.Namespace).List(context.Background(), metav1.ListOptions{}); len(list.Items) != 0 {
@@ -519,6 +525,47 @@ func TestPrepareFailsClosedOnTheFence(t *testing.T) {
 				return strings.Contains(line, "ERROR: ") && strings.Contains(line, tc.want)
 			}) {
 				t.Errorf("the refusal is not one ERROR line:\n%s", errOut)
+			}
+		})
+	}
+}
+
+// A job runs in the image it asked for. The fake pool's pods run ci:bookworm: a pool lists it
+// exactly (any spelling the runtime resolves alike); another tag runs there only with
+// serve_other_tags, and the job log then warns in one line with both images; a pool listing an
+// image its pods do not run fails the job in one line and releases the claim; a tag no pool
+// serves is refused before anything is claimed.
+func TestJobRunsInTheImageItAskedFor(t *testing.T) {
+	const warning = "WARNING: The job asked for image ci:trixie but runs in ci:bookworm, the image of pool duo-default (serve_other_tags = true)"
+	for _, tc := range []struct {
+		name, image, poolKeys string
+		code                  int
+		want                  string
+		claimed               bool
+	}{
+		{"exact", "docker.io/library/ci:bookworm", `images = ["ci:bookworm"]`, 0, "Sandbox ready", true},
+		{"another tag, served explicitly", "ci:trixie", "images = [\"ci:bookworm\"]\nserve_other_tags = true", 0, warning, true},
+		{"another tag, refused", "ci:trixie", `images = ["ci:bookworm"]`, 1,
+			`image not allowed: "ci:trixie": no pool runs it (pool duo-default serves ci:bookworm); remove image: from the job to run in default_pool duo-default`, false},
+		{"a listed image the pool does not run", "ci:trixie", `images = ["ci:bookworm", "ci:trixie"]`, 1,
+			"pool duo-default runs image ci:bookworm, not ci:trixie that the job asks for: list only the image its SandboxTemplate runs in its [[pool]] images", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarnessWithPool(t, tc.image, "", tc.poolKeys)
+			code, out, errOut := h.run("prepare")
+			log := out + errOut
+			if code != tc.code || !strings.Contains(log, tc.want) {
+				t.Fatalf("prepare: exit %d, want %d and %q in\n%s", code, tc.code, tc.want, log)
+			}
+			if lines := slices.DeleteFunc(strings.Split(log, "\n"), func(line string) bool { return !strings.Contains(line, tc.want) }); len(lines) != 1 {
+				t.Errorf("want one line with %q, got %q", tc.want, lines)
+			}
+			if tc.want != warning && strings.Contains(log, "serve_other_tags") {
+				t.Errorf("a job in its own image, or refused, is not warned of another tag:\n%s", log)
+			}
+			_, err := h.cluster.Extensions.ExtensionsV1beta1().SandboxClaims(fakecluster.Namespace).Get(context.Background(), kube.ClaimName("test-runner", 777), metav1.GetOptions{})
+			if claimed := err == nil; claimed != tc.claimed {
+				t.Errorf("claim kept: %t, want %t (a refused job keeps no claim)", claimed, tc.claimed)
 			}
 		})
 	}

@@ -247,7 +247,7 @@ pools:
   - name: duo-default
     template: duo-gvisor
     replicas: 2
-    images: ["sandbox-executor.local/ci:*"]
+    images: ["%[4]s"]
 executor:
   runnerName: %[5]s
   defaultPool: duo-default

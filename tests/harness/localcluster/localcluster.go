@@ -100,8 +100,11 @@ func (e *Env) AgentBinary() string { return filepath.Join(e.BinDir, "sandbox-exe
 
 // PoolConfig is a [[pool]] table of an executor configuration.
 type PoolConfig struct {
-	Name   string
-	Images []string
+	Name string
+	// Images are the exact images the pool's template runs; ServeOtherTags also takes the jobs
+	// naming other tags of them (serve_other_tags).
+	Images         []string
+	ServeOtherTags bool
 	// EgressProxy is the pool's egress_proxy (the proxy's admin URL); empty for none.
 	EgressProxy string
 	// EgressInstance and EgressAllow are the pool's egress grants (docs/egress.md).
@@ -113,8 +116,8 @@ type PoolConfig struct {
 // the POSIX image by PosixPool.
 func Pools(ciPool string) []PoolConfig {
 	return []PoolConfig{
-		{Name: ciPool, Images: []string{"sandbox-executor.local/ci:*"}},
-		{Name: PosixPool, Images: []string{"sandbox-executor.local/posix:*"}},
+		{Name: ciPool, Images: []string{CIImage}},
+		{Name: PosixPool, Images: []string{PosixImage}},
 	}
 }
 
@@ -177,6 +180,9 @@ func (e *Env) WriteConfig(path string, c Config) error {
 				return err
 			}
 			fmt.Fprintf(&b, "images = %s\n", images)
+		}
+		if p.ServeOtherTags {
+			b.WriteString("serve_other_tags = true\n")
 		}
 		if p.EgressProxy != "" {
 			fmt.Fprintf(&b, "egress_proxy = %q\n", p.EgressProxy)

@@ -56,6 +56,10 @@ stage_transport = "exec"
 [[pool]]
 name = {{ .name | quote }}
 images = {{ toJson .images }}
+{{- if .serveOtherTags }}
+# Jobs naming another tag of these images run in this pool's image; their job log warns.
+serve_other_tags = true
+{{- end }}
 {{- if and $ctx.Values.egressProxy.enabled (has .template $proxied) }}
 # Where the run stage reads the blocked attempts of this pool's jobs.
 egress_proxy = {{ printf "http://%s:3129" (include "sandbox-executor.egressProxyHost" $ctx) | quote }}
@@ -90,6 +94,15 @@ egress_allow = {{ toJson . }}
 {{- $pools = append $pools .name -}}
 {{- if not (has .template $templates) -}}
 {{- fail (printf "pools[%s].template %q: no templates[] entry has that name, so the pool serves no image" .name .template) -}}
+{{- end -}}
+{{- $pool := .name -}}
+{{- range .images -}}
+{{- if regexMatch "[*?\\[\\]\\\\]" . -}}
+{{- fail (printf "pools[%s].images %q is a pattern: list the exact image its template runs, and set serveOtherTags: true to serve the jobs that ask for other tags of it" $pool .) -}}
+{{- end -}}
+{{- end -}}
+{{- if and .serveOtherTags (not .images) -}}
+{{- fail (printf "pools[%s].serveOtherTags needs images: the exact image its template runs, whose other tags it serves" .name) -}}
 {{- end -}}
 {{- end -}}
 {{- if not (has $.Values.executor.defaultPool $pools) -}}
