@@ -102,15 +102,18 @@ func TestNetstackFenceHoldsThroughPolicyAgentRestarts(t *testing.T) {
 type window struct{ begin, end time.Time }
 
 // fenceRound runs one job on each runner while enforcement goes down offset after they start
-// and comes back hold later; it returns when the lapse was and records the jobs' pod IPs.
+// and comes back hold later; once it is back, each job reaches the GitLab instance on its pool's
+// route. It returns when the lapse was and records the jobs' pod IPs.
 func fenceRound(t *testing.T, direct, proxied *clusterjobs.Runner, offset, hold time.Duration, jobIPs map[string]string) window {
 	t.Helper()
 	var lapse window
+	restored := make(chan struct{})
 	var mu sync.Mutex
 	var wg sync.WaitGroup
 	start := time.Now()
 	wg.Go(func() {
-		time.Sleep(start.Add(offset + 1500*time.Millisecond).Sub(time.Now()))
+		defer close(restored)
+		time.Sleep(time.Until(start.Add(offset + 1500*time.Millisecond)))
 		lapse.begin = time.Now()
 		if err := clusterjobs.RunScript("networkpolicy.sh", "enforcement-down"); err != nil {
 			t.Error(err)
@@ -122,9 +125,15 @@ func fenceRound(t *testing.T, direct, proxied *clusterjobs.Runner, offset, hold 
 		}
 	})
 	time.Sleep(1500 * time.Millisecond) // offset is counted from here, and may be negative
-	for _, r := range []*clusterjobs.Runner{direct, proxied} {
+	for _, r := range []struct {
+		runner   *clusterjobs.Runner
+		instance string // the GitLab instance on the pool's route
+	}{
+		{direct, "curl -sS --noproxy '*' --max-time 10 http://" + gitlab + "/"},
+		{proxied, "curl -sS --max-time 20 http://gitlab.sandbox.test/"},
+	} {
 		wg.Go(func() {
-			j := r.NewJob(t, clusterjobs.JobSpec{})
+			j := r.runner.NewJob(t, clusterjobs.JobSpec{})
 			defer j.Cleanup(t)
 			if res := j.Stage(t, "config"); res.ExitCode != 0 {
 				t.Errorf("job %d: config exited %d\n%s", j.ID, res.ExitCode, res.Output())
@@ -149,24 +158,13 @@ echo loop-done
 			if strings.Contains(res.Output(), "REACHED") || !strings.Contains(res.Output(), "loop-done") {
 				t.Errorf("job %d (pod %s): the loop reached the internet or did not finish:\n%s", j.ID, pod.Name, res.Output())
 			}
+			<-restored
+			if res := j.Run(t, r.instance); res.ExitCode != 0 || !strings.Contains(res.Output(), "gitlab") {
+				t.Errorf("job %d (pod %s): the GitLab instance is not reachable once enforcement is back (exit %d):\n%s", j.ID, pod.Name, res.ExitCode, res.Output())
+			}
 		})
 	}
 	wg.Wait()
-	// Enforcement is back: the instance answers again, on the route each pool has.
-	for _, r := range []struct {
-		runner *clusterjobs.Runner
-		script string
-	}{
-		{direct, "curl -sS --noproxy '*' --max-time 10 http://" + gitlab + "/"},
-		{proxied, "curl -sS --max-time 20 http://gitlab.sandbox.test/"},
-	} {
-		j := r.runner.NewJob(t, clusterjobs.JobSpec{})
-		j.Prepare(t)
-		if out := j.MustRun(t, r.script).Output(); !strings.Contains(out, "gitlab") {
-			t.Errorf("job %d: the GitLab instance is not reachable once enforcement is back:\n%s", j.ID, out)
-		}
-		j.Cleanup(t)
-	}
 	return lapse
 }
 
