@@ -195,7 +195,7 @@ e2e: build images $(GOTESTSUM)
 # Jobs that try to break out of their sandbox (kernel, API, network, resources, privileges,
 # secrets, leftovers, RBAC) and must fail; independent jobs run concurrently.
 security: build $(GOTESTSUM)
-	SANDBOX_EXECUTOR_BIN=$(BIN) $(call gotest,standard-verbose) -tags security -count=1 -parallel 4 -timeout 20m ./tests/security/...
+	SANDBOX_EXECUTOR_BIN=$(BIN) $(call gotest,standard-verbose) -tags security -count=1 -parallel 4 -timeout 30m ./tests/security/...
 
 # Adds the slow cases (a stage silent for 10 minutes).
 e2e-long: build
