@@ -8,7 +8,7 @@
 // and its exit code. The server runs the stage with connections and caches that outlive a job.
 //
 // The socket is local and private: it lives in a directory only its owner can enter, the socket
-// itself is 0600, and the server answers only peers of its own user or root (SO_PEERCRED). What
+// itself is 0600, and the server answers only peers of its own user, not even root (SO_PEERCRED). What
 // crosses it (the stage's environment, which holds the job's variables) never touches a network.
 // A stage that cannot reach the server (no socket, nobody listening) runs in its own process, as
 // without one; a server that goes away mid-stage is a system failure, which the runner retries.
