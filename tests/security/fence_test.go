@@ -126,12 +126,7 @@ func waitClaimCreated(t *testing.T, c *clusterjobs.Cluster, j *clusterjobs.Job) 
 // fenceJob prepares the job and, once it has a pod, tries "the internet" first thing; reaching it
 // fails the test. It runs on a goroutine of its own, so it reports with Errorf, never Fatalf.
 func fenceJob(t *testing.T, j *clusterjobs.Job, prepared *atomic.Int32) {
-	if res := j.Stage(t, "config"); res.ExitCode != 0 {
-		t.Errorf("job %d: config exited %d\n%s", j.ID, res.ExitCode, res.Output())
-		return
-	}
-	if prep := j.Stage(t, "prepare"); prep.ExitCode != 0 {
-		t.Errorf("job %d: prepare exited %d\n%s", j.ID, prep.ExitCode, prep.Output())
+	if !j.TryPrepare(t) {
 		return
 	}
 	prepared.Add(1)

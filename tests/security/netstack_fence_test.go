@@ -135,12 +135,7 @@ func fenceRound(t *testing.T, direct, proxied *clusterjobs.Runner, offset, hold 
 		wg.Go(func() {
 			j := r.runner.NewJob(t, clusterjobs.JobSpec{})
 			defer j.Cleanup(t)
-			if res := j.Stage(t, "config"); res.ExitCode != 0 {
-				t.Errorf("job %d: config exited %d\n%s", j.ID, res.ExitCode, res.Output())
-				return
-			}
-			if res := j.Stage(t, "prepare"); res.ExitCode != 0 {
-				t.Errorf("job %d: prepare exited %d\n%s", j.ID, res.ExitCode, res.Output())
+			if !j.TryPrepare(t) {
 				return
 			}
 			pod := j.PodObject(t)

@@ -337,6 +337,20 @@ func (j *Job) Prepare(t testing.TB) Result {
 	return res
 }
 
+// TryPrepare runs config and prepare for a test goroutine, where Fatal must not be called: a
+// stage that fails is reported with Errorf, and TryPrepare says whether the job has its pod. It
+// registers no cleanup: the caller cleans up.
+func (j *Job) TryPrepare(t testing.TB) bool {
+	t.Helper()
+	for _, stage := range []string{"config", "prepare"} {
+		if res := j.Stage(t, stage); res.ExitCode != 0 {
+			t.Errorf("job %d: %s exited %d\n%s", j.ID, stage, res.ExitCode, res.Output())
+			return false
+		}
+	}
+	return true
+}
+
 // cleanupAtEnd cleans the job up at the end of the test unless the test did.
 func (j *Job) cleanupAtEnd(t testing.TB) {
 	t.Cleanup(func() {
