@@ -282,23 +282,14 @@ func superviseCommand(args []string) error {
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	// fd 3 came from the start command without close-on-exec: keep the stage from inheriting it,
-	// or the start command would wait for the ready pipe until the whole stage ends.
-	syscall.CloseOnExec(3)
-	ready := os.NewFile(3, "ready")
-	fail := func(err error) error {
-		fmt.Fprint(ready, err.Error())
-		ready.Close()
-		return err
-	}
+	ready := openReadyPipe()
 	// The stage in a process group of its own, in this supervisor's session: kill stops the
 	// group and sweeps the session, sparing the supervisor so it records the status.
 	cmd, err := startStage(*dir, *shell, &syscall.SysProcAttr{Setpgid: true}, os.Getpid())
 	if err != nil {
-		return fail(err)
+		return ready.fail(err)
 	}
-	fmt.Fprint(ready, "ok")
-	ready.Close()
+	ready.ok()
 	code := exitCode(cmd.Wait())
 	return writeFileAtomic(filepath.Join(*dir, "status"), []byte(strconv.Itoa(code)), 0o600)
 }
@@ -402,4 +393,27 @@ func follow(dir string, offset int64, stdout, ctrl io.Writer) (int, error) {
 		time.Sleep(wait)
 		wait = min(wait*2, maxPoll)
 	}
+}
+
+// readyPipe is fd 3, on which the command that started this one waits for "ok" or what failed.
+type readyPipe struct{ *os.File }
+
+// openReadyPipe takes fd 3, which came without close-on-exec: what this process starts must not
+// inherit it, or the waiting command would wait until that ends too.
+func openReadyPipe() readyPipe {
+	syscall.CloseOnExec(3)
+	return readyPipe{os.NewFile(3, "ready")}
+}
+
+// ok says this process is up.
+func (r readyPipe) ok() {
+	fmt.Fprint(r, "ok")
+	r.Close()
+}
+
+// fail says why this process could not start, and returns err.
+func (r readyPipe) fail(err error) error {
+	fmt.Fprint(r, err.Error())
+	r.Close()
+	return err
 }

@@ -82,18 +82,12 @@ func (a *Agent) daemonCommand(args []string) error {
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	syscall.CloseOnExec(3)
-	ready := os.NewFile(3, "ready")
-	fail := func(err error) error {
-		fmt.Fprint(ready, err.Error())
-		ready.Close()
-		return err
-	}
+	ready := openReadyPipe()
 	base := filepath.Dir(a.stagesDir)
 	_ = os.Remove(a.daemonSocket())
 	ln, err := net.Listen("unix", a.daemonSocket())
 	if err != nil {
-		return fail(err)
+		return ready.fail(err)
 	}
 	// The pid lets tests that run the agent on the host stop the daemon they started.
 	_ = writeFileAtomic(filepath.Join(base, "daemon.pid"), []byte(strconv.Itoa(os.Getpid())), 0o600)
@@ -107,11 +101,10 @@ func (a *Agent) daemonCommand(args []string) error {
 	}
 	if *listen != "" {
 		if err := a.listenNetwork(*listen); err != nil {
-			return fail(fmt.Errorf("serving the network path: %w", err))
+			return ready.fail(fmt.Errorf("serving the network path: %w", err))
 		}
 	}
-	fmt.Fprint(ready, "ok")
-	ready.Close()
+	ready.ok()
 	for {
 		conn, err := ln.Accept()
 		if err != nil {
