@@ -16,12 +16,7 @@ import (
 	"testing"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
-	networkingv1 "k8s.io/api/networking/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/util/wait"
-	"k8s.io/utils/ptr"
 
 	"github.com/sandbox-executor/sandbox-executor/tests/harness/clusterjobs"
 	"github.com/sandbox-executor/sandbox-executor/tests/harness/localcluster"
@@ -79,27 +74,37 @@ func TestNetstackFenceHoldsThroughPolicyAgentRestarts(t *testing.T) {
 	clusterjobs.RestoreAfterBreak(t, func() error { return clusterjobs.RunScript("networkpolicy.sh", "up") })
 
 	jobIPs := map[string]string{}
+	var lapses []window
 	for round := 1; round <= fenceRounds; round++ {
 		// The lapse begins from 1.5 s before the job's prepare to 3 s after it, and lasts 1-3 s.
 		offset := time.Duration(rng.Int64N(int64(4500*time.Millisecond))) - 1500*time.Millisecond
 		hold := time.Second + time.Duration(rng.Int64N(int64(2*time.Second)))
 		t.Logf("round %d: enforcement down %s after the jobs start, for %s", round, offset, hold)
 		lapse := fenceRound(t, direct, proxied, offset, hold, jobIPs)
-		if n := packets.from(canaryIP, lapse.begin, lapse.end); n == 0 {
+		if n := packets.from(canaryIP, lapse.begin, lapse.restored); n == 0 {
 			t.Fatalf("round %d: the canary %s reached %s not once while enforcement was down (%s to %s): the fault did not open the NetworkPolicy layer, so this round proved nothing",
-				round, canaryIP, internet, lapse.begin.Format(time.RFC3339Nano), lapse.end.Format(time.RFC3339Nano))
+				round, canaryIP, internet, lapse.begin.Format(time.RFC3339Nano), lapse.restored.Format(time.RFC3339Nano))
 		}
+		lapses = append(lapses, lapse)
 	}
 	time.Sleep(time.Second) // tcpdump's last lines
+	// NetworkPolicy holds the canary whenever it is enforced: what it let through came in the lapses.
+	outside := packets.from(canaryIP, time.Time{}, time.Now())
+	for _, l := range lapses {
+		outside -= packets.from(canaryIP, l.begin, l.restored)
+	}
+	if outside != 0 {
+		t.Errorf("the canary %s reached %s %d times while NetworkPolicy was enforced: it is not fenced by the template's policy, so it proves no lapse", canaryIP, internet, outside)
+	}
 	for ip, job := range jobIPs {
 		if n := packets.from(ip, time.Time{}, time.Now()); n != 0 {
 			t.Errorf("%s (%s) sent %d packets that reached %s", job, ip, n, internet)
 		}
 	}
-	t.Logf("%d rounds: the canary reached %s %d times, the jobs' pods (%d) never", fenceRounds, internet, packets.from(canaryIP, time.Time{}, time.Now()), len(jobIPs))
+	t.Logf("%d rounds: the canary reached %s %d times, all during the lapses; the jobs' pods (%d) never", fenceRounds, internet, packets.from(canaryIP, time.Time{}, time.Now()), len(jobIPs))
 }
 
-type window struct{ begin, end time.Time }
+type window struct{ begin, end, restored time.Time }
 
 // fenceRound runs one job on each runner while enforcement goes down offset after they start
 // and comes back hold later; once it is back, each job reaches the GitLab instance on its pool's
@@ -123,6 +128,7 @@ func fenceRound(t *testing.T, direct, proxied *clusterjobs.Runner, offset, hold 
 		if err := clusterjobs.RunScript("networkpolicy.sh", "up"); err != nil {
 			t.Error(err)
 		}
+		lapse.restored = time.Now()
 	})
 	time.Sleep(1500 * time.Millisecond) // offset is counted from here, and may be negative
 	for _, r := range []struct {
@@ -138,7 +144,11 @@ func fenceRound(t *testing.T, direct, proxied *clusterjobs.Runner, offset, hold 
 			if !j.TryPrepare(t) {
 				return
 			}
-			pod := j.PodObject(t)
+			pod, err := r.runner.Admin.Kube.CoreV1().Pods(clusterjobs.Namespace).Get(context.Background(), j.Pod, metav1.GetOptions{})
+			if err != nil {
+				t.Errorf("job %d: its pod: %v", j.ID, err)
+				return
+			}
 			mu.Lock()
 			jobIPs[pod.Status.PodIP] = fmt.Sprintf("job %d (pod %s)", j.ID, pod.Name)
 			mu.Unlock()
@@ -266,76 +276,31 @@ func captureTo(t *testing.T, dst string) *packetLog {
 	return c
 }
 
-// startCanary runs a gVisor pod that NetworkPolicy alone fences (the default template's
-// policy selects it; it has no netstack fence) and that curls "the internet" every 100 ms. It
-// reaches it only while enforcement is down; it returns the pod's IP.
+// startCanary curls "the internet" every 100 ms from the pod of a pool that NetworkPolicy alone
+// fences (the default template without its netstack fence, policyOnlyPool) until the test ends.
+// It reaches it only while enforcement is down; it returns the pod's IP.
 func startCanary(t *testing.T, c *clusterjobs.Cluster) string {
 	t.Helper()
+	pool := policyOnlyPool(t, c, "sec-nsfence-canary", 1)
 	ctx := t.Context()
-	policy := templatePolicy(t, c, localcluster.Template)
-	tmpl, err := c.Admin.Extensions.ExtensionsV1beta1().SandboxTemplates(clusterjobs.Namespace).Get(ctx, localcluster.Template, metav1.GetOptions{})
+	warm, err := c.Admin.Extensions.ExtensionsV1beta1().SandboxWarmPools(clusterjobs.Namespace).Get(ctx, pool, metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	job := tmpl.Spec.PodTemplate.Spec.Containers[0]
-	pod := &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Name: "sec-nsfence-canary", Namespace: clusterjobs.Namespace, Labels: policy.Spec.PodSelector.MatchLabels},
-		Spec: corev1.PodSpec{
-			RuntimeClassName:              tmpl.Spec.PodTemplate.Spec.RuntimeClassName,
-			AutomountServiceAccountToken:  ptr.To(false),
-			TerminationGracePeriodSeconds: ptr.To[int64](1),
-			Containers: []corev1.Container{{
-				Name: "canary", Image: job.Image, ImagePullPolicy: corev1.PullNever,
-				Command: []string{"sh", "-c", "while :; do curl -s --connect-timeout 1 --max-time 1 -o /dev/null http://" + internet + "/; sleep 0.1; done"},
-				SecurityContext: &corev1.SecurityContext{
-					AllowPrivilegeEscalation: ptr.To(false),
-					Capabilities:             &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}},
-				},
-			}},
-		},
+	pods, err := c.Admin.Kube.CoreV1().Pods(clusterjobs.Namespace).List(ctx, metav1.ListOptions{LabelSelector: warm.Status.Selector})
+	if err != nil || len(pods.Items) == 0 {
+		t.Fatalf("the pod of pool %s: %v (%d pods)", pool, err, len(pods.Items))
 	}
-	pods := c.Admin.Kube.CoreV1().Pods(clusterjobs.Namespace)
-	_ = pods.Delete(ctx, pod.Name, metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)})
-	if err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
-		_, err := pods.Get(ctx, pod.Name, metav1.GetOptions{})
-		return apierrors.IsNotFound(err), nil
-	}); err != nil {
-		t.Fatalf("an old canary pod is still there: %v", err)
-	}
-	if _, err := pods.Create(ctx, pod, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	pod := pods.Items[0]
+	loop, stop := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_, _ = c.Exec(loop, pod.Name, "sh", "-c", "while :; do curl -s --connect-timeout 1 --max-time 1 -o /dev/null http://"+internet+"/; sleep 0.1; done")
+	}()
 	t.Cleanup(func() {
-		_ = pods.Delete(context.Background(), pod.Name, metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)})
+		stop()
+		<-done
 	})
-	var ip string
-	if err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
-		p, err := pods.Get(ctx, pod.Name, metav1.GetOptions{})
-		if err != nil {
-			return false, err
-		}
-		ip = p.Status.PodIP
-		return p.Status.Phase == corev1.PodRunning && ip != "", nil
-	}); err != nil {
-		t.Fatalf("canary pod: %v", err)
-	}
-	return ip
-}
-
-// templatePolicy is the NetworkPolicy agent-sandbox manages for a template's pods.
-func templatePolicy(t *testing.T, c *clusterjobs.Cluster, template string) *networkingv1.NetworkPolicy {
-	t.Helper()
-	policies, err := c.Admin.Kube.NetworkingV1().NetworkPolicies(clusterjobs.Namespace).List(t.Context(), metav1.ListOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for i, p := range policies.Items {
-		for _, o := range p.OwnerReferences {
-			if o.Kind == "SandboxTemplate" && o.Name == template {
-				return &policies.Items[i]
-			}
-		}
-	}
-	t.Fatalf("no NetworkPolicy owned by SandboxTemplate %s", template)
-	return nil
+	return pod.Status.PodIP
 }

@@ -338,8 +338,8 @@ func (j *Job) Prepare(t testing.TB) Result {
 }
 
 // TryPrepare runs config and prepare for a test goroutine, where Fatal must not be called: a
-// stage that fails is reported with Errorf, and TryPrepare says whether the job has its pod. It
-// registers no cleanup: the caller cleans up.
+// stage that fails is reported with Errorf, and TryPrepare says whether the job has its pod
+// (j.Pod). It registers no cleanup: the caller cleans up.
 func (j *Job) TryPrepare(t testing.TB) bool {
 	t.Helper()
 	for _, stage := range []string{"config", "prepare"} {
@@ -347,6 +347,10 @@ func (j *Job) TryPrepare(t testing.TB) bool {
 			t.Errorf("job %d: %s exited %d\n%s", j.ID, stage, res.ExitCode, res.Output())
 			return false
 		}
+	}
+	if err := j.lookUpPod(); err != nil {
+		t.Error(err)
+		return false
 	}
 	return true
 }
@@ -430,21 +434,28 @@ func (j *Job) AgentExecutor(t testing.TB, exec kube.RemoteExecutor) (kube.Remote
 // controls (the adoption labels it with the claim's UID).
 func SandboxOfClaim(t testing.TB, admin *kube.Clients, claim *extv1beta1.SandboxClaim) string {
 	t.Helper()
+	name, err := sandboxOfClaim(admin, claim)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return name
+}
+
+func sandboxOfClaim(admin *kube.Clients, claim *extv1beta1.SandboxClaim) (string, error) {
 	if name := claim.Status.SandboxStatus.Name; name != "" {
-		return name
+		return name, nil
 	}
 	list, err := admin.Sandboxes.AgentsV1beta1().Sandboxes(claim.Namespace).List(context.Background(), metav1.ListOptions{
 		LabelSelector: extv1beta1.SandboxIDLabel + "=" + string(claim.UID)})
 	if err != nil {
-		t.Fatalf("the sandboxes of claim %s: %v", claim.Name, err)
+		return "", fmt.Errorf("the sandboxes of claim %s: %v", claim.Name, err)
 	}
 	for _, sbx := range list.Items {
 		if ref := metav1.GetControllerOf(&sbx); ref != nil && ref.UID == claim.UID {
-			return sbx.Name
+			return sbx.Name, nil
 		}
 	}
-	t.Fatalf("claim %s names no sandbox and controls none", claim.Name)
-	return ""
+	return "", fmt.Errorf("claim %s names no sandbox and controls none", claim.Name)
 }
 
 // findPod follows the job's claim (or, for a cold start of unknown_image = "cold", its Sandbox of
@@ -452,24 +463,33 @@ func SandboxOfClaim(t testing.TB, admin *kube.Clients, claim *extv1beta1.Sandbox
 // so that it also finds pods the executor refused.
 func (j *Job) findPod(t testing.TB) {
 	t.Helper()
+	if err := j.lookUpPod(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func (j *Job) lookUpPod() error {
 	ctx := context.Background()
 	sandboxName := j.ClaimName()
 	claim, err := j.Admin.Extensions.ExtensionsV1beta1().SandboxClaims(Namespace).Get(ctx, j.ClaimName(), metav1.GetOptions{})
 	switch {
 	case err == nil:
-		sandboxName = SandboxOfClaim(t, j.Admin, claim)
+		if sandboxName, err = sandboxOfClaim(j.Admin, claim); err != nil {
+			return fmt.Errorf("job %d: %v", j.ID, err)
+		}
 	case !apierrors.IsNotFound(err):
-		t.Fatalf("job %d: its claim: %v", j.ID, err)
+		return fmt.Errorf("job %d: its claim: %v", j.ID, err)
 	}
 	sbx, err := j.Admin.Sandboxes.AgentsV1beta1().Sandboxes(Namespace).Get(ctx, sandboxName, metav1.GetOptions{})
 	if err != nil {
-		t.Fatalf("job %d: its sandbox %s (no claim: a cold start): %v", j.ID, sandboxName, err)
+		return fmt.Errorf("job %d: its sandbox %s (no claim: a cold start): %v", j.ID, sandboxName, err)
 	}
 	pod, err := j.Admin.Kube.CoreV1().Pods(Namespace).Get(ctx, kube.PodNameOf(sbx), metav1.GetOptions{})
 	if err != nil {
-		t.Fatalf("job %d: pod of sandbox %s: %v", j.ID, sbx.Name, err)
+		return fmt.Errorf("job %d: pod of sandbox %s: %v", j.ID, sbx.Name, err)
 	}
 	j.Pod, j.PodUID = pod.Name, string(pod.UID)
+	return nil
 }
 
 // PrepareRefused runs config and prepare when prepare is expected to fail, registers the
