@@ -133,13 +133,15 @@ func fenceRound(t *testing.T, direct, proxied *clusterjobs.Runner, offset, hold 
 	time.Sleep(1500 * time.Millisecond) // offset is counted from here, and may be negative
 	for _, r := range []struct {
 		runner   *clusterjobs.Runner
+		spec     clusterjobs.JobSpec
 		instance string // the GitLab instance on the pool's route
 	}{
-		{direct, "curl -sS --noproxy '*' --max-time 10 http://" + gitlab + "/"},
-		{proxied, "curl -sS --max-time 20 http://gitlab.sandbox.test/"},
+		{direct, clusterjobs.JobSpec{}, "curl -sS --noproxy '*' --max-time 10 http://" + gitlab + "/"},
+		// No image: the proxied runner's default pool; the CI image would go to duo-default.
+		{proxied, clusterjobs.JobSpec{NoImage: true}, "curl -sS --max-time 20 http://gitlab.sandbox.test/"},
 	} {
 		wg.Go(func() {
-			j := r.runner.NewJob(t, clusterjobs.JobSpec{})
+			j := r.runner.NewJob(t, r.spec)
 			defer j.Cleanup(t)
 			if !j.TryPrepare(t) {
 				return
@@ -296,7 +298,15 @@ func startCanary(t *testing.T, c *clusterjobs.Cluster) string {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		_, _ = c.Exec(loop, pod.Name, "sh", "-c", "while :; do curl -s --connect-timeout 1 --max-time 1 -o /dev/null http://"+internet+"/; sleep 0.1; done")
+		// An exec stream may end (the API server's connection to the kubelet, an idle timeout):
+		// the loop starts again, so the canary tries in every round.
+		for loop.Err() == nil {
+			out, err := c.Exec(loop, pod.Name, "sh", "-c", "while :; do curl -s --connect-timeout 1 --max-time 1 -o /dev/null http://"+internet+"/; sleep 0.1; done")
+			if loop.Err() == nil {
+				t.Logf("the canary's loop ended (%v: %s); starting it again", err, out)
+				time.Sleep(200 * time.Millisecond)
+			}
+		}
 	}()
 	t.Cleanup(func() {
 		stop()
