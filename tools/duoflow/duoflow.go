@@ -162,18 +162,29 @@ var Script = []string{
 	`git remote set-url origin "http://${DUO_WORKFLOW_GIT_HTTP_USER}:${DUO_WORKFLOW_GIT_HTTP_PASSWORD}@${DUO_WORKFLOW_GIT_HTTP_BASE_URL#http://}/${CI_PROJECT_PATH}.git"`,
 	`command -v duo || echo "duo CLI not in the image: running the stand-in agent step"`,
 	// the stand-in agent step
-	`git checkout -q -b "duo/workflow-${CI_JOB_ID}"`,
-	`sed -i "s|^}$|  farewell: name => 'Goodbye, ' + name + '!',\n}|" index.js`,
-	`echo "assert.strictEqual(app.farewell('Duo'), 'Goodbye, Duo!')" >> test.js`,
+	Change[0], Change[1], Change[2],
 	"npm test",
-	`git add index.js test.js`,
-	`git -c user.name="Duo Agent" -c user.email=duo@example.com commit -q -m "Duo: ${DUO_WORKFLOW_GOAL}"`,
+	Commit[0], Commit[1],
 	"git push -q origin HEAD",
 	`mkdir -p duo-session && git log -1 --format="pushed %H on duo/workflow-${CI_JOB_ID}" > duo-session/summary.txt && cat duo-session/summary.txt`,
 	// egress: the instance answers (positive control), the outside world must not
 	`curl -fsS -o /dev/null "${CI_SERVER_URL}/npm/` + Dependency + `" && echo "egress to the instance: allowed"`,
 	`if curl -sS --connect-timeout 3 --max-time 5 -o /dev/null ` + localcluster.OutsideURL + `; then echo "egress outside: REACHED"; else echo "egress outside: blocked"; fi`,
 }
+
+// Change is the stand-in agent's change to the project, on the job's branch (Branch): a
+// farewell and its test. Commit commits it as the agent.
+var (
+	Change = []string{
+		`git checkout -q -b "duo/workflow-${CI_JOB_ID}"`,
+		`sed -i "s|^}$|  farewell: name => 'Goodbye, ' + name + '!',\n}|" index.js`,
+		`echo "assert.strictEqual(app.farewell('Duo'), 'Goodbye, Duo!')" >> test.js`,
+	}
+	Commit = []string{
+		`git add index.js test.js`,
+		`git -c user.name="Duo Agent" -c user.email=duo@example.com commit -q -m "Duo: ${DUO_WORKFLOW_GOAL}"`,
+	}
+)
 
 // Branch is where job jobID pushes its change.
 func Branch(jobID int64) string { return fmt.Sprintf("duo/workflow-%d", jobID) }
