@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"sigs.k8s.io/yaml"
 
 	"github.com/sandbox-executor/sandbox-executor/internal/testing/helmchart"
@@ -64,13 +66,16 @@ func renderQuickstart(t *testing.T, q *quickstart.Quickstart) {
 	}
 	var namespaces []string
 	var rendered *helmchart.Objects
-	var references [][2]string // kind, name: what kubectl commands name
+	var installArgs []string
+	namespaceLabels := map[string]string{} // what kubectl label namespace sets
+	var references [][2]string             // kind, name: what kubectl commands name
 	for _, args := range argv {
 		switch {
 		case args[0] == "tar":
 			run("tar", args[1:]...)
 		case args[0] == "helm" && len(args) > 1 && args[1] == "install":
-			out := run(helm, append([]string{"template"}, args[2:]...)...)
+			installArgs = args[2:]
+			out := run(helm, append([]string{"template"}, installArgs...)...)
 			if rendered, err = helmchart.Parse(out); err != nil {
 				t.Fatal(err)
 			}
@@ -81,6 +86,12 @@ func renderQuickstart(t *testing.T, q *quickstart.Quickstart) {
 			references = append(references, kubectlReferences(t, args)...)
 			if len(args) > 3 && (args[1] == "create" || args[1] == "label") && args[2] == "namespace" {
 				namespaces = append(namespaces, args[3])
+				if args[1] == "label" {
+					for _, label := range args[4:] {
+						k, v, _ := strings.Cut(label, "=")
+						namespaceLabels[k] = v
+					}
+				}
 			} else {
 				namespaces = append(namespaces, flagValue(args, "--namespace", "-n"))
 			}
@@ -94,6 +105,25 @@ func renderQuickstart(t *testing.T, q *quickstart.Quickstart) {
 	slices.Sort(namespaces)
 	if namespaces = slices.Compact(namespaces); len(namespaces) != 1 || namespaces[0] == "" {
 		t.Errorf("quickstart %s uses namespaces %q, want one, named in every command", q.Name, namespaces)
+	}
+	// The namespace's Pod Security labels are those the chart gives a namespace it renders
+	// (namespace.podSecurity): any other level refuses the job pods the chart makes, or is
+	// looser than it needs.
+	var ns corev1.Namespace
+	withNamespace, err := helmchart.Parse(run(helm, append([]string{"template"}, append(installArgs, "--set", "namespace.create=true")...)...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(withNamespace.OfKind("Namespace")) != 1 {
+		t.Fatalf("helm template with namespace.create=true rendered no Namespace")
+	}
+	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(withNamespace.OfKind("Namespace")[0].Object, &ns); err != nil {
+		t.Fatal(err)
+	}
+	for k, v := range ns.Labels {
+		if strings.HasPrefix(k, "pod-security.kubernetes.io/") && namespaceLabels[k] != v {
+			t.Errorf("quickstart %s labels the namespace %s=%q, the chart %q", q.Name, k, namespaceLabels[k], v)
+		}
 	}
 	for _, ref := range references {
 		if rendered.Find(ref[0], ref[1]) == nil {

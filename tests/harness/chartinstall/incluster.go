@@ -123,9 +123,10 @@ func Install(ctx context.Context, o Options) (*Release, error) {
 	if r.GitLabURL, err = r.exposeInstance(ctx); err != nil {
 		return r, err
 	}
-	// As an operator would make it, with the Pod Security labels the chart would give it.
+	// As an operator would make it, with the Pod Security labels the chart would give it
+	// (namespace.podSecurity: the netstack fence's init container adds NET_ADMIN in the sandbox).
 	if _, err := o.Kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: o.Namespace, Labels: map[string]string{
-		"pod-security.kubernetes.io/enforce": "baseline", "pod-security.kubernetes.io/warn": "restricted"}}}, metav1.CreateOptions{}); err != nil {
+		"pod-security.kubernetes.io/enforce": "privileged", "pod-security.kubernetes.io/warn": "baseline"}}}, metav1.CreateOptions{}); err != nil {
 		return r, err
 	}
 	if err := r.installAgentCA(ctx); err != nil {
