@@ -17,7 +17,8 @@ var GVisorPool = corev1.Taint{Key: "sandbox.gke.io/runtime", Value: "gvisor", Ef
 
 // MarkGVisorNodes labels and taints every node as a GKE Sandbox node pool is. untaint removes
 // the taint again and unlabel the label, each only where this added it; a node is changed on a
-// fresh read each time, so what others change meanwhile is kept.
+// fresh read each time, so what others change meanwhile is kept. They are nil only when the
+// nodes could not be listed (nothing was changed).
 func MarkGVisorNodes(ctx context.Context, kube kubernetes.Interface) (untaint, unlabel func() error, err error) {
 	nodes, err := kube.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
 	if err != nil {
