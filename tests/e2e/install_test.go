@@ -98,7 +98,7 @@ func TestDocumentedInstall(t *testing.T) {
 	q := readQuickstart(t, root, quickstart.DuoFlow)
 	run, err := chartinstall.StartQuickstart(ctx, chartinstall.Options{Root: root, Env: c.Env, Kube: c.Admin.Kube,
 		Namespace: "sbx-install-" + suffix, GitLabNamespace: gitlabNamespace,
-		RunnerToken: inst.GitLab.RunnerToken(), JobImage: flowImage, InstanceCA: ca.CertPEM},
+		InstanceIP: inst.Host, RunnerToken: inst.GitLab.RunnerToken(), JobImage: flowImage, InstanceCA: ca.CertPEM},
 		q, map[string]string{"site-values.yaml": string(site)})
 	cleanupQuickstart(t, run)
 	if err != nil {
@@ -245,7 +245,7 @@ func TestQuickstartsRunAsWritten(t *testing.T) {
 			suffix := name + "-" + strconv.Itoa(os.Getpid())
 			run, err := chartinstall.StartQuickstart(ctx, chartinstall.Options{Root: root, Env: c.Env, Kube: c.Admin.Kube,
 				Namespace: "sbx-qs-" + suffix, GitLabNamespace: "sbx-qs-gitlab-" + suffix,
-				RunnerToken: inst.GitLab.RunnerToken(), JobImage: ciImage}, readQuickstart(t, root, name), nil)
+				InstanceIP: inst.Host, RunnerToken: inst.GitLab.RunnerToken(), JobImage: ciImage}, readQuickstart(t, root, name), nil)
 			cleanupQuickstart(t, run)
 			if err != nil {
 				t.Fatal(err)

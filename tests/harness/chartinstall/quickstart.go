@@ -46,6 +46,9 @@ const (
 // version of a documented file) and the instance's CA. Options.Release is ignored: the docs'
 // release is sandbox-executor. Nothing is installed until Run; Close removes what Run made.
 func StartQuickstart(ctx context.Context, o Options, q *quickstart.Quickstart, files map[string]string) (*Quickstart, error) {
+	if o.InstanceIP == "" {
+		return nil, errors.New("chartinstall: Options.InstanceIP is empty: set the instance's address on the instance network")
+	}
 	tag, err := ImagesTag(o.Root)
 	if err != nil {
 		return nil, err
