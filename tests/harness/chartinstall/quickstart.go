@@ -120,7 +120,7 @@ func (q *Quickstart) Split(prefix ...string) (before, after [][]string) {
 
 // RunCommands runs commands in Dir as the user's shell would, kubectl and helm being the
 // cluster's and the pinned one, with the admin kubeconfig. Where the docs have the user wait
-// (a Deployment whose pod a `kubectl exec deploy/NAME` needs), it waits for its rollout first.
+// (before a `kubectl exec deploy/NAME`), it waits for the namespace's Deployments first.
 // It returns each command's output, and stops at the first that fails.
 func (q *Quickstart) RunCommands(commands [][]string) ([]string, error) {
 	var outputs []string
@@ -150,15 +150,15 @@ func (q *Quickstart) RunCommands(commands [][]string) ([]string, error) {
 	return outputs, nil
 }
 
-// waitForExecTarget waits for the rollout of the Deployment a kubectl exec names.
+// waitForExecTarget waits, before a kubectl exec, for every Deployment of the namespace to be
+// available: the pod exec needs, and what it checks (doctor asks the egress proxy), as a user
+// waits for the install to come up before checking it.
 func (q *Quickstart) waitForExecTarget(args []string) error {
-	for _, a := range args {
-		if name, ok := strings.CutPrefix(a, "deploy/"); ok {
-			_, err := q.Kubectl("-n", q.Namespace, "rollout", "status", "deploy/"+name, "--timeout="+rolloutTimeout.String())
-			return err
-		}
+	if !slices.ContainsFunc(args, func(a string) bool { return strings.HasPrefix(a, "deploy/") }) {
+		return nil
 	}
-	return nil
+	_, err := q.Kubectl("-n", q.Namespace, "wait", "--for=condition=Available", "deployment", "--all", "--timeout="+rolloutTimeout.String())
+	return err
 }
 
 // rolloutTimeout bounds the wait for a Deployment: image start and, for the runner, registration.
