@@ -158,7 +158,20 @@ func (q *Quickstart) waitForExecTarget(args []string) error {
 		return nil
 	}
 	_, err := q.Kubectl("-n", q.Namespace, "wait", "--for=condition=Available", "deployment", "--all", "--timeout="+rolloutTimeout.String())
-	return err
+	if err != nil {
+		return fmt.Errorf("%w\n%s", err, q.Diagnose())
+	}
+	return nil
+}
+
+// Diagnose describes the namespace's pods and events, for a failure message.
+func (q *Quickstart) Diagnose() string {
+	pods, _ := q.Kubectl("-n", q.Namespace, "get", "pods", "-o", "wide")
+	events, _ := q.Kubectl("-n", q.Namespace, "get", "events", "--sort-by=.lastTimestamp")
+	if lines := strings.Split(strings.TrimSpace(events), "\n"); len(lines) > 40 {
+		events = strings.Join(lines[len(lines)-40:], "\n")
+	}
+	return "pods:\n" + pods + "\nevents:\n" + events
 }
 
 // rolloutTimeout bounds the wait for a Deployment: image start and, for the runner, registration.
