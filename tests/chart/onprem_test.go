@@ -12,6 +12,8 @@ import (
 	nodev1 "k8s.io/api/node/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
 	extv1beta1 "sigs.k8s.io/agent-sandbox/extensions/api/v1beta1"
 
 	"github.com/sandbox-executor/sandbox-executor/internal/testing/helmchart"
@@ -436,5 +438,48 @@ templates: [{name: duo-gvisor, image: "r.example/ci:1", egress: direct}]
 	objs.Decode(t, "ConfigMap", "ci-sandbox-executor-config", &cm)
 	if strings.Contains(cm.Data["config.toml"], "egress_admin_token_file") {
 		t.Errorf("no pool is proxied, yet the executor config names the admin token:\n%s", cm.Data["config.toml"])
+	}
+}
+
+// A pod that runs as a non-root user and mounts a Secret readable by its owner and group only
+// must set fsGroup: the kubelet makes such files root-owned otherwise, and the process cannot
+// read them (the egress proxy crash-looped on its admin token so).
+func TestNonRootPodsCanReadTheirSecrets(t *testing.T) {
+	objs := helmchart.Render(t, "ci", "ci-sandbox", `
+gitlab: {url: "https://gitlab.corp.example"}
+runner: {secret: my-token}
+templates: [{name: duo-gvisor, image: "registry.corp.example/ci:1", egress: proxied}]
+pools: [{name: duo-default, template: duo-gvisor, replicas: 2, images: ["registry.corp.example/ci:*"], egressInstance: true}]
+exporter: {enabled: true}
+`)
+	checked := 0
+	for _, kind := range []string{"Deployment", "Job", "CronJob"} {
+		for _, obj := range objs.OfKind(kind) {
+			path := []string{"spec", "template", "spec"}
+			if kind == "CronJob" {
+				path = []string{"spec", "jobTemplate", "spec", "template", "spec"}
+			}
+			var spec corev1.PodSpec
+			raw, _, _ := unstructured.NestedMap(obj.Object, path...)
+			if err := runtime.DefaultUnstructuredConverter.FromUnstructured(raw, &spec); err != nil {
+				t.Fatal(err)
+			}
+			sc := spec.SecurityContext
+			if sc == nil || sc.RunAsUser == nil || *sc.RunAsUser == 0 {
+				continue
+			}
+			for _, v := range spec.Volumes {
+				if v.Secret == nil || v.Secret.DefaultMode == nil || *v.Secret.DefaultMode&0o004 != 0 {
+					continue
+				}
+				checked++
+				if sc.FSGroup == nil {
+					t.Errorf("%s %s runs as uid %d and mounts Secret %s mode %#o without fsGroup: it cannot read it", kind, obj.GetName(), *sc.RunAsUser, v.Secret.SecretName, *v.Secret.DefaultMode)
+				}
+			}
+		}
+	}
+	if checked == 0 {
+		t.Fatal("no non-root pod with a private Secret was rendered: the test checks nothing")
 	}
 }

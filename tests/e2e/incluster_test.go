@@ -98,11 +98,7 @@ func TestInClusterInstall(t *testing.T) {
 	if res.Runner.Version != "17.9.0" {
 		t.Errorf("the job ran on gitlab-runner %q, want 17.9.0", res.Runner.Version)
 	}
-	for _, v := range duo.Variables {
-		if v.Masked && strings.Contains(res.Trace, v.Value) {
-			t.Errorf("the value of %s appears in the trace", v.Key)
-		}
-	}
+	assertNoMaskedValues(t, duo, res.Trace)
 	waitClaimsGone(t, c, ns, kube.LabelJobID+"="+strconv.FormatInt(duo.ID, 10))
 	// The chart's start-runner served prepare and cleanup (runner.stageServer): their lines are
 	// in the runner pod's log, never a stage's fallback to its own process in the trace.
@@ -112,36 +108,8 @@ func TestInClusterInstall(t *testing.T) {
 	}
 	t.Logf("Duo job %d: %s in %s; %s", duo.ID, res.State, res.Duration().Round(time.Millisecond), sandboxReady.FindString(res.Trace))
 
-	// A failing job: the script's exit code reaches GitLab as a script failure.
-	failing := inst.GitLab.NewJob(fakegitlab.JobSpec{Image: ciImage, GitStrategy: "none", Script: []string{"echo about to fail", "exit 3"}})
-	inst.GitLab.Enqueue(failing)
-	res = wait(failing.ID)
-	if res.State != fakegitlab.StateFailed || res.FailureReason != "script_failure" {
-		t.Errorf("failing job %d: %s (%s), want failed (script_failure)\n%s", failing.ID, res.State, res.FailureReason, res.Trace)
-	}
-	mustContain(t, "failing job trace", res.Trace, "about to fail", "ERROR: Job failed: exit status 3")
-	waitClaimsGone(t, c, ns, kube.LabelJobID+"="+strconv.FormatInt(failing.ID, 10))
-
-	// A canceled job: GitLab cancels it while its stage runs; the runner stops it and cleanup
-	// releases the sandbox.
-	canceled := inst.GitLab.NewJob(fakegitlab.JobSpec{Image: ciImage, GitStrategy: "none", Script: []string{"echo waiting-for-cancel", "sleep 600", "echo NOT-CANCELED"}})
-	inst.GitLab.Enqueue(canceled)
-	{
-		ctx, cancel := context.WithTimeout(ctx, inClusterTimeout)
-		if res, err := inst.GitLab.WaitForTrace(ctx, canceled.ID, "waiting-for-cancel"); err != nil {
-			cancel()
-			t.Fatalf("job %d never started its stage: %v\n%s\nrunner pod log:\n%s", canceled.ID, err, res.Trace, r.RunnerLog())
-		}
-		cancel()
-	}
-	if err := inst.GitLab.Cancel(canceled.ID); err != nil {
-		t.Fatal(err)
-	}
-	res = wait(canceled.ID)
-	if res.State != fakegitlab.StateCanceled || strings.Contains(res.Trace, "NOT-CANCELED") {
-		t.Errorf("canceled job %d: %s, want canceled before the stage ended\n%s", canceled.ID, res.State, res.Trace)
-	}
-	waitClaimsGone(t, c, ns, kube.LabelJobID+"="+strconv.FormatInt(canceled.ID, 10))
+	assertFailingJob(t, c, inst, ns, ciImage, wait)
+	assertCanceledJob(t, c, inst, ns, ciImage, wait, r.RunnerLog)
 
 	// gc from its CronJob: an expired claim of this runner that agent-sandbox keeps (policy
 	// Retain), as one left by a runner that died, is deleted; gc runs as its own ServiceAccount.
@@ -159,6 +127,52 @@ func TestInClusterInstall(t *testing.T) {
 		t.Fatal(err)
 	}
 	assertNothingLeft(t, c, r)
+}
+
+// assertNoMaskedValues: no masked variable of job appears in its trace.
+func assertNoMaskedValues(t *testing.T, job fakegitlab.Job, trace string) {
+	t.Helper()
+	for _, v := range job.Variables {
+		if v.Masked && strings.Contains(trace, v.Value) {
+			t.Errorf("the value of %s appears in the trace", v.Key)
+		}
+	}
+}
+
+// assertFailingJob: a job in image whose script exits 3 reaches GitLab as a script failure with
+// that code, and its claim in ns goes.
+func assertFailingJob(t *testing.T, c *clusterjobs.Cluster, inst *duoflow.Instance, ns, image string, wait func(int64) fakegitlab.Result) {
+	t.Helper()
+	failing := inst.GitLab.NewJob(fakegitlab.JobSpec{Image: image, GitStrategy: "none", Script: []string{"echo about to fail", "exit 3"}})
+	inst.GitLab.Enqueue(failing)
+	res := wait(failing.ID)
+	if res.State != fakegitlab.StateFailed || res.FailureReason != "script_failure" {
+		t.Errorf("failing job %d: %s (%s), want failed (script_failure)\n%s", failing.ID, res.State, res.FailureReason, res.Trace)
+	}
+	mustContain(t, "failing job trace", res.Trace, "about to fail", "ERROR: Job failed: exit status 3")
+	waitClaimsGone(t, c, ns, kube.LabelJobID+"="+strconv.FormatInt(failing.ID, 10))
+}
+
+// assertCanceledJob: GitLab cancels a job in image while its stage runs; the runner stops it,
+// GitLab has it canceled before the stage ended, and cleanup releases its claim in ns.
+func assertCanceledJob(t *testing.T, c *clusterjobs.Cluster, inst *duoflow.Instance, ns, image string, wait func(int64) fakegitlab.Result, runnerLog func() string) {
+	t.Helper()
+	canceled := inst.GitLab.NewJob(fakegitlab.JobSpec{Image: image, GitStrategy: "none", Script: []string{"echo waiting-for-cancel", "sleep 600", "echo NOT-CANCELED"}})
+	inst.GitLab.Enqueue(canceled)
+	ctx, cancel := context.WithTimeout(context.Background(), inClusterTimeout)
+	res, err := inst.GitLab.WaitForTrace(ctx, canceled.ID, "waiting-for-cancel")
+	cancel()
+	if err != nil {
+		t.Fatalf("job %d never started its stage: %v\n%s\nrunner pod log:\n%s", canceled.ID, err, res.Trace, runnerLog())
+	}
+	if err := inst.GitLab.Cancel(canceled.ID); err != nil {
+		t.Fatal(err)
+	}
+	res = wait(canceled.ID)
+	if res.State != fakegitlab.StateCanceled || strings.Contains(res.Trace, "NOT-CANCELED") {
+		t.Errorf("canceled job %d: %s, want canceled before the stage ended\n%s", canceled.ID, res.State, res.Trace)
+	}
+	waitClaimsGone(t, c, ns, kube.LabelJobID+"="+strconv.FormatInt(canceled.ID, 10))
 }
 
 // expiredClaim creates a claim labelled as the runner's, whose shutdownTime has passed, with
@@ -250,12 +264,25 @@ func assertNothingLeft(t *testing.T, c *clusterjobs.Cluster, r *chartinstall.Rel
 	if left := waitNoneLeft(listWatch(all, pods.List, pods.Watch), &corev1.Pod{}); left != nil {
 		t.Errorf("pods left in %s after helm uninstall: %v", r.Namespace, left)
 	}
-	kinds := "all,configmaps,secrets,serviceaccounts,roles,rolebindings,networkpolicies,cronjobs," +
-		"sandboxtemplates.extensions.agents.x-k8s.io,sandboxwarmpools.extensions.agents.x-k8s.io," +
-		"clusterroles,clusterrolebindings,runtimeclasses,validatingadmissionpolicies,validatingadmissionpolicybindings,namespaces"
-	left, err := r.Kubectl("get", kinds, "-A", "-o", "name", "-l", "app.kubernetes.io/instance="+r.Release+",app.kubernetes.io/part-of=sandbox-executor")
+	// Another release of the same name may live in another namespace (the local cluster's own
+	// is sandbox-executor): look in the release's namespace, and at the cluster-scoped objects
+	// named after it.
+	release := "app.kubernetes.io/instance=" + r.Release + ",app.kubernetes.io/part-of=sandbox-executor"
+	namespaced := "all,configmaps,secrets,serviceaccounts,roles,rolebindings,networkpolicies,cronjobs,poddisruptionbudgets," +
+		"sandboxtemplates.extensions.agents.x-k8s.io,sandboxwarmpools.extensions.agents.x-k8s.io"
+	left, err := r.Kubectl("get", namespaced, "-n", r.Namespace, "-o", "name", "-l", release)
 	if err != nil {
 		t.Fatal(err)
+	}
+	clusterScoped, err := r.Kubectl("get", "clusterroles,clusterrolebindings,runtimeclasses,validatingadmissionpolicies,validatingadmissionpolicybindings,namespaces,apiservices",
+		"-o", "name", "-l", release)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range strings.Fields(clusterScoped) {
+		if strings.Contains(name, r.Namespace) {
+			left += name + "\n"
+		}
 	}
 	if strings.TrimSpace(left) != "" {
 		t.Errorf("objects of release %s left after helm uninstall:\n%s", r.Release, left)

@@ -9,6 +9,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"net"
 	"os"
 	"strings"
 	"time"
@@ -42,7 +43,8 @@ type Instance struct {
 	NPM    *fakenpm.Registry
 	// Workflows is the Duo Workflow Service's WebSocket on the instance (the stock flow's).
 	Workflows *fakedws.Service
-	// Host is the instance's address (port 80), reachable from job pods and from this machine.
+	// Host is the instance's address (port 80, or 443 over HTTPS), reachable from job pods and
+	// from this machine.
 	Host string
 
 	gitPassword string
@@ -55,19 +57,39 @@ func NewInstance() (*Instance, error) {
 	if err != nil {
 		return nil, err
 	}
+	return newInstance(listener)
+}
+
+// NewHTTPSInstance starts the instance over HTTPS on port 443 of an address of its own, with a
+// certificate of ca for that address and for names (the names runners reach it by). Close it.
+func NewHTTPSInstance(ca *fakegitlab.CA, names ...string) (*Instance, error) {
+	listener, err := localcluster.ListenOnInstanceNetworkPort("443")
+	if err != nil {
+		return nil, err
+	}
+	ip, _, _ := net.SplitHostPort(listener.Addr().String())
+	cert, err := ca.ServerCert(append([]string{ip}, names...)...)
+	if err != nil {
+		listener.Close()
+		return nil, err
+	}
+	return newInstance(listener, fakegitlab.WithTLS(cert))
+}
+
+func newInstance(listener net.Listener, options ...fakegitlab.Option) (*Instance, error) {
 	reposDir, err := os.MkdirTemp("", "duoflow-repos")
 	if err != nil {
 		listener.Close()
 		return nil, err
 	}
 	inst := &Instance{
-		GitLab:      fakegitlab.New(fakegitlab.WithLongPolling(2*time.Second), fakegitlab.WithListener(listener)),
+		GitLab:      fakegitlab.New(append([]fakegitlab.Option{fakegitlab.WithLongPolling(2 * time.Second), fakegitlab.WithListener(listener)}, options...)...),
 		Cache:       fakes3.New(cacheBucket, cacheAccessKey, secret("cache-secret")),
 		Workflows:   fakedws.New(),
 		gitPassword: secret("git-password"),
 		reposDir:    reposDir,
 	}
-	inst.Host = strings.TrimPrefix(inst.GitLab.URL(), "http://")
+	inst.Host = strings.TrimPrefix(strings.TrimPrefix(inst.GitLab.URL(), "http://"), "https://")
 	// Like GitLab: a running job's token clones its project; only the flow's own credentials push.
 	inst.Repos, err = gitserver.New(reposDir, func(user, password, repo string, access gitserver.Access) bool {
 		switch {
@@ -140,18 +162,29 @@ var Script = []string{
 	`git remote set-url origin "http://${DUO_WORKFLOW_GIT_HTTP_USER}:${DUO_WORKFLOW_GIT_HTTP_PASSWORD}@${DUO_WORKFLOW_GIT_HTTP_BASE_URL#http://}/${CI_PROJECT_PATH}.git"`,
 	`command -v duo || echo "duo CLI not in the image: running the stand-in agent step"`,
 	// the stand-in agent step
-	`git checkout -q -b "duo/workflow-${CI_JOB_ID}"`,
-	`sed -i "s|^}$|  farewell: name => 'Goodbye, ' + name + '!',\n}|" index.js`,
-	`echo "assert.strictEqual(app.farewell('Duo'), 'Goodbye, Duo!')" >> test.js`,
+	Change[0], Change[1], Change[2],
 	"npm test",
-	`git add index.js test.js`,
-	`git -c user.name="Duo Agent" -c user.email=duo@example.com commit -q -m "Duo: ${DUO_WORKFLOW_GOAL}"`,
+	Commit[0], Commit[1],
 	"git push -q origin HEAD",
 	`mkdir -p duo-session && git log -1 --format="pushed %H on duo/workflow-${CI_JOB_ID}" > duo-session/summary.txt && cat duo-session/summary.txt`,
 	// egress: the instance answers (positive control), the outside world must not
 	`curl -fsS -o /dev/null "${CI_SERVER_URL}/npm/` + Dependency + `" && echo "egress to the instance: allowed"`,
 	`if curl -sS --connect-timeout 3 --max-time 5 -o /dev/null ` + localcluster.OutsideURL + `; then echo "egress outside: REACHED"; else echo "egress outside: blocked"; fi`,
 }
+
+// Change is the stand-in agent's change to the project, on the job's branch (Branch): a
+// farewell and its test. Commit commits it as the agent.
+var (
+	Change = []string{
+		`git checkout -q -b "duo/workflow-${CI_JOB_ID}"`,
+		`sed -i "s|^}$|  farewell: name => 'Goodbye, ' + name + '!',\n}|" index.js`,
+		`echo "assert.strictEqual(app.farewell('Duo'), 'Goodbye, Duo!')" >> test.js`,
+	}
+	Commit = []string{
+		`git add index.js test.js`,
+		`git -c user.name="Duo Agent" -c user.email=duo@example.com commit -q -m "Duo: ${DUO_WORKFLOW_GOAL}"`,
+	}
+)
 
 // Branch is where job jobID pushes its change.
 func Branch(jobID int64) string { return fmt.Sprintf("duo/workflow-%d", jobID) }

@@ -5,6 +5,7 @@ package helmchart
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"os/exec"
@@ -57,20 +58,28 @@ func Render(t testing.TB, release, namespace, values string) *Objects {
 	if err != nil {
 		t.Fatalf("helm template: %v", err)
 	}
+	objs, err := Parse(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return objs
+}
+
+// Parse decodes what helm template printed.
+func Parse(manifests []byte) (*Objects, error) {
 	objs := &Objects{}
-	dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(out), 4096)
+	dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(manifests), 4096)
 	for {
 		var u unstructured.Unstructured
 		if err := dec.Decode(&u.Object); errors.Is(err, io.EOF) {
-			break
+			return objs, nil
 		} else if err != nil {
-			t.Fatalf("decoding helm template's output: %v", err)
+			return nil, fmt.Errorf("decoding helm template's output: %w", err)
 		}
 		if len(u.Object) > 0 {
 			objs.Items = append(objs.Items, u)
 		}
 	}
-	return objs
 }
 
 // Template runs helm template (with extra flags, if any) and returns its output, or an error

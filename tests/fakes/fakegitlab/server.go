@@ -30,6 +30,7 @@ package fakegitlab
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"fmt"
 	"net"
@@ -63,6 +64,7 @@ type Server struct {
 	longPoll         time.Duration
 	maxArtifactBytes int64
 	listener         net.Listener
+	tlsCert          *tls.Certificate
 
 	routes     *http.ServeMux
 	httpServer *http.Server
@@ -101,6 +103,12 @@ func WithListener(listener net.Listener) Option {
 	return func(s *Server) { s.listener = listener }
 }
 
+// WithTLS serves HTTPS with cert, as a self-managed instance with its own CA does; the URL is
+// then https://.
+func WithTLS(cert tls.Certificate) Option {
+	return func(s *Server) { s.tlsCert = &cert }
+}
+
 // New starts a fake GitLab on 127.0.0.1 with a random port. Like
 // httptest.NewServer it panics if it cannot listen.
 func New(options ...Option) *Server {
@@ -124,6 +132,10 @@ func New(options ...Option) *Server {
 		}
 	}
 	s.url = "http://" + strings.TrimSuffix(listener.Addr().String(), ":80")
+	if s.tlsCert != nil {
+		listener = tls.NewListener(listener, &tls.Config{Certificates: []tls.Certificate{*s.tlsCert}, MinVersion: tls.VersionTLS12})
+		s.url = "https://" + strings.TrimSuffix(listener.Addr().String(), ":443")
+	}
 	s.httpServer = &http.Server{Handler: s, ReadHeaderTimeout: 10 * time.Second}
 	go func() { _ = s.httpServer.Serve(listener) }()
 	return s

@@ -48,6 +48,9 @@ type Options struct {
 	InstanceIP, RunnerToken string
 	// JobImage is the image of the release's one template and pool.
 	JobImage string
+	// InstanceCA, when set, is the CA (PEM) of an instance served over HTTPS on port 443, as
+	// a self-managed instance with an internal CA; else the instance serves HTTP on port 80.
+	InstanceCA []byte
 }
 
 // Release is an installed release; Uninstall it, then Close.
@@ -120,9 +123,10 @@ func Install(ctx context.Context, o Options) (*Release, error) {
 	if r.GitLabURL, err = r.exposeInstance(ctx); err != nil {
 		return r, err
 	}
-	// As an operator would make it, with the Pod Security labels the chart would give it.
+	// As an operator would make it, with the Pod Security labels the chart would give it
+	// (namespace.podSecurity: the netstack fence's init container adds NET_ADMIN in the sandbox).
 	if _, err := o.Kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: o.Namespace, Labels: map[string]string{
-		"pod-security.kubernetes.io/enforce": "baseline", "pod-security.kubernetes.io/warn": "restricted"}}}, metav1.CreateOptions{}); err != nil {
+		"pod-security.kubernetes.io/enforce": "privileged", "pod-security.kubernetes.io/warn": "baseline"}}}, metav1.CreateOptions{}); err != nil {
 		return r, err
 	}
 	if err := r.installAgentCA(ctx); err != nil {
@@ -180,8 +184,13 @@ func (r *Release) Kubectl(args ...string) (string, error) {
 	return Run(filepath.Join(r.Env.Dir, "bin", "kubectl"), append([]string{r.kubeconfigFlag()}, args...)...)
 }
 
-// Fullname is the chart's name for the release's objects.
-func (r *Release) Fullname() string { return r.Release + "-sandbox-executor" }
+// Fullname is the chart's name for the release's objects (sandbox-executor.fullname).
+func (r *Release) Fullname() string {
+	if strings.Contains(r.Release, "sandbox-executor") {
+		return r.Release
+	}
+	return r.Release + "-sandbox-executor"
+}
 
 // RunnerLog is the end of the runner pod's log, for failure messages.
 func (r *Release) RunnerLog() string { return r.runnerLog(80) }
@@ -267,17 +276,27 @@ gc:
 `, r.Tag, r.GitLabURL, r.InstanceIP, r.JobImage, RunnerName)
 }
 
-// exposeInstance makes the instance (port 80) reachable as gitlab.GITLAB-NAMESPACE.svc.cluster.local,
-// as for any GitLab outside the cluster: a Service without selector and an EndpointSlice with
-// the instance's address. Returns the URL.
+// InstanceName is the instance's cluster DNS name for GitLab's namespace: a certificate of an
+// HTTPS instance must name it.
+func InstanceName(gitlabNamespace string) string {
+	return "gitlab." + gitlabNamespace + ".svc.cluster.local"
+}
+
+// exposeInstance makes the instance (port 80, or 443 with InstanceCA) reachable as
+// InstanceName, as for any GitLab outside the cluster: a Service without selector and an
+// EndpointSlice with the instance's address. Returns the URL.
 func (r *Release) exposeInstance(ctx context.Context) (string, error) {
 	ns := r.GitLabNamespace
 	if _, err := r.Kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
 		return "", err
 	}
+	scheme, port := "http", int32(80)
+	if r.InstanceCA != nil {
+		scheme, port = "https", 443
+	}
 	svc := &corev1.Service{
 		ObjectMeta: metav1.ObjectMeta{Name: "gitlab"},
-		Spec:       corev1.ServiceSpec{Ports: []corev1.ServicePort{{Name: "http", Port: 80, Protocol: corev1.ProtocolTCP}}},
+		Spec:       corev1.ServiceSpec{Ports: []corev1.ServicePort{{Name: scheme, Port: port, Protocol: corev1.ProtocolTCP}}},
 	}
 	if _, err := r.Kube.CoreV1().Services(ns).Create(ctx, svc, metav1.CreateOptions{}); err != nil {
 		return "", err
@@ -286,11 +305,11 @@ func (r *Release) exposeInstance(ctx context.Context) (string, error) {
 		ObjectMeta: metav1.ObjectMeta{Name: "gitlab-instance", Labels: map[string]string{
 			discoveryv1.LabelServiceName: "gitlab", discoveryv1.LabelManagedBy: "sandbox-executor-incluster"}},
 		AddressType: discoveryv1.AddressTypeIPv4,
-		Ports:       []discoveryv1.EndpointPort{{Name: ptr.To("http"), Port: ptr.To(int32(80)), Protocol: ptr.To(corev1.ProtocolTCP)}},
+		Ports:       []discoveryv1.EndpointPort{{Name: ptr.To(scheme), Port: ptr.To(port), Protocol: ptr.To(corev1.ProtocolTCP)}},
 		Endpoints:   []discoveryv1.Endpoint{{Addresses: []string{r.InstanceIP}, Conditions: discoveryv1.EndpointConditions{Ready: ptr.To(true)}}},
 	}
 	if _, err := r.Kube.DiscoveryV1().EndpointSlices(ns).Create(ctx, slice, metav1.CreateOptions{}); err != nil {
 		return "", err
 	}
-	return "http://gitlab." + ns + ".svc.cluster.local", nil
+	return scheme + "://" + InstanceName(ns), nil
 }

@@ -38,6 +38,12 @@ const OutsideURL = "http://10.99.0.2/"
 // at once: each takes a free address, which Close removes again. Addresses left behind by a
 // process that died are removed first.
 func ListenOnInstanceNetwork() (net.Listener, error) {
+	return ListenOnInstanceNetworkPort(instanceHTTP)
+}
+
+// ListenOnInstanceNetworkPort is ListenOnInstanceNetwork on another port: 443 for an instance
+// served over HTTPS (the instance network's policy admits TCP 80 and 443).
+func ListenOnInstanceNetworkPort(port string) (net.Listener, error) {
 	nsPath := "/run/netns/" + InstanceNetns
 	if _, err := os.Stat(nsPath); err != nil {
 		return nil, fmt.Errorf("network namespace %s missing: run tests/cluster/networkpolicy.sh up (make cluster-up)", InstanceNetns)
@@ -49,7 +55,7 @@ func ListenOnInstanceNetwork() (net.Listener, error) {
 		if !claimAddress(ip) {
 			continue
 		}
-		listener, err := listenInNetns(nsPath, net.JoinHostPort(ip, instanceHTTP))
+		listener, err := listenInNetns(nsPath, net.JoinHostPort(ip, port))
 		if err != nil {
 			releaseAddress(ip)
 			if errors.Is(err, unix.EADDRINUSE) {
