@@ -269,8 +269,10 @@ func TestEgressAdminToken(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if built.Config.AdminTokenFile == "" || !slices.Equal(built.Config.AdminAllow, []string{"127.0.0.0/8", "::1/128"}) {
-			t.Errorf("proxy admin: token file %q, tokenless from %q; want the token and loopback only", built.Config.AdminTokenFile, built.Config.AdminAllow)
+		// admin_allow is who may ask at all (the NetworkPolicy narrows it to the runner pods); every
+		// source but loopback must send the token (egress.Admin.authorized).
+		if built.Config.AdminTokenFile == "" || !slices.Equal(built.Config.AdminAllow, []string{"0.0.0.0/0", "::/0"}) {
+			t.Errorf("proxy admin: token file %q, sources %q; want the token, from any source the NetworkPolicy admits", built.Config.AdminTokenFile, built.Config.AdminAllow)
 		}
 		var cm corev1.ConfigMap
 		objs.Decode(t, "ConfigMap", "ci-sandbox-executor-config", &cm)
@@ -449,7 +451,7 @@ func TestNonRootPodsCanReadTheirSecrets(t *testing.T) {
 gitlab: {url: "https://gitlab.corp.example"}
 runner: {secret: my-token}
 templates: [{name: duo-gvisor, image: "registry.corp.example/ci:1", egress: proxied}]
-pools: [{name: duo-default, template: duo-gvisor, replicas: 2, images: ["registry.corp.example/ci:*"], egressInstance: true}]
+pools: [{name: duo-default, template: duo-gvisor, replicas: 2, images: ["registry.corp.example/ci:1"], egressInstance: true}]
 exporter: {enabled: true}
 `)
 	checked := 0

@@ -73,6 +73,8 @@ func TestNetstackFenceHoldsThroughPolicyAgentRestarts(t *testing.T) {
 	})
 	clusterjobs.RestoreAfterBreak(t, func() error { return clusterjobs.RunScript("networkpolicy.sh", "up") })
 
+	// The canary's policy is programmed before the first round: it reaches nothing.
+	fencedFrom := packets.fencedAgain(t, canaryIP, time.Now(), 3*time.Second)
 	jobIPs := map[string]string{}
 	var lapses []window
 	for round := 1; round <= fenceRounds; round++ {
@@ -81,6 +83,9 @@ func TestNetstackFenceHoldsThroughPolicyAgentRestarts(t *testing.T) {
 		hold := time.Second + time.Duration(rng.Int64N(int64(2*time.Second)))
 		t.Logf("round %d: enforcement down %s after the jobs start, for %s", round, offset, hold)
 		lapse := fenceRound(t, direct, proxied, offset, hold, jobIPs)
+		// The policy agent says it has synced before every rule is in place: the canary's last
+		// packet tells when enforcement really came back.
+		lapse.restored = packets.fencedAgain(t, canaryIP, lapse.restored, 3*time.Second)
 		if n := packets.from(canaryIP, lapse.begin, lapse.restored); n == 0 {
 			t.Fatalf("round %d: the canary %s reached %s not once while enforcement was down (%s to %s): the fault did not open the NetworkPolicy layer, so this round proved nothing",
 				round, canaryIP, internet, lapse.begin.Format(time.RFC3339Nano), lapse.restored.Format(time.RFC3339Nano))
@@ -89,7 +94,7 @@ func TestNetstackFenceHoldsThroughPolicyAgentRestarts(t *testing.T) {
 	}
 	time.Sleep(time.Second) // tcpdump's last lines
 	// NetworkPolicy holds the canary whenever it is enforced: what it let through came in the lapses.
-	outside := packets.from(canaryIP, time.Time{}, time.Now())
+	outside := packets.from(canaryIP, fencedFrom.Add(time.Nanosecond), time.Now())
 	for _, l := range lapses {
 		outside -= packets.from(canaryIP, l.begin, l.restored)
 	}
@@ -200,6 +205,30 @@ type packetLog struct {
 type packet struct {
 	at  time.Time
 	src string
+}
+
+// fencedAgain waits until src has sent nothing for quiet (the canary tries every 100 ms: that many
+// attempts in a row were dropped), and returns when its last packet passed, or since.
+func (c *packetLog) fencedAgain(t *testing.T, src string, since time.Time, quiet time.Duration) time.Time {
+	t.Helper()
+	deadline := time.Now().Add(time.Minute)
+	for {
+		last := since
+		c.mu.Lock()
+		for _, p := range c.packets {
+			if p.src == src && p.at.After(last) {
+				last = p.at
+			}
+		}
+		c.mu.Unlock()
+		if time.Since(last) >= quiet {
+			return last
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s still reaches %s a minute after NetworkPolicy came back up", src, internet)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
 }
 
 // from counts the packets of src seen from begin to end (a zero begin: from the start).
