@@ -26,10 +26,6 @@ import (
 	"github.com/sandbox-executor/sandbox-executor/tools/duoflow"
 )
 
-// flowImage is GitLab's default flow image as values-duo-flow.yaml's pool duo-flow runs it (the
-// local cluster's stand-in of that name: tests/cluster/images-duo.sh).
-const flowImage = "registry.gitlab.com/gitlab-org/duo-workflow/default-docker-image/workflow-generic-image:v0.0.6"
-
 // TestDocumentedInstall installs sandbox-executor by the commands of docs/install.md ("GitLab's
 // default flow images, on an instance of your own": the namespace and token Secret, the
 // instance's CA Secret, helm install of the packaged chart with values-duo-flow.yaml and a site
