@@ -78,6 +78,8 @@ func TestDoctorAllOKOnLocalCluster(t *testing.T) {
 		"ok    pool duo-posix: ",
 		"ok    template duo-gvisor (pool duo-default): runtimeClassName gvisor",
 		"ok    template posix-gvisor (pool duo-posix): runtimeClassName gvisor",
+		"ok    pool duo-default images: " + localcluster.CIImage + ", exactly",
+		"ok    pool duo-posix images: " + localcluster.PosixImage + ", exactly",
 		"ok    networkpolicy duo-gvisor: NetworkPolicy duo-gvisor-network-policy restricts ingress and egress",
 		"ok    networkpolicy posix-gvisor: NetworkPolicy posix-gvisor-network-policy restricts ingress and egress",
 	}
