@@ -64,6 +64,9 @@ type Release struct {
 	Tag string
 
 	uninstalled bool
+	// serviceIP is the instance's Service's ClusterIP: jobs dial it by name, and the netstack
+	// fence, inside the pod, sees it before kube-proxy translates it (gitlab.cidrs lists it).
+	serviceIP string
 }
 
 // builtImages is dist/images/images.json as tools/images writes it.
@@ -239,7 +242,7 @@ runtimeClass:
   handler: runsc
 gitlab:
   url: %[2]s
-  cidrs: ["%[3]s/32"]
+  cidrs: ["%[3]s/32", "%[6]s/32"]
   ports: [80]
 jobDefaults:
   fence:
@@ -273,7 +276,7 @@ runner:
 gc:
   enabled: true
   schedule: "0 0 1 1 *"
-`, r.Tag, r.GitLabURL, r.InstanceIP, r.JobImage, RunnerName)
+`, r.Tag, r.GitLabURL, r.InstanceIP, r.JobImage, RunnerName, r.serviceIP)
 }
 
 // InstanceName is the instance's cluster DNS name for GitLab's namespace: a certificate of an
@@ -298,9 +301,11 @@ func (r *Release) exposeInstance(ctx context.Context) (string, error) {
 		ObjectMeta: metav1.ObjectMeta{Name: "gitlab"},
 		Spec:       corev1.ServiceSpec{Ports: []corev1.ServicePort{{Name: scheme, Port: port, Protocol: corev1.ProtocolTCP}}},
 	}
-	if _, err := r.Kube.CoreV1().Services(ns).Create(ctx, svc, metav1.CreateOptions{}); err != nil {
+	created, err := r.Kube.CoreV1().Services(ns).Create(ctx, svc, metav1.CreateOptions{})
+	if err != nil {
 		return "", err
 	}
+	r.serviceIP = created.Spec.ClusterIP
 	slice := &discoveryv1.EndpointSlice{
 		ObjectMeta: metav1.ObjectMeta{Name: "gitlab-instance", Labels: map[string]string{
 			discoveryv1.LabelServiceName: "gitlab", discoveryv1.LabelManagedBy: "sandbox-executor-incluster"}},
