@@ -12,8 +12,11 @@ import (
 	"testing"
 	"time"
 
+	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	"k8s.io/klog/v2"
 
 	"github.com/sandbox-executor/sandbox-executor/internal/testing/testutil"
@@ -265,10 +268,13 @@ func TestQuickstartsRunAsWritten(t *testing.T) {
 				}
 				mustContain(t, "job trace", res.Trace, "Sandbox ready: pool duo-default", "quickstart job ran")
 			case quickstart.VM:
-				token := strings.TrimSpace(outputs[len(outputs)-1])
-				who, err := run.Kubectl("auth", "whoami", "--token="+token, "-o", "jsonpath={.status.userInfo.username}")
-				if want := "system:serviceaccount:" + run.Namespace + ":" + run.Fullname(); err != nil || strings.TrimSpace(who) != want {
-					t.Errorf("the quickstart's token authenticates as %q (%v), want %s", who, err, want)
+				// The token alone, as the runner host's kubeconfig holds it: not the admin's
+				// client certificate, which kubectl would send as well.
+				cfg := rest.AnonymousClientConfig(clusterjobs.RESTConfig(t, c.Env.AdminKubeconfig()))
+				cfg.BearerToken = strings.TrimSpace(outputs[len(outputs)-1])
+				who, err := kubernetes.NewForConfigOrDie(cfg).AuthenticationV1().SelfSubjectReviews().Create(ctx, &authenticationv1.SelfSubjectReview{}, metav1.CreateOptions{})
+				if want := "system:serviceaccount:" + run.Namespace + ":" + run.Fullname(); err != nil || who.Status.UserInfo.Username != want {
+					t.Errorf("the quickstart's token authenticates as %+v (%v), want %s", who, err, want)
 				}
 			}
 			if _, err := run.RunCommands(uninstall); err != nil {

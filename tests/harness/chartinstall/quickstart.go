@@ -106,16 +106,18 @@ func (q *Quickstart) Placeholders() quickstart.Placeholders {
 	}
 }
 
-// Split returns the commands before the first one that starts with prefix, and that one with
-// the rest: what to run before a test's own steps, and after them.
+// Split returns the commands that do not start with prefix, in order, and those that do: what
+// to run before a test's own steps, and after them (the docs' uninstall section stands before a
+// later quickstart's own steps: the VM quickstart's).
 func (q *Quickstart) Split(prefix ...string) (before, after [][]string) {
-	i := slices.IndexFunc(q.Commands, func(args []string) bool {
-		return len(args) >= len(prefix) && slices.Equal(args[:len(prefix)], prefix)
-	})
-	if i < 0 {
-		return q.Commands, nil
+	for _, args := range q.Commands {
+		if len(args) >= len(prefix) && slices.Equal(args[:len(prefix)], prefix) {
+			after = append(after, args)
+		} else {
+			before = append(before, args)
+		}
 	}
-	return q.Commands[:i], q.Commands[i:]
+	return before, after
 }
 
 // RunCommands runs commands in Dir as the user's shell would, kubectl and helm being the
