@@ -157,6 +157,12 @@ func requireFenceInTemplate(t *testing.T, c *clusterjobs.Cluster) {
 // NetworkPolicy alone fences its pods, and a warm pool of replicas on it, and waits until they
 // are Ready; both go when the test ends. It returns the pool's name.
 func policyOnlyPool(t *testing.T, c *clusterjobs.Cluster, name string, replicas int32) string {
+	return policyOnlyPoolProbed(t, c, name, replicas, true)
+}
+
+// policyOnlyPoolProbed is policyOnlyPool; without probe, its pods have no readiness probe (the
+// fence check): they stay Ready, and in their pool, while the fence is down.
+func policyOnlyPoolProbed(t *testing.T, c *clusterjobs.Cluster, name string, replicas int32, probe bool) string {
 	t.Helper()
 	ctx := t.Context()
 	templates := c.Admin.Extensions.ExtensionsV1beta1().SandboxTemplates(clusterjobs.Namespace)
@@ -170,6 +176,9 @@ func policyOnlyPool(t *testing.T, c *clusterjobs.Cluster, name string, replicas 
 	}
 	pod := &tmpl.Spec.PodTemplate.Spec
 	pod.InitContainers = slices.DeleteFunc(pod.InitContainers, func(c corev1.Container) bool { return c.Name == netfenceContainer })
+	if !probe {
+		pod.Containers[0].ReadinessProbe = nil
+	}
 	_ = templates.Delete(ctx, name, metav1.DeleteOptions{})
 	if _, err := templates.Create(ctx, tmpl, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)

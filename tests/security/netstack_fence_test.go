@@ -312,7 +312,9 @@ func captureTo(t *testing.T, dst string) *packetLog {
 // It reaches it only while enforcement is down; it returns the pod's IP.
 func startCanary(t *testing.T, c *clusterjobs.Cluster) string {
 	t.Helper()
-	pool := policyOnlyPool(t, c, "sec-nsfence-canary", 1)
+	// No readiness probe: a pod whose fence check fails leaves Ready and its pool replaces it,
+	// and the canary must stay one pod, at one address, through every lapse.
+	pool := policyOnlyPoolProbed(t, c, "sec-nsfence-canary", 1, false)
 	ctx := t.Context()
 	warm, err := c.Admin.Extensions.ExtensionsV1beta1().SandboxWarmPools(clusterjobs.Namespace).Get(ctx, pool, metav1.GetOptions{})
 	if err != nil {
