@@ -18,6 +18,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/sandbox-executor/sandbox-executor/tests/harness/clusterjobs"
+	"github.com/sandbox-executor/sandbox-executor/tests/harness/localcluster"
 )
 
 // listenerPort is where the neighbour job serves HTTP, on all its addresses.
@@ -35,17 +36,20 @@ func TestJobNetworkIsFenced(t *testing.T) {
 	r := c.NewRunner(t, "sec-net", "")
 	nodePort := listenOnAllNodeAddresses(t)
 	webhook := webhookServiceAddr(t, c)
-	neighbour := prepared(t, r, clusterjobs.JobSpec{})
+	// The neighbour's pod has no netstack fence of its own (its fence would drop the replies of
+	// its server to the node's positive controls): what is tested is that the job cannot reach it.
+	neighbourPool := policyOnlyPoolProbed(t, c, "sec-net-neighbour", 1, true)
+	nr := c.NewRunnerWith(t, "sec-net-nb", localcluster.Config{Pools: []localcluster.PoolConfig{{Name: neighbourPool, Images: []string{localcluster.CIImage}}}})
+	neighbour := prepared(t, nr, clusterjobs.JobSpec{})
 	job := prepared(t, r, clusterjobs.JobSpec{})
 
-	// The neighbour job serves HTTP on IPv4 and IPv6, and reaches itself on both (over loopback:
-	// its netstack fence drops even its own link-local address, which leaves through eth0).
+	// The neighbour job serves HTTP on IPv4 and IPv6, and reaches itself on both.
 	out := neighbour.MustRun(t, probeLib+fmt.Sprintf(`setsid -f node -e 'require("http").createServer((q,s)=>s.end("neighbour\n")).listen(%d,"::")' </dev/null >/dev/null 2>&1
 i=0; until curl -s -o /dev/null http://127.0.0.1:%[1]d/ || [ $i -ge 100 ]; do sleep 0.1; i=$((i+1)); done
 ll=$(awk '$6=="eth0" && $1 ~ /^fe80/ {print $1}' /proc/net/if_inet6 | sed 's/..../&:/g; s/:$//')
 echo "link-local=$ll"
 probe self-v4 http://127.0.0.1:%[1]d/
-[ -n "$ll" ] && probe self-v6 "http://[::1]:%[1]d/"
+[ -n "$ll" ] && probe self-v6 "http://[$ll%%eth0]:%[1]d/"
 probes
 `, listenerPort)).Stdout
 	self := probeResults(t, out)
