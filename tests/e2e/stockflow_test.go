@@ -22,6 +22,7 @@ import (
 	"github.com/sandbox-executor/sandbox-executor/tests/fakes/fakegitlab"
 	"github.com/sandbox-executor/sandbox-executor/tests/harness/clusterjobs"
 	"github.com/sandbox-executor/sandbox-executor/tests/harness/localcluster"
+	"github.com/sandbox-executor/sandbox-executor/tests/harness/records"
 	"github.com/sandbox-executor/sandbox-executor/tests/runner"
 	"github.com/sandbox-executor/sandbox-executor/tools/duoflow"
 )
@@ -225,7 +226,7 @@ func TestStockDuoFlowHardenedImage(t *testing.T) {
 	job.Cache[0].Key = key
 	job.Variables = append(job.Variables, fakegitlab.Variable{Key: "GITLAB_OIDC_TOKEN", Value: idToken, Masked: true})
 
-	records := recordNamespace(t, c)
+	records := records.Namespace(t, c.Admin, namespace)
 	wrapped := wrapExecutor(t, c, wrapping{holdCleanup: true, captureOutput: true})
 	var runnerLog func() string
 	var pod string
@@ -299,7 +300,7 @@ func sha256Hex(s string) string {
 }
 
 // recordContainerLogs adds the log of every container of the job's pod to records.
-func recordContainerLogs(t *testing.T, c *clusterjobs.Runner, records *clusterRecords, pod string) {
+func recordContainerLogs(t *testing.T, c *clusterjobs.Runner, records *records.Recorder, pod string) {
 	t.Helper()
 	ctx := context.Background()
 	obj, err := c.Admin.Kube.CoreV1().Pods(namespace).Get(ctx, pod, metav1.GetOptions{})
@@ -319,7 +320,7 @@ func recordContainerLogs(t *testing.T, c *clusterjobs.Runner, records *clusterRe
 // the namespace's events and the texts given, and fails for every secret that any of them
 // holds. The job's claim, its pod's versions and its container logs must have been recorded:
 // a recording that missed them proves nothing.
-func assertNotRecorded(t *testing.T, c *clusterjobs.Runner, records *clusterRecords, jobID int64, pod string, secrets, texts map[string]string) {
+func assertNotRecorded(t *testing.T, c *clusterjobs.Runner, records *records.Recorder, jobID int64, pod string, secrets, texts map[string]string) {
 	t.Helper()
 	claim := "claim " + kube.ClaimName(c.Name, jobID)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)

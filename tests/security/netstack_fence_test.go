@@ -3,13 +3,10 @@
 package security
 
 import (
-	"bufio"
 	"context"
 	"fmt"
-	"io"
 	"math/rand/v2"
 	"os"
-	"os/exec"
 	"strconv"
 	"strings"
 	"sync"
@@ -20,6 +17,7 @@ import (
 
 	"github.com/sandbox-executor/sandbox-executor/tests/harness/clusterjobs"
 	"github.com/sandbox-executor/sandbox-executor/tests/harness/localcluster"
+	"github.com/sandbox-executor/sandbox-executor/tests/harness/packetcapture"
 )
 
 const (
@@ -64,7 +62,7 @@ func TestNetstackFenceHoldsThroughPolicyAgentRestarts(t *testing.T) {
 	t.Logf("schedule seed %d (SANDBOX_EXECUTOR_FENCE_SEED=%d replays it)", seed, seed)
 	rng := rand.New(rand.NewPCG(seed, 0))
 
-	packets := captureTo(t, internet)
+	packets := packetcapture.To(t, outsideLink, internet)
 	canaryIP := startCanary(t, c)
 	direct := c.NewRunner(t, "sec-nsfence", "require_fence = true")
 	proxied := c.NewRunnerWith(t, "sec-nsfence-px", localcluster.Config{
@@ -74,7 +72,7 @@ func TestNetstackFenceHoldsThroughPolicyAgentRestarts(t *testing.T) {
 	clusterjobs.RestoreAfterBreak(t, func() error { return clusterjobs.RunScript("networkpolicy.sh", "up") })
 
 	// The canary's policy is programmed before the first round: it reaches nothing.
-	fencedFrom := packets.fencedAgain(t, canaryIP, time.Now(), 3*time.Second)
+	fencedFrom := packets.FencedAgain(t, canaryIP, time.Now(), 3*time.Second)
 	jobIPs := map[string]string{}
 	var lapses []window
 	for round := 1; round <= fenceRounds; round++ {
@@ -85,8 +83,8 @@ func TestNetstackFenceHoldsThroughPolicyAgentRestarts(t *testing.T) {
 		lapse := fenceRound(t, direct, proxied, offset, hold, jobIPs)
 		// The policy agent says it has synced before every rule is in place: the canary's last
 		// packet tells when enforcement really came back.
-		lapse.restored = packets.fencedAgain(t, canaryIP, lapse.restored, 3*time.Second)
-		if n := packets.from(canaryIP, lapse.begin, lapse.restored); n == 0 {
+		lapse.restored = packets.FencedAgain(t, canaryIP, lapse.restored, 3*time.Second)
+		if n := packets.From(canaryIP, lapse.begin, lapse.restored); n == 0 {
 			t.Fatalf("round %d: the canary %s reached %s not once while enforcement was down (%s to %s): the fault did not open the NetworkPolicy layer, so this round proved nothing",
 				round, canaryIP, internet, lapse.begin.Format(time.RFC3339Nano), lapse.restored.Format(time.RFC3339Nano))
 		}
@@ -94,19 +92,19 @@ func TestNetstackFenceHoldsThroughPolicyAgentRestarts(t *testing.T) {
 	}
 	time.Sleep(time.Second) // tcpdump's last lines
 	// NetworkPolicy holds the canary whenever it is enforced: what it let through came in the lapses.
-	outside := packets.from(canaryIP, fencedFrom.Add(time.Nanosecond), time.Now())
+	outside := packets.From(canaryIP, fencedFrom.Add(time.Nanosecond), time.Now())
 	for _, l := range lapses {
-		outside -= packets.from(canaryIP, l.begin, l.restored)
+		outside -= packets.From(canaryIP, l.begin, l.restored)
 	}
 	if outside != 0 {
 		t.Errorf("the canary %s reached %s %d times while NetworkPolicy was enforced: it is not fenced by the template's policy, so it proves no lapse", canaryIP, internet, outside)
 	}
 	for ip, job := range jobIPs {
-		if n := packets.from(ip, time.Time{}, time.Now()); n != 0 {
+		if n := packets.From(ip, time.Time{}, time.Now()); n != 0 {
 			t.Errorf("%s (%s) sent %d packets that reached %s", job, ip, n, internet)
 		}
 	}
-	t.Logf("%d rounds: the canary reached %s %d times, all during the lapses; the jobs' pods (%d) never", fenceRounds, internet, packets.from(canaryIP, time.Time{}, time.Now()), len(jobIPs))
+	t.Logf("%d rounds: the canary reached %s %d times, all during the lapses; the jobs' pods (%d) never", fenceRounds, internet, packets.From(canaryIP, time.Time{}, time.Now()), len(jobIPs))
 }
 
 type window struct{ begin, end, restored time.Time }
@@ -194,117 +192,6 @@ func requireNetstackFence(t *testing.T, c *clusterjobs.Cluster, template string)
 		}
 	}
 	t.Fatalf("SandboxTemplate %s has no %s init container: apply this branch's deploy/local (make cluster-up)", template, netfenceContainer)
-}
-
-// packetLog is what tcpdump saw reach an address: each packet's source and time.
-type packetLog struct {
-	mu      sync.Mutex
-	packets []packet
-}
-
-type packet struct {
-	at  time.Time
-	src string
-}
-
-// fencedAgain waits until src has sent nothing for quiet (the canary tries every 100 ms: that many
-// attempts in a row were dropped), and returns when its last packet passed, or since.
-func (c *packetLog) fencedAgain(t *testing.T, src string, since time.Time, quiet time.Duration) time.Time {
-	t.Helper()
-	deadline := time.Now().Add(time.Minute)
-	for {
-		last := since
-		c.mu.Lock()
-		for _, p := range c.packets {
-			if p.src == src && p.at.After(last) {
-				last = p.at
-			}
-		}
-		c.mu.Unlock()
-		if time.Since(last) >= quiet {
-			return last
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s still reaches %s a minute after NetworkPolicy came back up", src, internet)
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
-}
-
-// from counts the packets of src seen from begin to end (a zero begin: from the start).
-func (c *packetLog) from(src string, begin, end time.Time) int {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	n := 0
-	for _, p := range c.packets {
-		if p.src == src && !p.at.Before(begin) && !p.at.After(end) {
-			n++
-		}
-	}
-	return n
-}
-
-// captureTo records every IPv4 packet sent to dst across outsideLink until the test ends.
-func captureTo(t *testing.T, dst string) *packetLog {
-	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	cmd := exec.CommandContext(ctx, "tcpdump", "-i", outsideLink, "-n", "-l", "-tt", "-q", "ip and dst host "+dst)
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	stderr, err := cmd.StderrPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatalf("tcpdump: %v", err)
-	}
-	c := &packetLog{}
-	listening := make(chan struct{})
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		scanner := bufio.NewScanner(stdout)
-		for scanner.Scan() {
-			// "1764000000.123456 IP 10.88.0.5.43210 > 10.99.0.2.80: tcp 0"
-			f := strings.Fields(scanner.Text())
-			if len(f) < 3 || f[1] != "IP" {
-				continue
-			}
-			sec, err := strconv.ParseFloat(f[0], 64)
-			if err != nil {
-				continue
-			}
-			src := f[2][:strings.LastIndexByte(f[2], '.')]
-			c.mu.Lock()
-			c.packets = append(c.packets, packet{at: time.Unix(0, int64(sec*1e9)), src: src})
-			c.mu.Unlock()
-		}
-	}()
-	// tcpdump says "listening on" (on stderr) once it captures.
-	go func() {
-		scanner := bufio.NewScanner(stderr)
-		for scanner.Scan() {
-			if strings.Contains(scanner.Text(), "listening on") {
-				close(listening)
-				break
-			}
-		}
-		_, _ = io.Copy(io.Discard, stderr)
-	}()
-	select {
-	case <-listening:
-	case <-time.After(10 * time.Second):
-		cancel()
-		t.Fatalf("tcpdump on %s did not start within 10 s", outsideLink)
-	}
-	t.Cleanup(func() {
-		cancel()
-		_ = cmd.Wait()
-		<-done
-	})
-	return c
 }
 
 // startCanary curls "the internet" every 100 ms from the pod of a pool that NetworkPolicy alone

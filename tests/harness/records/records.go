@@ -1,6 +1,7 @@
-//go:build e2e
-
-package e2e
+// Package records keeps what the cluster recorded of jobs (every version of a namespace's pods,
+// claims, sandboxes and events, and the logs a suite adds), for suites to search for what must
+// never be there: a job's secrets.
+package records
 
 import (
 	"context"
@@ -18,14 +19,13 @@ import (
 	"k8s.io/client-go/tools/cache"
 	watchtools "k8s.io/client-go/tools/watch"
 
-	"github.com/sandbox-executor/sandbox-executor/tests/harness/clusterjobs"
+	"github.com/sandbox-executor/sandbox-executor/kube"
 )
 
-// clusterRecords keeps what the cluster and the runner recorded of a job, for a test to search
-// for what must never be there (a job's secrets): every version of the namespace's pods,
-// SandboxClaims and Sandboxes that the API server reports while it records, and whatever else
-// the test adds (container logs, events, the executor's output).
-type clusterRecords struct {
+// Recorder keeps what the cluster and the runner recorded of jobs: every version of the
+// namespace's pods, SandboxClaims, Sandboxes and events that the API server reports while it
+// records, and whatever else the test adds (container logs, the executor's output).
+type Recorder struct {
 	mu      sync.Mutex
 	records map[string][]string
 	deleted map[string]bool
@@ -35,18 +35,19 @@ type clusterRecords struct {
 	done    []<-chan struct{}
 }
 
-// recordNamespace starts recording the namespace's pods, claims and sandboxes, from their
+// Namespace starts recording the namespace's pods, claims, sandboxes and events, from their
 // current versions on. client-go's RetryWatcher resumes after the API server ends a watch (a
 // restart by another test), from the last version it saw, so no version in between is missed.
 // Stop it before searching.
-func recordNamespace(t testing.TB, r *clusterjobs.Runner) *clusterRecords {
+func Namespace(t testing.TB, admin *kube.Clients, namespace string) *Recorder {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	c := &clusterRecords{records: map[string][]string{}, deleted: map[string]bool{}, changed: make(chan struct{}), cancel: cancel}
+	c := &Recorder{records: map[string][]string{}, deleted: map[string]bool{}, changed: make(chan struct{}), cancel: cancel}
 	t.Cleanup(c.Stop)
-	pods := r.Admin.Kube.CoreV1().Pods(namespace)
-	claims := r.Admin.Extensions.ExtensionsV1beta1().SandboxClaims(namespace)
-	sandboxes := r.Admin.Sandboxes.AgentsV1beta1().Sandboxes(namespace)
+	pods := admin.Kube.CoreV1().Pods(namespace)
+	claims := admin.Extensions.ExtensionsV1beta1().SandboxClaims(namespace)
+	sandboxes := admin.Sandboxes.AgentsV1beta1().Sandboxes(namespace)
+	events := admin.Kube.CoreV1().Events(namespace)
 	for _, kind := range []struct {
 		name  string
 		list  func(context.Context, metav1.ListOptions) (runtime.Object, error)
@@ -55,6 +56,7 @@ func recordNamespace(t testing.TB, r *clusterjobs.Runner) *clusterRecords {
 		{"pod", func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) { return pods.List(ctx, o) }, pods.Watch},
 		{"claim", func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) { return claims.List(ctx, o) }, claims.Watch},
 		{"sandbox", func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) { return sandboxes.List(ctx, o) }, sandboxes.Watch},
+		{"event", func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) { return events.List(ctx, o) }, events.Watch},
 	} {
 		if err := c.watch(ctx, kind.name, kind.list, kind.watch); err != nil {
 			t.Fatalf("recording the namespace's %ss: %v", kind.name, err)
@@ -63,7 +65,7 @@ func recordNamespace(t testing.TB, r *clusterjobs.Runner) *clusterRecords {
 	return c
 }
 
-func (c *clusterRecords) watch(ctx context.Context, kind string, list func(context.Context, metav1.ListOptions) (runtime.Object, error),
+func (c *Recorder) watch(ctx context.Context, kind string, list func(context.Context, metav1.ListOptions) (runtime.Object, error),
 	watchFn func(context.Context, metav1.ListOptions) (watch.Interface, error)) error {
 	current, err := list(ctx, metav1.ListOptions{})
 	if err != nil {
@@ -101,7 +103,7 @@ func (c *clusterRecords) watch(ctx context.Context, kind string, list func(conte
 	return nil
 }
 
-func (c *clusterRecords) addObject(kind string, obj runtime.Object) {
+func (c *Recorder) addObject(kind string, obj runtime.Object) {
 	c.Add(recordName(kind, obj), obj)
 }
 
@@ -112,7 +114,7 @@ func recordName(kind string, obj runtime.Object) string {
 	return kind + " ?"
 }
 
-func (c *clusterRecords) markDeleted(kind string, obj runtime.Object) {
+func (c *Recorder) markDeleted(kind string, obj runtime.Object) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.deleted[recordName(kind, obj)] = true
@@ -122,7 +124,7 @@ func (c *clusterRecords) markDeleted(kind string, obj runtime.Object) {
 
 // WaitDeleted waits until the recording has seen each of whats ("pod NAME", "claim NAME")
 // deleted, so that it holds every version of them; it fails the test if ctx ends first.
-func (c *clusterRecords) WaitDeleted(ctx context.Context, t testing.TB, whats ...string) {
+func (c *Recorder) WaitDeleted(ctx context.Context, t testing.TB, whats ...string) {
 	t.Helper()
 	for {
 		c.mu.Lock()
@@ -146,7 +148,7 @@ func (c *clusterRecords) WaitDeleted(ctx context.Context, t testing.TB, whats ..
 }
 
 // Add keeps record under what: a string as it is, anything else as its JSON.
-func (c *clusterRecords) Add(what string, record any) {
+func (c *Recorder) Add(what string, record any) {
 	text, ok := record.(string)
 	if !ok {
 		data, err := json.Marshal(record)
@@ -162,7 +164,7 @@ func (c *clusterRecords) Add(what string, record any) {
 }
 
 // Stop ends the recording and waits for its watches to end.
-func (c *clusterRecords) Stop() {
+func (c *Recorder) Stop() {
 	c.cancel()
 	for _, done := range c.done {
 		<-done
@@ -171,14 +173,14 @@ func (c *clusterRecords) Stop() {
 }
 
 // Has tells whether something was recorded under what.
-func (c *clusterRecords) Has(what string) bool {
+func (c *Recorder) Has(what string) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return len(c.records[what]) > 0
 }
 
 // Containing names the records that contain s, with how many of their versions do.
-func (c *clusterRecords) Containing(s string) []string {
+func (c *Recorder) Containing(s string) []string {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	var found []string
@@ -198,7 +200,7 @@ func (c *clusterRecords) Containing(s string) []string {
 }
 
 // Count is how many records, and versions of them, were kept.
-func (c *clusterRecords) Count() (records, versions int) {
+func (c *Recorder) Count() (records, versions int) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for _, v := range c.records {
