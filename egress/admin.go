@@ -72,8 +72,18 @@ func (a *Admin) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // serveGrants answers PUT (replace the client's grant) and DELETE (remove it), from the same
 // trusted sources as the blocked attempts: a job pod must never widen its own allowlist.
 func (a *Admin) serveGrants(w http.ResponseWriter, r *http.Request) {
+	if r.Method == http.MethodGet && !r.URL.Query().Has("client") {
+		// The live grants, for an operator (or a soak) to see that finished jobs left none.
+		if !a.authorized(r) {
+			a.forbid(w, r)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		json.NewEncoder(w).Encode(adminclient.LiveGrants{Grants: a.Grants.Live(a.now())})
+		return
+	}
 	if r.Method != http.MethodPut && r.Method != http.MethodDelete {
-		http.Error(w, "egress proxy admin: use PUT or DELETE", http.StatusMethodNotAllowed)
+		http.Error(w, "egress proxy admin: use GET, PUT or DELETE", http.StatusMethodNotAllowed)
 		return
 	}
 	client, ok := a.trustedClient(w, r)
@@ -90,22 +100,30 @@ func (a *Admin) serveGrants(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "egress proxy admin: the grant is not JSON {\"allow\":[...],\"until\":\"RFC 3339\"}", http.StatusBadRequest)
 		return
 	}
-	now := time.Now
-	if a.Now != nil {
-		now = a.Now
-	}
-	if err := a.Grants.Put(client, grant, now()); err != nil {
+	if err := a.Grants.Put(client, grant, a.now()); err != nil {
 		http.Error(w, "egress proxy admin: grant refused: "+truncateErr(err), http.StatusBadRequest)
 		return
 	}
 	w.WriteHeader(http.StatusNoContent)
 }
 
+func (a *Admin) now() time.Time {
+	if a.Now != nil {
+		return a.Now()
+	}
+	return time.Now()
+}
+
+// forbid answers a source that is not trusted.
+func (a *Admin) forbid(w http.ResponseWriter, r *http.Request) {
+	http.Error(w, "egress proxy admin: forbidden: source "+clientIP(r.RemoteAddr)+" is not in admin_allow, or not loopback and sent no valid bearer token", http.StatusForbidden)
+}
+
 // trustedClient answers a request from an untrusted source with 403, and one without a valid
 // client= address with 400; otherwise it returns the client the request is about.
 func (a *Admin) trustedClient(w http.ResponseWriter, r *http.Request) (netip.Addr, bool) {
 	if !a.authorized(r) {
-		http.Error(w, "egress proxy admin: forbidden: source "+clientIP(r.RemoteAddr)+" is not in admin_allow, or not loopback and sent no valid bearer token", http.StatusForbidden)
+		a.forbid(w, r)
 		return netip.Addr{}, false
 	}
 	q := r.URL.Query().Get("client")

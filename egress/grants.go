@@ -3,6 +3,8 @@ package egress
 import (
 	"fmt"
 	"net/netip"
+	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -87,6 +89,23 @@ func (g *Grants) Match(client netip.Addr, d allowlist.Dest, now time.Time) (allo
 func (g *Grants) Addresses(client, addr netip.Addr, port int, now time.Time) bool {
 	grant, ok := g.live(client, now)
 	return ok && (grant.instance.Addresses(addr, port) || grant.allowlist.Addresses(addr, port))
+}
+
+// Live lists the grants in force at now, by client address.
+func (g *Grants) Live(now time.Time) []adminclient.LiveGrant {
+	if g == nil {
+		return []adminclient.LiveGrant{}
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	live := []adminclient.LiveGrant{}
+	for client, grant := range g.grants {
+		if now.Before(grant.until) {
+			live = append(live, adminclient.LiveGrant{Client: client.String(), Until: grant.until})
+		}
+	}
+	slices.SortFunc(live, func(a, b adminclient.LiveGrant) int { return strings.Compare(a.Client, b.Client) })
+	return live
 }
 
 func (g *Grants) live(client netip.Addr, now time.Time) (clientGrant, bool) {

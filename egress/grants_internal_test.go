@@ -109,3 +109,35 @@ func TestAdminGrantsEndpoint(t *testing.T) {
 		t.Errorf("untrusted DELETE: %v", err)
 	}
 }
+
+func TestAdminListsLiveGrants(t *testing.T) {
+	now := t0
+	admin := &Admin{Recorder: &Recorder{}, Grants: &Grants{}, Allow: DefaultAdminAllow, Now: func() time.Time { return now }}
+	srv := httptest.NewServer(admin)
+	defer srv.Close()
+	ctx := context.Background()
+	client := &adminclient.Client{Base: srv.URL, HTTP: srv.Client()}
+	for _, g := range []struct {
+		client string
+		until  time.Duration
+	}{{"10.88.0.7", time.Hour}, {"10.88.0.5", time.Minute}} {
+		if err := client.PutGrant(ctx, g.client, adminclient.Grant{Instance: []string{"gitlab.example.com:443"}, Until: t0.Add(g.until)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	live, err := client.ListGrants(ctx)
+	if err != nil || len(live) != 2 || live[0].Client != "10.88.0.5" || live[1].Client != "10.88.0.7" || !live[1].Until.Equal(t0.Add(time.Hour)) {
+		t.Fatalf("live grants %+v, %v; want 10.88.0.5 and 10.88.0.7", live, err)
+	}
+	now = t0.Add(2 * time.Minute) // the first has lapsed
+	if err := client.DeleteGrant(ctx, "10.88.0.7"); err != nil {
+		t.Fatal(err)
+	}
+	if live, err := client.ListGrants(ctx); err != nil || len(live) != 0 {
+		t.Errorf("after one lapsed and one withdrawn: %+v, %v; want none", live, err)
+	}
+	admin.Allow = nil
+	if _, err := client.ListGrants(ctx); err == nil || !strings.Contains(err.Error(), "403") {
+		t.Errorf("an untrusted source listed the grants: %v", err)
+	}
+}

@@ -20,7 +20,8 @@ import (
 const BlockedPath = "/v1/blocked"
 
 // GrantsPath is the endpoint through which runners widen one job pod's allowlist for the
-// job's lifetime: PUT /v1/grants?client=<IP> with a Grant, DELETE /v1/grants?client=<IP>.
+// job's lifetime: PUT /v1/grants?client=<IP> with a Grant, DELETE /v1/grants?client=<IP>;
+// GET /v1/grants lists the grants in force (LiveGrants).
 const GrantsPath = "/v1/grants"
 
 // Timeout bounds one call to the admin endpoint: a proxy that does not answer costs a stage at
@@ -43,6 +44,17 @@ type Grant struct {
 	// private addresses (an on-premises instance), which Allow's may not.
 	Instance []string  `json:"instance,omitempty"`
 	Until    time.Time `json:"until"`
+}
+
+// LiveGrants is the answer of GET /v1/grants: the grants in force, by client.
+type LiveGrants struct {
+	Grants []LiveGrant `json:"grants"`
+}
+
+// LiveGrant is one client's grant in force, and when it lapses.
+type LiveGrant struct {
+	Client string    `json:"client"`
+	Until  time.Time `json:"until"`
 }
 
 // Decision is one proxy decision, logged as a JSON line and kept in memory when blocked.
@@ -99,6 +111,24 @@ func (c *Client) QueryBlocked(ctx context.Context, client string, since time.Tim
 		return nil, fmt.Errorf("reading the answer: %v", err)
 	}
 	return &b, nil
+}
+
+// ListGrants asks for the grants in force.
+func (c *Client) ListGrants(ctx context.Context) ([]LiveGrant, error) {
+	resp, err := c.do(ctx, http.MethodGet, GrantsPath, url.Values{}, nil)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	body := io.LimitReader(resp.Body, 4<<20)
+	if resp.StatusCode != http.StatusOK {
+		return nil, statusError(resp.Status, body)
+	}
+	var live LiveGrants
+	if err := json.NewDecoder(body).Decode(&live); err != nil {
+		return nil, fmt.Errorf("reading the answer: %v", err)
+	}
+	return live.Grants, nil
 }
 
 // PutGrant gives client the allowlist entries of grant until its time.

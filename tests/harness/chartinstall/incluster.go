@@ -51,6 +51,9 @@ type Options struct {
 	// InstanceCA, when set, is the CA (PEM) of an instance served over HTTPS on port 443, as
 	// a self-managed instance with an internal CA; else the instance serves HTTP on port 80.
 	InstanceCA []byte
+	// ExtraValues, when set, are values (YAML) given to helm after the release's own, as an
+	// admin's second -f file: they override it (a list, such as templates, as a whole).
+	ExtraValues string
 }
 
 // Release is an installed release; Uninstall it, then Close.
@@ -144,8 +147,15 @@ func Install(ctx context.Context, o Options) (*Release, error) {
 	if err := os.WriteFile(values, []byte(r.values()), 0o600); err != nil {
 		return r, err
 	}
-	chart := filepath.Join(o.Root, "deploy", "chart", "sandbox-executor")
-	if _, err := Run(r.Helm, "install", o.Release, chart, "-n", o.Namespace, "-f", values, r.kubeconfigFlag()); err != nil {
+	args := []string{"install", o.Release, filepath.Join(o.Root, "deploy", "chart", "sandbox-executor"), "-n", o.Namespace, "-f", values}
+	if o.ExtraValues != "" {
+		extra := filepath.Join(dir, "extra-values.yaml")
+		if err := os.WriteFile(extra, []byte(o.ExtraValues), 0o600); err != nil {
+			return r, err
+		}
+		args = append(args, "-f", extra)
+	}
+	if _, err := Run(r.Helm, append(args, r.kubeconfigFlag())...); err != nil {
 		return r, err
 	}
 	// Where the runner chart keeps it (Secret key runner-token); the runner pod waits for it.
