@@ -41,7 +41,7 @@ LDFLAGS := -s -w -X github.com/sandbox-executor/sandbox-executor/buildinfo.Versi
 # Static binaries: the agent is copied into job pods of any image.
 GOBUILD := CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)'
 
-.PHONY: all modules helm helm-path images release build test lint vet unit check cluster-up cluster-down cluster-wipe netpol e2e e2e-long security demo runner runner-test bench bench-scale clean
+.PHONY: all modules helm helm-path images release build test lint vet unit check cluster-up cluster-down cluster-wipe netpol e2e e2e-long security soak soak-short demo runner runner-test bench bench-scale clean
 
 all: build
 
@@ -196,6 +196,18 @@ e2e: build images $(GOTESTSUM)
 # secrets, leftovers, RBAC) and must fail; independent jobs run concurrently.
 security: build $(GOTESTSUM)
 	SANDBOX_EXECUTOR_BIN=$(BIN) $(call gotest,standard-verbose) -tags security -count=1 -parallel 4 -timeout 30m ./tests/security/...
+
+# The soak (tests/soak, docs/reliability.md): SOAK_JOBS jobs of mixed kinds through the chart's
+# in-cluster install under a seeded random schedule of faults, every invariant checked over every
+# job. SOAK_SEED replays a run (its seed is printed first); the report goes to dist/soak-report.md.
+SOAK_JOBS ?= 200
+soak: build images $(GOTESTSUM)
+	@mkdir -p dist
+	SANDBOX_EXECUTOR_BIN=$(BIN) SOAK_JOBS=$(SOAK_JOBS) SOAK_REPORT=$(CURDIR)/dist/soak-report.md $(call gotest,standard-verbose) -tags soak -count=1 -timeout 150m ./tests/soak/...
+
+# make check's short soak: the same with a fixed seed and 30 jobs (a few minutes).
+soak-short: build images $(GOTESTSUM)
+	SANDBOX_EXECUTOR_BIN=$(BIN) SOAK_JOBS=30 SOAK_SEED=20261127 $(call gotest,standard-verbose) -tags soak -count=1 -timeout 30m ./tests/soak/...
 
 # Adds the slow cases (a stage silent for 10 minutes).
 e2e-long: build

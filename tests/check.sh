@@ -11,8 +11,8 @@
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
-ALL_SUITES=(lint unit build runner-test cluster-up netpol e2e security)
-CLUSTER_SUITES=" netpol e2e security "
+ALL_SUITES=(lint unit build runner-test cluster-up netpol e2e security soak-short)
+CLUSTER_SUITES=" netpol e2e security soak-short "
 CACHE=${SANDBOX_EXECUTOR_CACHE:-$HOME/.cache/sandbox-executor}
 export CHECK_LOG_DIR=${CHECK_LOG_DIR:-$CACHE/logs/check-$(date -u +%Y%m%dT%H%M%SZ)}
 mkdir -p "$CHECK_LOG_DIR"
