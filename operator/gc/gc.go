@@ -8,11 +8,13 @@ package gc
 import (
 	"context"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/urfave/cli/v2"
 
 	"github.com/sandbox-executor/sandbox-executor/config"
+	"github.com/sandbox-executor/sandbox-executor/failure"
 	"github.com/sandbox-executor/sandbox-executor/kube"
 	"github.com/sandbox-executor/sandbox-executor/stages"
 )
@@ -77,18 +79,36 @@ func Run(ctx context.Context, env *stages.Env, opts Options) error {
 			release, kind = claimer.ReleaseColdStart, "cold-started Sandbox, "
 		}
 		if opts.Delete {
+			// The pod's egress grant, if its pool grants one, is found while the claim is there
+			// and withdrawn once it is gone: a runner that died never withdrew it.
+			grantee := granteeOf(ctx, env, claimer, c)
 			// Any job's: gc is how an operator clears a claim a stage refused as another job's.
 			// No outcome: the job's is unknown, and the exporter counts a claim past its
 			// shutdownTime as leaked anyway.
 			if err := release(ctx, c.Namespace, c.Name, kube.AnyJob, kube.Outcome{}); err != nil {
 				return err
 			}
+			env.RevokeEgress(ctx, grantee)
 		}
 		reaped++
 		fmt.Fprintf(env.Stdout, "%s %s/%s (%sjob %s, age %s): %s\n", verb, c.Namespace, c.Name, kind, c.JobID, now.Sub(c.Created).Round(time.Second), why)
 	}
 	fmt.Fprintf(env.Stdout, "%d of %d %s of runner %q %s\n", reaped, len(owned), what, env.Config.RunnerName, map[bool]string{true: "deleted", false: "to delete (dry run: pass --delete)"}[opts.Delete])
 	return nil
+}
+
+// granteeOf is the sandbox of a claim gc reaps, when a pool grants egress: its pod may hold a
+// grant. Nil when none grants, or when it cannot be found (the grant then lapses at its time).
+func granteeOf(ctx context.Context, env *stages.Env, claimer *kube.Claimer, c kube.ClaimInfo) *kube.Sandbox {
+	if !slices.ContainsFunc(env.Config.Pools, func(p config.Pool) bool { return p.GrantsEgress() }) {
+		return nil
+	}
+	sbx, err := claimer.Find(ctx, c.Namespace, c.Name, kube.AnyJob, env.Config.RuntimeClasses)
+	if err != nil {
+		env.Log().Debugf("No egress grant to withdraw found for %s/%s: %s", c.Namespace, c.Name, failure.Line(err))
+		return nil
+	}
+	return sbx
 }
 
 func expired(c kube.ClaimInfo, now time.Time, olderThan time.Duration) string {
