@@ -714,3 +714,27 @@ func TestPatchesHeldToAnnotations(t *testing.T) {
 		t.Errorf("binding %+v: want policy %s in namespace duo-ci", binding.Spec, name)
 	}
 }
+
+// The exporter and gc run the executor's image, which holds neither the agent nor the runner's
+// helper binary: they read gc.toml, not config.toml, which names those binaries and does not
+// load without them (the exporter read config.toml and crash-looped; found by the soak).
+func TestOnlyRunnerPodsReadTheRunnersConfig(t *testing.T) {
+	objs := helmchart.Render(t, "sandbox-executor", "ci", "exporter: {enabled: true}\n")
+	checked := 0
+	for _, p := range ourPods(t, objs) {
+		for _, c := range p.Containers {
+			i := slices.Index(c.Args, "--config")
+			if i < 0 || i+1 >= len(c.Args) {
+				continue
+			}
+			checked++
+			runnerImage := strings.Contains(c.Image, "/sandbox-executor-runner:")
+			if readsRunners := c.Args[i+1] == "/etc/sandbox-executor/config.toml"; readsRunners != runnerImage {
+				t.Errorf("%s/%s (image %s) reads %s", p.name, c.Name, c.Image, c.Args[i+1])
+			}
+		}
+	}
+	if checked < 2 {
+		t.Errorf("%d containers with --config, want at least gc and the exporter", checked)
+	}
+}

@@ -85,7 +85,12 @@ func readSettings(t *testing.T) settings {
 // template (each job granted its instance by the egress proxy), a pool of poolReplicas, the
 // runner's concurrent jobs, the exporter on.
 func soakValues(image string) string {
-	return fmt.Sprintf(`templates:
+	// The fence check of a proxied template: the proxy answers (allow empty), the internet not.
+	return fmt.Sprintf(`jobDefaults:
+  fence:
+    deny: ["%[4]s:80"]
+    allow: []
+templates:
   - name: duo-gvisor
     image: %[1]s
     egress: proxied
@@ -98,7 +103,7 @@ runner:
   concurrent: %[3]d
 exporter:
   enabled: true
-`, image, poolReplicas, concurrent)
+`, image, poolReplicas, concurrent, internet)
 }
 
 // run is the soak's state while it runs.
