@@ -30,6 +30,10 @@ type Config struct {
 	AdminTokenFile string `toml:"admin_token_file"`
 	// Allow is the allowlist (see allowlist.Rule).
 	Allow []string `toml:"allow"`
+	// Instance are the entries of the GitLab instance the runners are registered with: like
+	// Allow's, but their names may resolve to private addresses (an on-premises instance, whose
+	// name the admin chose), which Allow's may not.
+	Instance []string `toml:"instance"`
 	// Hosts resolves names without DNS: name = "IP".
 	Hosts map[string]string `toml:"hosts"`
 	// PerClient and MaxClients bound the blocked attempts kept in memory.
@@ -108,7 +112,7 @@ func (c Config) Build() (*Built, error) {
 		}
 		idle = d
 	}
-	if len(c.Allow) == 0 {
+	if len(c.Allow)+len(c.Instance) == 0 {
 		return nil, fmt.Errorf("allow: the allowlist is empty: every destination would be blocked")
 	}
 	b := &Built{Config: c, Hosts: map[string]netip.Addr{}, TunnelIdleTimeout: idle}
@@ -116,6 +120,11 @@ func (c Config) Build() (*Built, error) {
 	if b.Allowlist, err = allowlist.ParseAllowlist(c.Allow); err != nil {
 		return nil, fmt.Errorf("allow: %v", err)
 	}
+	instance, err := allowlist.ParseAllowlist(c.Instance)
+	if err != nil {
+		return nil, fmt.Errorf("instance: %v", err)
+	}
+	b.Allowlist = b.Allowlist.With(instance.Private())
 	for name, ip := range c.Hosts {
 		n, err := allowlist.NormalizeName(name)
 		if err != nil {

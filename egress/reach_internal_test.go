@@ -173,3 +173,26 @@ func TestTheAddressCheckedIsTheAddressDialled(t *testing.T) {
 		t.Errorf("GET: dialled %v after %d lookups, want the one address checked", got, len(resolver.asked))
 	}
 }
+
+// The instance the runners are registered with (the config's instance, the chart's gitlab.url)
+// may resolve to a private address: an on-premises GitLab by the name its admin gave it, which
+// the job's helper uploads artifacts to. The same name under allow may not.
+func TestTheConfiguredInstanceMayBePrivate(t *testing.T) {
+	built, err := Config{Allow: []string{"npm.corp:443"}, Instance: []string{"gitlab.internal:443"}}.Build()
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := newStand(t)
+	s.proxy.Allowlist = s.proxy.Allowlist.With(built.Allowlist)
+	dials := &dialRecorder{}
+	s.proxy.Resolver = &fakeResolver{addrs: map[string][]string{"gitlab.internal.": {"10.0.0.7"}, "npm.corp.": {"10.0.0.6"}}}
+	s.proxy.dialContext = dials.dial
+	_, _, resp := s.connect(t, "gitlab.internal:443", "")
+	if got := dials.take(); resp.StatusCode != http.StatusBadGateway || fmt.Sprint(got) != "[10.0.0.7:443]" {
+		t.Errorf("CONNECT gitlab.internal:443: %s, dialled %v; want 10.0.0.7:443 dialled", resp.Status, got)
+	}
+	_, _, resp = s.connect(t, "npm.corp:443", "")
+	if b := body(t, resp); resp.StatusCode != http.StatusForbidden || !strings.Contains(b, adminclient.ReasonNonPublicIP) || len(dials.take()) != 0 {
+		t.Errorf("CONNECT npm.corp:443 (allow, private): %s %q; want it refused as non-public", resp.Status, b)
+	}
+}

@@ -201,6 +201,11 @@ func (a *Allowlist) Private() *Allowlist {
 	return out
 }
 
+// With is the list with other's rules after its own.
+func (a *Allowlist) With(other *Allowlist) *Allowlist {
+	return &Allowlist{rules: slices.Concat(a.rules, other.rules)}
+}
+
 // Rules lists the rules' texts.
 func (a *Allowlist) Rules() []string {
 	out := make([]string, len(a.rules))

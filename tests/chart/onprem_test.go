@@ -16,6 +16,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	extv1beta1 "sigs.k8s.io/agent-sandbox/extensions/api/v1beta1"
 
+	"github.com/sandbox-executor/sandbox-executor/egress/allowlist"
 	"github.com/sandbox-executor/sandbox-executor/internal/testing/helmchart"
 )
 
@@ -117,6 +118,10 @@ pools:
 	}
 	if rules := built.Allowlist.Rules(); !slices.Contains(rules, "gitlab.corp.internal:443") || !slices.Contains(rules, "gitlab.corp.internal:22") {
 		t.Errorf("the proxy's allowlist %q lacks the instance", rules)
+	}
+	// As the instance: its name may resolve to its private address (artifact uploads go there).
+	if rule, ok := built.Allowlist.Match(allowlist.Dest{Host: "gitlab.corp.internal", Port: 443}); !ok || !rule.Private {
+		t.Errorf("the proxy's rule for the instance is %+v (%v), want one whose name may resolve to a private address", rule, ok)
 	}
 	// The default install's proxy starts: its allowlist has the instance (an empty one is refused).
 	if _, err := loadEgressConfig(t, helmchart.Render(t, "ci", "ci-sandbox", ""), "ci-sandbox-executor-egress-proxy"); err != nil {

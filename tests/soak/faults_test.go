@@ -18,7 +18,6 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/utils/ptr"
-	extv1beta1 "sigs.k8s.io/agent-sandbox/extensions/api/v1beta1"
 
 	"github.com/sandbox-executor/sandbox-executor/agent/wire"
 	"github.com/sandbox-executor/sandbox-executor/kube"
@@ -257,14 +256,19 @@ func (in *injector) fire(ctx context.Context, f *fault) error {
 	return fmt.Errorf("unknown fault %s", f.kind)
 }
 
-// pickPod chooses the fault's target among the pods claimed now (labelled with their claim's
-// UID), and finds its job from the claim. No claimed pod: the fault is skipped.
+// jobPodSelector selects the release's job pods that have left the warm pool: a claimed pod
+// loses the pool's label (agent-sandbox v0.5.6 puts no claim label on it).
+const jobPodSelector = "app.kubernetes.io/name=sandbox-executor-job,!agents.x-k8s.io/warm-pool-sandbox"
+
+// pickPod chooses the fault's target among the job pods of claims now, each found by its
+// Sandbox (named like the pod) and that Sandbox's controlling claim, which names the job. No
+// such pod: the fault is skipped.
 func (in *injector) pickPod(ctx context.Context, f *fault) (*corev1.Pod, error) {
 	ns := in.r.Namespace
 	var pods []corev1.Pod
-	jobOf := map[string]int64{}
+	jobOf := map[string]int64{} // by pod (Sandbox) name
 	err := retry(ctx, func() error {
-		list, err := in.admin.Kube.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: extv1beta1.SandboxIDLabel})
+		list, err := in.admin.Kube.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: jobPodSelector})
 		if err != nil {
 			return err
 		}
@@ -272,13 +276,22 @@ func (in *injector) pickPod(ctx context.Context, f *fault) (*corev1.Pod, error) 
 		if err != nil {
 			return err
 		}
+		sandboxes, err := in.admin.Sandboxes.AgentsV1beta1().Sandboxes(ns).List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return err
+		}
+		jobOfClaim := map[string]int64{}
 		for _, c := range claims.Items {
-			id, _ := strconv.ParseInt(c.Labels[kube.LabelJobID], 10, 64)
-			jobOf[string(c.UID)] = id
+			jobOfClaim[c.Name], _ = strconv.ParseInt(c.Labels[kube.LabelJobID], 10, 64)
+		}
+		for _, sb := range sandboxes.Items {
+			if ref := metav1.GetControllerOf(&sb); ref != nil && ref.Kind == "SandboxClaim" {
+				jobOf[sb.Name] = jobOfClaim[ref.Name]
+			}
 		}
 		pods = nil
 		for _, p := range list.Items {
-			if p.DeletionTimestamp == nil && p.Status.PodIP != "" && jobOf[p.Labels[extv1beta1.SandboxIDLabel]] != 0 {
+			if p.DeletionTimestamp == nil && p.Status.PodIP != "" && jobOf[p.Name] != 0 {
 				pods = append(pods, p)
 			}
 		}
@@ -292,7 +305,7 @@ func (in *injector) pickPod(ctx context.Context, f *fault) (*corev1.Pod, error) 
 		return nil, nil
 	}
 	pod := pods[f.pick%uint64(len(pods))]
-	f.jobID = jobOf[pod.Labels[extv1beta1.SandboxIDLabel]]
+	f.jobID = jobOf[pod.Name]
 	return &pod, nil
 }
 

@@ -22,7 +22,6 @@ import (
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	extv1beta1 "sigs.k8s.io/agent-sandbox/extensions/api/v1beta1"
 
 	"github.com/sandbox-executor/sandbox-executor/egress/adminclient"
 	"github.com/sandbox-executor/sandbox-executor/internal/testing/testutil"
@@ -475,7 +474,7 @@ func (ru *run) checkNothingLeft(v *violations, r *chartinstall.Release, admin *k
 				}
 			}
 		}
-		pods, err3 := admin.Kube.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: extv1beta1.SandboxIDLabel})
+		pods, err3 := admin.Kube.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: jobPodSelector})
 		if err3 == nil {
 			for _, p := range pods.Items {
 				left = append(left, "pod "+p.Name)
