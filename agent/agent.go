@@ -57,7 +57,7 @@ func Main(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 // Run runs one agent command and returns its exit code.
 func (a *Agent) Run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	if len(args) < 1 {
-		fmt.Fprintln(stderr, "usage: sandbox-executor-agent init|probe|fence|netfence|start|kill|serve|install [flags]")
+		fmt.Fprintln(stderr, "usage: sandbox-executor-agent init|probe|fence|netfence|start|kill|serve|install|helper [flags]")
 		return 2
 	}
 	cmd, args := args[0], args[1:]
@@ -83,6 +83,8 @@ func (a *Agent) Run(args []string, stdin io.Reader, stdout, stderr io.Writer) in
 		err = a.serveCommand(args, stdout)
 	case "install":
 		err = installCommand(args)
+	case "helper":
+		err = helperCommand(args, stdout)
 	default:
 		err = fmt.Errorf("unknown command %q", cmd)
 	}

@@ -30,21 +30,37 @@ func networkOff(getenv func(string) string) string {
 	return ""
 }
 
-// installCommand copies this binary to DEST, for an init container.
+// installCommand copies this binary to DEST, for an init container; with HELPER_SRC and
+// HELPER_DEST, also the runner's helper binary the agent image carries, if it carries one (an
+// image without it leaves the executor to copy the helper at prepare, as before).
 func installCommand(args []string) error {
-	if len(args) != 1 || !filepath.IsAbs(args[0]) {
-		return errors.New("usage: install DEST (an absolute path)")
+	if (len(args) != 1 && len(args) != 3) || !filepath.IsAbs(args[0]) || (len(args) == 3 && (!filepath.IsAbs(args[1]) || !filepath.IsAbs(args[2]))) {
+		return errors.New("usage: install DEST [HELPER_SRC HELPER_DEST] (absolute paths)")
 	}
 	self, err := os.Executable()
 	if err != nil {
 		return err
 	}
-	src, err := os.Open(self)
+	if err := copyFile(self, args[0]); err != nil {
+		return err
+	}
+	if len(args) == 3 {
+		if _, err := os.Stat(args[1]); errors.Is(err, os.ErrNotExist) {
+			return nil
+		}
+		return copyFile(args[1], args[2])
+	}
+	return nil
+}
+
+// copyFile copies from to to (mode 0755), through a temporary file renamed into place.
+func copyFile(from, to string) error {
+	src, err := os.Open(from)
 	if err != nil {
 		return err
 	}
 	defer src.Close()
-	tmp := args[0] + ".tmp"
+	tmp := to + ".tmp"
 	dst, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o755)
 	if err != nil {
 		return err
@@ -56,7 +72,7 @@ func installCommand(args []string) error {
 	if err := dst.Close(); err != nil {
 		return err
 	}
-	return os.Rename(tmp, args[0])
+	return os.Rename(tmp, to)
 }
 
 // serveCommand runs as the job container's command: it lays out BaseDir, starts the stage

@@ -225,9 +225,14 @@ func (s *Server) serveConn(base context.Context, conn net.Conn) {
 		_, _ = io.Copy(io.Discard, r)
 		cancel()
 	}()
+	// A client that cannot be written to is gone too (a SIGKILLed launcher): the write that finds
+	// it so cancels the stage before it returns, so that the stage sees its cancellation, not only
+	// a failed write, and stops what it runs (a run stage's script in the pod) as on a cancel.
 	var mu sync.Mutex
 	start := time.Now()
-	code := s.Handler(ctx, req, frameWriter{mu: &mu, w: conn, kind: frameStdout}, frameWriter{mu: &mu, w: conn, kind: frameStderr})
+	stdout := frameWriter{mu: &mu, w: conn, kind: frameStdout, gone: cancel}
+	stderr := frameWriter{mu: &mu, w: conn, kind: frameStderr, gone: cancel}
+	code := s.Handler(ctx, req, stdout, stderr)
 	verb := "stage"
 	if i := commandIndex(req.Args); i > 0 {
 		verb = req.Args[i]

@@ -4,7 +4,7 @@
 // for Go's initialisation, a new TLS connection to the API server and cold caches before it does
 // its work. `sandbox-executor serve` is a long-running process beside gitlab-runner (same host or
 // container, same user) that listens on a Unix socket; a stage that may go through it (prepare,
-// cleanup) sends it its invocation (arguments, environment, start time) and relays what it writes
+// run, cleanup) sends it its invocation (arguments, environment, start time) and relays what it writes
 // and its exit code. The server runs the stage with connections and caches that outlive a job.
 //
 // The socket is local and private: it lives in a directory only its owner can enter, the socket
@@ -111,6 +111,8 @@ type frameWriter struct {
 	mu   *sync.Mutex
 	w    io.Writer
 	kind byte
+	// gone, if set, is called when a write fails: the client is gone.
+	gone func()
 }
 
 func (f frameWriter) Write(p []byte) (int, error) {
@@ -120,6 +122,9 @@ func (f frameWriter) Write(p []byte) (int, error) {
 	for len(p) > 0 {
 		chunk := p[:min(len(p), maxOutput)]
 		if err := wire.WriteFrame(f.w, f.kind, chunk); err != nil {
+			if f.gone != nil {
+				f.gone()
+			}
 			return written, err
 		}
 		written += len(chunk)

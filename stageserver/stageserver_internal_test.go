@@ -1,6 +1,7 @@
 package stageserver
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"errors"
@@ -301,5 +302,43 @@ func TestHandACancelledStageIsNotServedElsewhere(t *testing.T) {
 	_, err := Hand(ctx, nobody, Stage{Config: "/etc/x.toml", Name: "prepare"}, io.Discard, io.Discard)
 	if NotServed(err) || failure.KindOf(err) != failure.KindSystem || !strings.Contains(err.Error(), "prepare cancelled before it started") {
 		t.Errorf("Hand after a cancel = %v; want a system failure saying prepare was cancelled", err)
+	}
+}
+
+// A client that vanishes without closing its side first (a SIGKILLed launcher, mid-run) cancels
+// its stage: at the latest, the write that finds it gone cancels the stage before it returns, so
+// the stage stops what it runs rather than take it for a mere output error.
+func TestAVanishedClientCancelsTheStage(t *testing.T) {
+	cancelledAtTheFailedWrite := make(chan bool, 1)
+	socket, _ := serving(t, func(ctx context.Context, req Request, stdout, stderr io.Writer) int {
+		fmt.Fprintln(stdout, "started")
+		for {
+			if _, err := io.WriteString(stdout, strings.Repeat("x", maxOutput)); err != nil {
+				cancelledAtTheFailedWrite <- ctx.Err() != nil
+				return 0
+			}
+		}
+	})
+	conn, err := net.Dial("unix", socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	payload, _ := encodeRequest(request("run", "/tmp/script", "build_script"))
+	if err := wire.WriteFrame(conn, frameRequest, payload); err != nil {
+		t.Fatal(err)
+	}
+	if kind, data, err := readFrame(bufio.NewReader(conn), maxOutput); err != nil || kind != frameStdout || string(data) != "started\n" {
+		t.Fatalf("first frame %q %q, %v", kind, data, err)
+	}
+	// Closed with unread output pending: the peer's writes fail (EPIPE, ECONNRESET), as when
+	// the launcher's process dies.
+	conn.Close()
+	select {
+	case cancelled := <-cancelledAtTheFailedWrite:
+		if !cancelled {
+			t.Error("the stage's write to a vanished client failed before its context was cancelled")
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the stage went on writing to a vanished client")
 	}
 }

@@ -41,7 +41,26 @@ const (
 	// BinDir comes first on every stage's PATH: tools the executor ships into the pod (the
 	// runner's helper binary for cache and artifacts) work without rebuilding the job's image.
 	BinDir = BaseDir + "/bin"
+	// BakedDir is where the chart's SandboxTemplates mount what their init container copied
+	// from the agent image (read-only in the job container): the agent and the runner's helper.
+	BakedDir = "/opt/sandbox-executor"
+	// BakedHelperPath is the runner's helper binary there, if the agent image carries it.
+	BakedHelperPath = BakedDir + "/gitlab-runner-helper"
 )
+
+// Answers of the agent's helper command (HelperArgs), one line: the word, then the baked
+// helper's sha256 when there is one.
+const (
+	HelperBaked    = "baked"
+	HelperMismatch = "mismatch"
+	HelperAbsent   = "absent"
+)
+
+// HelperArgs asks the agent whether the helper baked at BakedHelperPath has the sha256 want and,
+// if so, to link it as link (on the stages' PATH, in BinDir).
+func HelperArgs(want, link string) []string {
+	return []string{BinaryPath, "helper", "--baked", BakedHelperPath, "--sha256", want, "--link", link}
+}
 
 // Control lines travel on the exec stream's stderr, so the job's own output (stdout) is passed
 // through byte for byte. A control line starts with an ASCII record separator, which a shell

@@ -1,4 +1,4 @@
-// Command sandbox-executor-stage is the stage launcher: named in prepare_exec and cleanup_exec,
+// Command sandbox-executor-stage is the stage launcher: named in prepare_exec, run_exec and cleanup_exec,
 // it hands the stage to the stage server (sandbox-executor serve) without loading the executor,
 // and otherwise becomes sandbox-executor with the same arguments.
 package main

@@ -257,16 +257,23 @@ func TestRunnerDeployment(t *testing.T) {
 	if strings.Contains(cm.Data["gc.toml"], "stage_server") {
 		t.Errorf("gc's config names a stage server:\n%s", cm.Data["gc.toml"])
 	}
-	// prepare and cleanup start the stage launcher, which hands them to the server; the other
-	// stages start the executor.
+	// prepare, run and cleanup start the stage launcher, which hands them to the server; config
+	// starts the executor.
 	var runnerCM corev1.ConfigMap
 	objs.Decode(t, "ConfigMap", "ci-sandbox-executor-runner", &runnerCM)
 	template := runnerCM.Data["runner-template.toml"]
 	for _, line := range []string{`prepare_exec = "/usr/local/bin/sandbox-executor-stage"`, `cleanup_exec = "/usr/local/bin/sandbox-executor-stage"`,
-		`run_exec = "/usr/local/bin/sandbox-executor"`, `config_exec = "/usr/local/bin/sandbox-executor"`} {
+		`run_exec = "/usr/local/bin/sandbox-executor-stage"`, `config_exec = "/usr/local/bin/sandbox-executor"`} {
 		if !strings.Contains(template, line) {
 			t.Errorf("the runner's [runners.custom] lacks %s:\n%s", line, template)
 		}
+	}
+	// runner.serveRun false: run in its own process, prepare and cleanup still served.
+	direct := helmchart.Render(t, "ci", "ci-sandbox", "runner: {secret: s, registerAttempts: 5, serveRun: false}\n")
+	direct.Decode(t, "ConfigMap", "ci-sandbox-executor-runner", &runnerCM)
+	if template := runnerCM.Data["runner-template.toml"]; !strings.Contains(template, `run_exec = "/usr/local/bin/sandbox-executor"`) ||
+		!strings.Contains(template, `prepare_exec = "/usr/local/bin/sandbox-executor-stage"`) {
+		t.Errorf("runner.serveRun false: want run_exec the executor, prepare_exec the launcher:\n%s", template)
 	}
 	off := helmchart.Render(t, "ci", "ci-sandbox", "runner: {secret: s, registerAttempts: 5, stageServer: false}\n")
 	off.Decode(t, "Deployment", "ci-sandbox-executor-runner", &d)

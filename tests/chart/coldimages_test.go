@@ -96,6 +96,15 @@ func TestColdStartPolicyAdmitsOnlyTheColdTemplatesShape(t *testing.T) {
 		if denied := admit(t, vap, coldSandbox(tmpl)); len(denied) > 0 {
 			t.Fatalf("nonRoot %t: the executor's own cold start is refused: %q", nonRoot, denied)
 		}
+		// That shape includes the runner's helper, copied from the agent image by install-agent
+		// into the agent's emptyDir: the policy admits it as the rest of that init container.
+		bakesHelper := false
+		for _, c := range coldSandbox(tmpl).Spec.PodTemplate.Spec.InitContainers {
+			bakesHelper = bakesHelper || (c.Name == "install-agent" && slices.Contains(c.Command, "/opt/sandbox-executor/gitlab-runner-helper"))
+		}
+		if !bakesHelper {
+			t.Errorf("nonRoot %t: the cold template's install-agent does not bake the runner's helper in", nonRoot)
+		}
 		for _, tc := range []struct {
 			name, want string
 			widen      func(*sandboxv1beta1.Sandbox)
@@ -144,6 +153,14 @@ func TestColdStartPolicyAdmitsOnlyTheColdTemplatesShape(t *testing.T) {
 			}},
 			{"an init container of another image", "init containers of the agent image only", func(s *sandboxv1beta1.Sandbox) {
 				s.Spec.PodTemplate.Spec.InitContainers[0].Image = "registry.example.com/evil:1"
+			}},
+			{"a runner helper from an image of its own", "init containers of the agent image only", func(s *sandboxv1beta1.Sandbox) {
+				install := *s.Spec.PodTemplate.Spec.InitContainers[len(s.Spec.PodTemplate.Spec.InitContainers)-1].DeepCopy()
+				install.Name, install.Image = "install-helper", "registry.example.com/gitlab-runner-helper:17.9.0"
+				s.Spec.PodTemplate.Spec.InitContainers = append(s.Spec.PodTemplate.Spec.InitContainers, install)
+			}},
+			{"a runner helper from the node", "emptyDir volumes only", func(s *sandboxv1beta1.Sandbox) {
+				s.Spec.PodTemplate.Spec.Volumes = append(s.Spec.PodTemplate.Spec.Volumes, corev1.Volume{Name: "helper", VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: "/usr/bin/gitlab-runner-helper"}}})
 			}},
 			{"seccomp unconfined", "unconfined by seccomp", func(s *sandboxv1beta1.Sandbox) {
 				s.Spec.PodTemplate.Spec.SecurityContext.SeccompProfile = &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeUnconfined}

@@ -311,13 +311,16 @@ func plainPodUntilExec(b *testing.B, c *clusterjobs.Cluster) time.Duration {
 
 // BenchmarkWholeJob is the executor's whole overhead for a 5-stage job: config, prepare, five
 // empty stages and cleanup, each a process as the runner starts them, against a plain gVisor pod
-// created until exec-ready (no stage run at all) measured in the same run.
+// created until exec-ready (no stage run at all) measured in the same run; and the same job with
+// prepare, run and cleanup through the stage launcher and the stage server (the chart's default).
 func BenchmarkWholeJob(b *testing.B) {
 	c := newCluster(b)
-	var whole, plain samples
-	for i := 0; i < benchN(10); i++ {
-		waitPoolFull(b, c.Cluster, localcluster.Pool)
-		j := newJob(b, c, ciImage)
+	s := c.NewServedRunner(b, "e2e-whole-served", localcluster.Config{})
+	s.GoneTimeout = time.Minute
+	var whole, served, plain samples
+	oneJob := func(r *clusterjobs.Runner) time.Duration {
+		waitPoolFull(b, r.Cluster, localcluster.Pool)
+		j := newJob(b, r, ciImage)
 		empty := j.Script(b, ":\n")
 		start := time.Now()
 		for _, args := range [][]string{{"config"}, {"prepare"}, {"run", empty, "prepare_script"}, {"run", empty, "get_sources"},
@@ -326,12 +329,18 @@ func BenchmarkWholeJob(b *testing.B) {
 				b.Fatalf("%s: %v\n%s", args[0], err, out)
 			}
 		}
-		whole = append(whole, time.Since(start))
+		return time.Since(start)
+	}
+	for i := 0; i < benchN(10); i++ {
+		whole = append(whole, oneJob(c))
+		served = append(served, oneJob(s))
 		plain = append(plain, plainPodUntilExec(b, c.Cluster))
 	}
 	report(b, "plain gVisor pod to exec-ready", plain, 0)
 	report(b, "whole job, 5 empty stages", whole, plain.median())
+	report(b, "whole job, served (launcher)", served, plain.median())
 	b.ReportMetric(float64(whole.median())/float64(plain.median()), "job/plain-pod")
+	b.ReportMetric(float64(served.median())/float64(plain.median()), "served-job/plain-pod")
 }
 
 // BenchmarkLogThroughput streams 200 MB of job log out of one stage through `sandbox-executor

@@ -48,9 +48,11 @@ func ms(d time.Duration) string { return fmt.Sprintf("%.1fms", float64(d.Microse
 // BenchmarkStageOverhead compares, on one pod, a plain exec of a script (bash reading it from
 // stdin, as `kubectl exec -i` would) with the same script run as a detached stage through the
 // in-pod agent over exec (the default path) and over the pod network (stage_transport =
-// "network"), and with the whole `sandbox-executor run` process on the network path.
+// "network"), and with the whole `sandbox-executor run` process on the network path, and the
+// same run through the stage launcher and the stage server (run_exec naming
+// sandbox-executor-stage, the chart's default).
 func BenchmarkStageOverhead(b *testing.B) {
-	c := newCluster(b, `stage_transport = "network"`)
+	c := newClusterOn(b, runPath{"served", true}, `stage_transport = "network"`)
 	j, pod, _ := preparedJob(b, c, ciImage)
 	clients := c.Clients(b)
 	network, state := j.AgentExecutor(b, clients.Exec)
@@ -66,7 +68,7 @@ func BenchmarkStageOverhead(b *testing.B) {
 	script := []byte("echo stage\n")
 	scriptPath := j.Script(b, string(script))
 	const n = 21
-	var raw, detachedExec, detachedNet, cli samples
+	var raw, detachedExec, detachedNet, cli, served samples
 	timeStage := func(into *samples, r *executor.StageRunner) {
 		var out, errOut bytes.Buffer
 		t0 := time.Now()
@@ -85,19 +87,28 @@ func BenchmarkStageOverhead(b *testing.B) {
 		raw = append(raw, time.Since(t0))
 		timeStage(&detachedExec, viaExec)
 		timeStage(&detachedNet, viaNetwork)
+		c.RunDirect = true // sandbox-executor run, in its own process
 		t0 = time.Now()
 		if out, err := j.Command("run", scriptPath, "build_script").CombinedOutput(); err != nil {
 			b.Fatalf("run: %v %s", err, out)
 		}
 		cli = append(cli, time.Since(t0))
+		c.RunDirect = false // sandbox-executor-stage run, through the stage server
+		t0 = time.Now()
+		if out, err := j.Command("run", scriptPath, "build_script").CombinedOutput(); err != nil {
+			b.Fatalf("served run: %v %s", err, out)
+		}
+		served = append(served, time.Since(t0))
 	}
 	report(b, "raw exec (bash -s)", raw, 0)
 	report(b, "detached stage, exec", detachedExec, raw.median())
 	report(b, "detached stage, network", detachedNet, raw.median())
 	report(b, "sandbox-executor run, network", cli, raw.median())
+	report(b, "launcher + server run, network", served, raw.median())
 	b.ReportMetric(float64(detachedExec.median())/float64(raw.median()), "exec/raw")
 	b.ReportMetric(float64(detachedNet.median())/float64(raw.median()), "network/raw")
 	b.ReportMetric(float64(detachedNet.median().Microseconds())/1000, "network-ms/stage")
+	b.ReportMetric(float64(served.median())/float64(cli.median()), "served/direct-run")
 }
 
 func report(b testing.TB, name string, s samples, baseline time.Duration) {
@@ -124,13 +135,18 @@ func BenchmarkHelloJob(b *testing.B) {
 	cluster := clusterjobs.Connect(b)
 	const hello = "bench-hello"
 	benchPool(b, cluster, hello, int32(max(n, burst)))
-	// As the chart deploys it: prepare and cleanup through the stage server.
+	// As the chart deploys it: prepare, run and cleanup through the stage server; and with run
+	// in its own process (run_exec naming sandbox-executor, runner.serveRun false).
 	network := cluster.NewServedRunner(b, "e2e-hello", localcluster.Config{Pools: localcluster.Pools(hello), Extra: `stage_transport = "network"`})
+	runDirect := network.Definition()
+	runDirect.RunExec = network.Binary()
 	exec := newRunner(b, cluster, localcluster.Config{Pools: localcluster.Pools(hello), Extra: `stage_transport = "exec"`})
 	local := localexecutor.New(b)
 	floor, _ := helloJobs(b, n, local.Definition, local.Env)
 	waitPoolFull(b, cluster, hello)
 	overNetwork, traces := helloJobs(b, n, network.Definition(), nil)
+	waitPoolFull(b, cluster, hello)
+	runInItsProcess, _ := helloJobs(b, n, runDirect, nil)
 	var atRest samples
 	for i := 0; i < spaced; i++ {
 		waitPoolFull(b, cluster, hello)
@@ -147,6 +163,7 @@ func BenchmarkHelloJob(b *testing.B) {
 
 	report(b, "hello job, runner alone", floor, 0)
 	report(b, "hello job, stages over network (stage server)", overNetwork, floor.median())
+	report(b, "hello job, same, run in its own process", runInItsProcess, floor.median())
 	report(b, "hello job, pool at rest", atRest, floor.median())
 	report(b, "hello job, stages over exec", overExec, floor.median())
 	report(b, fmt.Sprintf("hello job, burst of %d", burst), inBurst, floor.median())

@@ -47,6 +47,41 @@ func newCluster(t testing.TB, extra ...string) *clusterjobs.Runner {
 	return newRunner(t, clusterjobs.Connect(t), localcluster.Config{Extra: strings.Join(extra, "\n")})
 }
 
+// runPath is how the runner starts run: sandbox-executor in its own process (run_exec naming
+// it, the old path), or the stage launcher handing it to the stage server (the chart's default).
+type runPath struct {
+	name   string
+	served bool
+}
+
+// runPaths are both: the tests of a run stage's faults run on each.
+var runPaths = []runPath{{"direct", false}, {"served", true}}
+
+// onEachRunPath runs f as a subtest per run path.
+func onEachRunPath(t *testing.T, f func(t *testing.T, path runPath)) {
+	for _, path := range runPaths {
+		t.Run(path.name, func(t *testing.T) { f(t, path) })
+	}
+}
+
+// newRunnerOn is newRunner on path: served, with a stage server of its own through which
+// prepare, run and cleanup go, as the chart deploys it.
+func newRunnerOn(t testing.TB, c *clusterjobs.Cluster, cfg localcluster.Config, path runPath) *clusterjobs.Runner {
+	t.Helper()
+	if !path.served {
+		return newRunner(t, c, cfg)
+	}
+	r := c.NewServedRunner(t, "e2e", cfg)
+	r.GoneTimeout = time.Minute
+	return r
+}
+
+// newClusterOn is newCluster on path.
+func newClusterOn(t testing.TB, path runPath, extra ...string) *clusterjobs.Runner {
+	t.Helper()
+	return newRunnerOn(t, clusterjobs.Connect(t), localcluster.Config{Extra: strings.Join(extra, "\n")}, path)
+}
+
 // newJob is a job on image ("": none, for the default pool) with the environment a modern
 // runner gives every stage.
 func newJob(t testing.TB, r *clusterjobs.Runner, image string) *clusterjobs.Job {

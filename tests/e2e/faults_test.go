@@ -25,8 +25,9 @@ import (
 )
 
 // withProxy is the suite's executor configuration with the API server behind a fault-injecting
-// proxy, and stages pinned to the exec transport.
-func withProxy(t *testing.T) (*clusterjobs.Runner, *faultproxy.Proxy) {
+// proxy, and stages pinned to the exec transport, on path (served: the stage server's
+// connection goes through the proxy too).
+func withProxy(t *testing.T, runPath runPath) (*clusterjobs.Runner, *faultproxy.Proxy) {
 	t.Helper()
 	c := clusterjobs.Connect(t)
 	kc, err := clientcmd.LoadFromFile(c.ExecutorKubeconfig())
@@ -50,7 +51,7 @@ func withProxy(t *testing.T) (*clusterjobs.Runner, *faultproxy.Proxy) {
 	if err := clientcmd.WriteToFile(*kc, path); err != nil {
 		t.Fatal(err)
 	}
-	return newRunner(t, c, localcluster.Config{Kubeconfig: path, Extra: execThroughAPIServer}), proxy
+	return newRunnerOn(t, c, localcluster.Config{Kubeconfig: path, Extra: execThroughAPIServer}, runPath), proxy
 }
 
 // execThroughAPIServer pins stages to the exec transport: these faults are on the path through
@@ -75,28 +76,33 @@ func numberedFrom(first, last, pauseEvery int, exit int) (script, want string) {
 
 // TestStageSurvivesStreamCuts cuts every connection between the executor and the API server
 // three times during one stage, each time while the stage is held mid-output: the job log must
-// get the complete output exactly once, and the right exit code.
+// get the complete output exactly once, and the right exit code. On both run paths.
 func TestStageSurvivesStreamCuts(t *testing.T) {
-	for _, tc := range []struct {
-		name     string
-		exit     int
-		wantCode int
-	}{{"passing", 0, 0}, {"failing", 5, 1}} {
-		t.Run(tc.name, func(t *testing.T) {
-			c, proxy := withProxy(t)
-			j, pod, _ := preparedJob(t, c, ciImage)
-			stage := gatedStage{last: 3000, gates: []int{500, 1500, 2500}, exit: tc.exit}
-			out := stage.runThroughBreaks(t, c, j, pod, func() { proxy.Cut() }, func() {})
-			if code := clusterjobs.ExitCode(out.err); code != tc.wantCode {
-				t.Fatalf("exit %d, want %d; job log:\n%s", code, tc.wantCode, out.log)
-			}
-		})
-	}
+	onEachRunPath(t, func(t *testing.T, path runPath) {
+		for _, tc := range []struct {
+			name     string
+			exit     int
+			wantCode int
+		}{{"passing", 0, 0}, {"failing", 5, 1}} {
+			t.Run(tc.name, func(t *testing.T) {
+				c, proxy := withProxy(t, path)
+				j, pod, _ := preparedJob(t, c, ciImage)
+				stage := gatedStage{last: 3000, gates: []int{500, 1500, 2500}, exit: tc.exit}
+				out := stage.runThroughBreaks(t, c, j, pod, func() { proxy.Cut() }, func() {})
+				if code := clusterjobs.ExitCode(out.err); code != tc.wantCode {
+					t.Fatalf("exit %d, want %d; job log:\n%s", code, tc.wantCode, out.log)
+				}
+			})
+		}
+	})
 }
 
-// TestPodDeletedMidStage: a pod deleted under a running stage is a system failure naming it.
-func TestPodDeletedMidStage(t *testing.T) {
-	c := newCluster(t)
+// TestPodDeletedMidStage: a pod deleted under a running stage is a system failure naming it. On
+// both run paths.
+func TestPodDeletedMidStage(t *testing.T) { onEachRunPath(t, testPodDeletedMidStage) }
+
+func testPodDeletedMidStage(t *testing.T, path runPath) {
+	c := newClusterOn(t, path)
 	j, pod, _ := preparedJob(t, c, ciImage)
 	run := j.Command("run", j.Script(t, "echo stage-started\nsleep 120\n"), "build_script")
 	live := clusterjobs.NewLive()
@@ -118,9 +124,11 @@ func TestPodDeletedMidStage(t *testing.T) {
 	}
 }
 
-// TestSteadyOutputForAMinute: 1 MB/s for 60 s arrives complete.
-func TestSteadyOutputForAMinute(t *testing.T) {
-	c := newCluster(t)
+// TestSteadyOutputForAMinute: 1 MB/s for 60 s arrives complete. On both run paths.
+func TestSteadyOutputForAMinute(t *testing.T) { onEachRunPath(t, testSteadyOutputForAMinute) }
+
+func testSteadyOutputForAMinute(t *testing.T, path runPath) {
+	c := newClusterOn(t, path)
 	j, _, _ := preparedJob(t, c, ciImage)
 	script := "i=0\nwhile [ $i -lt 60 ]; do head -c 1048576 /dev/zero | tr '\\0' x; echo; sleep 1; i=$((i+1)); done\n"
 	var stdout bytes.Buffer
@@ -140,9 +148,12 @@ func TestSteadyOutputForAMinute(t *testing.T) {
 // while a stage is held mid-output. The kill drops the exec stream at once (the kernel closes
 // the dead server's sockets); run must note the drop, re-attach once the API server is back, and
 // deliver the exact output. Before it returns, the cluster is whole again, NetworkPolicy
-// enforcement included.
-func TestStageSurvivesAPIServerCrash(t *testing.T) {
-	c := newCluster(t, execThroughAPIServer)
+// enforcement included. On both run paths (served: the stage server's warm connection to the API
+// server is the one that breaks).
+func TestStageSurvivesAPIServerCrash(t *testing.T) { onEachRunPath(t, testStageSurvivesAPIServerCrash) }
+
+func testStageSurvivesAPIServerCrash(t *testing.T, path runPath) {
+	c := newClusterOn(t, path, execThroughAPIServer)
 	j, pod, _ := preparedJob(t, c, ciImage)
 	clusterjobs.RestoreAfterBreak(t, func() error { return clusterjobs.RunScript("start.sh", "start", "apiserver") })
 	stage := gatedStage{last: 400, gates: []int{100}}
@@ -170,9 +181,13 @@ func TestStageSurvivesAPIServerCrash(t *testing.T) {
 // gate: first a TCP reset (ss -K aborts the connection, as a conntrack flush or a middlebox's RST
 // would), then a silent drop (iptables DROP both ways: a dead path that sends nothing) that
 // outlasts the stream's silence limit. run must note each drop, re-attach once the path is back,
-// and deliver the exact output.
+// and deliver the exact output. On both run paths (served: the connection is the stage server's).
 func TestNetworkTransportSurvivesResetAndSilentDrop(t *testing.T) {
-	c := newCluster(t, `stage_transport = "network"`)
+	onEachRunPath(t, testNetworkTransportSurvivesResetAndSilentDrop)
+}
+
+func testNetworkTransportSurvivesResetAndSilentDrop(t *testing.T, path runPath) {
+	c := newClusterOn(t, path, `stage_transport = "network"`)
 	j, pod, prep := preparedJob(t, c, ciImage)
 	mustContain(t, "prepare log", prep, "stages over pod network")
 	ip := j.PodObject(t).Status.PodIP

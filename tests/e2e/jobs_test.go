@@ -23,9 +23,14 @@ import (
 
 // TestStagesAsModernRunnerInvokesThem drives the binary directly with the environment and
 // arguments of a 17.x runner, and cancels a stage with SIGTERM: the stage's processes must be
-// gone from the pod, checked from outside, before cleanup.
+// gone from the pod, checked from outside, before cleanup. On both run paths (served: the
+// launcher relays the SIGTERM to the stage server, which stops the stage).
 func TestStagesAsModernRunnerInvokesThem(t *testing.T) {
-	c := newCluster(t)
+	onEachRunPath(t, testStagesAsModernRunnerInvokesThem)
+}
+
+func testStagesAsModernRunnerInvokesThem(t *testing.T, path runPath) {
+	c := newClusterOn(t, path)
 	j, pod, prep := preparedJob(t, c, ciImage)
 	out, err := j.Command("config").Output()
 	if err != nil || !strings.Contains(string(out), `"builds_dir":"/builds"`) {

@@ -24,9 +24,12 @@ import (
 
 // TestAgentKilledMidStage kills the stage daemon in the job's pod (SIGKILL, from an exec with
 // admin rights) while a stage runs over the network transport: the job container ends with it,
-// and run reports a system failure that names the pod, never a success with the output cut.
-func TestAgentKilledMidStage(t *testing.T) {
-	c := newCluster(t, `stage_transport = "network"`)
+// and run reports a system failure that names the pod, never a success with the output cut. On
+// both run paths.
+func TestAgentKilledMidStage(t *testing.T) { onEachRunPath(t, testAgentKilledMidStage) }
+
+func testAgentKilledMidStage(t *testing.T, path runPath) {
+	c := newClusterOn(t, path, `stage_transport = "network"`)
 	j, pod, prep := preparedJob(t, c, ciImage)
 	mustContain(t, "prepare log", prep, "stages over pod network")
 	run := j.Command("run", j.Script(t, "echo stage-started\nsleep 300\necho must-not-be-reached\n"), "build_script")
@@ -72,8 +75,16 @@ func TestKilledRunnerLeavesNothingBehind(t *testing.T) {
 	var jobs []killed
 	c := clusterjobs.Connect(t)
 	for _, name := range []string{"e2e-gc-reaped", "e2e-expired"} {
-		// A runner name of its own: gc reaps by runner name.
-		r := c.NewRunnerWith(t, name, localcluster.Config{Extra: fmt.Sprintf("claim_grace = %q", grace.String())})
+		// A runner name of its own: gc reaps by runner name. The second runs its stages through
+		// a stage server (which outlives the runner, as a server beside a killed runner may): the
+		// claim is left to the same nets either way.
+		cfg := localcluster.Config{Extra: fmt.Sprintf("claim_grace = %q", grace.String())}
+		var r *clusterjobs.Runner
+		if name == "e2e-expired" {
+			r = c.NewServedRunner(t, name, cfg)
+		} else {
+			r = c.NewRunnerWith(t, name, cfg)
+		}
 		r.GoneTimeout = time.Minute
 		id := fakegitlab.NextJobID()
 		gitlab.Enqueue(gitlab.NewJob(fakegitlab.JobSpec{ID: id, Image: ciImage, GitStrategy: "none", Timeout: timeout,

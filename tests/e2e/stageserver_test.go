@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"strings"
 	"testing"
+	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -20,12 +21,18 @@ import (
 	"github.com/sandbox-executor/sandbox-executor/tests/harness/localcluster"
 )
 
-// A job through gitlab-runner 17.9 with a stage server, as the chart deploys it: prepare and
-// cleanup run in the server (its log says so), run in their own processes, and the job is the
-// same as without one. The job's masked variable never reaches the server's log.
+// A job through gitlab-runner 17.9 with a stage server, as the chart deploys it: prepare, run and
+// cleanup run in the server (its log says so), and the job is the same as without one; with
+// run_exec naming sandbox-executor (the chart's runner.serveRun false), run stages keep their
+// own processes. The job's masked variable never reaches the server's log.
 func TestRealRunnerJobThroughTheStageServer(t *testing.T) {
+	onEachRunPath(t, testRealRunnerJobThroughTheStageServer)
+}
+
+func testRealRunnerJobThroughTheStageServer(t *testing.T, path runPath) {
 	c := clusterjobs.Connect(t)
 	r := c.NewServedRunner(t, "e2e-served", localcluster.Config{ReadyTimeout: "3m"})
+	r.RunDirect = !path.served
 	gitlab := fakegitlab.New()
 	defer gitlab.Close()
 	const secret = "served-s3cr3t-value-4711"
@@ -45,14 +52,20 @@ func TestRealRunnerJobThroughTheStageServer(t *testing.T) {
 	}
 	log := r.StageServer.Log.String()
 	mustContain(t, "stage server log", log, "prepare exited 0", "cleanup exited 0")
-	if strings.Contains(log, "run exited") || strings.Contains(log, secret) {
-		t.Errorf("the stage server's log has a run stage or the job's secret:\n%s", log)
+	if path.served {
+		mustContain(t, "stage server log", log, "run exited 0")
+	} else if strings.Contains(log, "run exited") {
+		t.Errorf("run_exec names sandbox-executor, yet a run stage went through the server:\n%s", log)
+	}
+	if strings.Contains(log, secret) {
+		t.Errorf("the stage server's log has the job's secret:\n%s", log)
 	}
 }
 
 // With the stage server down, the stage launcher that prepare_exec and cleanup_exec name becomes
 // the executor (execve, the same arguments and environment): the job succeeds as without a
-// server, and its log says once per stage why it was slower.
+// server, and its log says once per stage why it was slower (run stages, which the executor runs
+// in its own process anyway when run_exec names it, say nothing).
 func TestRealRunnerJobWithTheStageServerDown(t *testing.T) {
 	c := clusterjobs.Connect(t)
 	r := c.NewServedRunner(t, "e2e-down", localcluster.Config{ReadyTimeout: "3m"})
@@ -61,8 +74,8 @@ func TestRealRunnerJobWithTheStageServerDown(t *testing.T) {
 	defer gitlab.Close()
 	job := gitlab.NewJob(fakegitlab.JobSpec{Image: ciImage, GitStrategy: "none", Script: []string{"echo hello from $(uname -r)"}})
 	def := r.Definition()
-	if def.PrepareExec != r.StageLauncher() || def.CleanupExec != r.StageLauncher() {
-		t.Fatalf("prepare_exec %s, cleanup_exec %s: want the stage launcher", def.PrepareExec, def.CleanupExec)
+	if def.PrepareExec != r.StageLauncher() || def.RunExec != r.StageLauncher() || def.CleanupExec != r.StageLauncher() {
+		t.Fatalf("prepare_exec %s, run_exec %s, cleanup_exec %s: want the stage launcher", def.PrepareExec, def.RunExec, def.CleanupExec)
 	}
 	gitlab.Enqueue(job)
 	proc := startRunner(t, gitlab, def)
@@ -144,5 +157,50 @@ func TestStageServerKilledMidPrepare(t *testing.T) {
 	res := j.Prepare(t)
 	mustContain(t, "retried prepare", res.Output(), "Sandbox ready: pool "+pool)
 	mustContain(t, "stage server log", r.StageServer.Log.String(), "prepare exited 0")
+	j.Cleanup(t)
+}
+
+// A stage launcher killed mid-run (SIGKILL: the runner's force kill after graceful_kill_timeout,
+// or the runner lost) drops its connection, and the stage server stops the stage's processes in
+// the pod as on a cancel, where a killed run process in its own process leaves them running until
+// cleanup deletes the pod. Checked from outside the pod.
+func TestLauncherKilledMidRun(t *testing.T) {
+	c := clusterjobs.Connect(t)
+	r := c.NewServedRunner(t, "e2e-launcher-killed", localcluster.Config{ReadyTimeout: "3m"})
+	j, pod, _ := preparedJob(t, r, ciImage)
+	run := j.Command("run", j.Script(t, "sleep 600 &\necho stage-started\nwait\n"), "build_script")
+	if run.Path != r.StageLauncher() {
+		t.Fatalf("run starts %s, want the stage launcher", run.Path)
+	}
+	live := clusterjobs.NewLive()
+	run.Stdout, run.Stderr = live, live
+	if err := run.Start(); err != nil {
+		t.Fatal(err)
+	}
+	if !live.Wait("stage-started", 2*time.Minute) {
+		_ = run.Process.Kill()
+		t.Fatalf("the stage did not start:\n%s", live.String())
+	}
+	ps := func() string {
+		out, _ := r.Exec(context.Background(), pod, "sh", "-c", "cat /proc/[0-9]*/cmdline | tr '\\0' ' '")
+		return out
+	}
+	if !strings.Contains(ps(), "sleep 600") {
+		t.Fatalf("the stage's sleep is not running in pod %s: %q", pod, ps())
+	}
+	if err := run.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	_ = run.Wait()
+	deadline := time.Now().Add(time.Minute)
+	for !strings.Contains(r.StageServer.Log.String(), "run exited") {
+		if time.Now().After(deadline) {
+			t.Fatalf("the stage server did not end the stage of the killed launcher:\n%s", r.StageServer.Log.String())
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if out := ps(); strings.Contains(out, "sleep 600") {
+		t.Errorf("the stage's processes survive its killed launcher in pod %s: %q", pod, out)
+	}
 	j.Cleanup(t)
 }

@@ -99,12 +99,21 @@ func validate(o options) error {
 func images(o options) []image {
 	bin := func(name string) string { return filepath.Join(o.binDir, name) }
 	runner := func(name string) string { return filepath.Join(o.runnerDir, name) }
+	agentFiles := []file{{Path: "/sandbox-executor-agent", Src: bin("sandbox-executor-agent"), Mode: 0o755}}
+	if _, err := os.Stat(runner("gitlab-runner-helper")); err == nil {
+		// Without it (no make runner) the agent image is built all the same: prepare then
+		// copies the helper into the jobs that need it, as before.
+		agentFiles = append(agentFiles, file{Path: "/gitlab-runner-helper", Src: runner("gitlab-runner-helper"), Mode: 0o755})
+	}
 	return []image{
 		{
-			// The SandboxTemplate's init container runs "/sandbox-executor-agent install DIR" to
-			// copy the agent into a volume the job container (any image) runs it from.
+			// The SandboxTemplate's init container runs "/sandbox-executor-agent install DIR/agent
+			// /gitlab-runner-helper DIR/gitlab-runner-helper" to copy the agent and the runner's
+			// helper (the same file as the runner image's: prepare links it for jobs with cache
+			// or artifacts when its sha256 is the runner's, instead of copying it) into a volume
+			// the job container (any image) runs them from.
 			Name:       "sandbox-executor-agent",
-			Files:      []file{{Path: "/sandbox-executor-agent", Src: bin("sandbox-executor-agent"), Mode: 0o755}},
+			Files:      agentFiles,
 			Entrypoint: []string{"/sandbox-executor-agent"},
 			Needs:      []string{bin("sandbox-executor-agent")},
 		},

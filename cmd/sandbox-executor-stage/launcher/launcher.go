@@ -1,5 +1,5 @@
-// Package launcher is the stage launcher: what the runner starts for prepare and cleanup when a
-// stage server runs beside it. Starting sandbox-executor costs about 10 ms before its first line
+// Package launcher is the stage launcher: what the runner starts for prepare, run and cleanup
+// when a stage server runs beside it. Starting sandbox-executor costs about 10 ms before its first line
 // runs (Go's initialisation of client-go's API schemes and the rest of a 50 MB binary), on every
 // stage, and a stage the server runs needs none of it. The launcher links only the config, the
 // socket's protocol and the exit codes: it reads the config, hands the stage over and relays it.
@@ -107,12 +107,13 @@ func (p Process) hand(ctx context.Context, socket string, stage stageserver.Stag
 	return stageserver.Hand(ctx, socket, stage, p.Stdout, p.Stderr)
 }
 
-// served reads the command line the runner gave ([--config PATH] STAGE) and the config it names,
+// served reads the command line the runner gave ([--config PATH] STAGE, or [--config PATH] run
+// SCRIPT NAME) and the config it names,
 // and returns the stage server's socket and the stage to hand it; ok is false for anything else,
 // which the executor handles as it always does (its usage errors, its config errors).
 //
 // It reads the arguments by hand instead of through urfave/cli like the other binaries: it must
-// recognise only the two shapes it can hand over and pass every other command line, unknown flags
+// recognise only the shapes it can hand over and pass every other command line, unknown flags
 // included, to the executor unchanged, where a parser would refuse them itself.
 func served(args []string, getenv func(string) string) (socket string, stage stageserver.Stage, ok bool) {
 	var configFlag string
@@ -131,8 +132,17 @@ func served(args []string, getenv func(string) string) (socket string, stage sta
 		}
 		configFlag, args = value, args[1:]
 	}
-	if len(args) != 1 || !stageserver.Serves(args[0]) {
+	if len(args) == 0 || !stageserver.Serves(args[0]) || len(args) != 1+stageserver.Arguments(args[0]) {
 		return "", stage, false
+	}
+	stageArgs := args[1:]
+	if args[0] == "run" {
+		// The script's path as the server, in its own working directory, finds it.
+		script, err := filepath.Abs(args[1])
+		if err != nil {
+			return "", stage, false
+		}
+		stageArgs = []string{script, args[2]}
 	}
 	cfg, err := config.Load(config.ResolvePath(configFlag, getenv))
 	if err != nil || cfg.StageServer == "" {
@@ -142,7 +152,7 @@ func served(args []string, getenv func(string) string) (socket string, stage sta
 	if err != nil {
 		return "", stage, false
 	}
-	return cfg.StageServer, stageserver.Stage{Config: path, Name: args[0]}, true
+	return cfg.StageServer, stageserver.Stage{Config: path, Name: args[0], Args: stageArgs}, true
 }
 
 // becomeExecutor execs sandbox-executor with the launcher's arguments and environment, and

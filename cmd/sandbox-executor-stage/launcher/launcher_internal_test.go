@@ -21,7 +21,16 @@ import (
 	"github.com/sandbox-executor/sandbox-executor/stageserver"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) {
+	if os.Getenv(asLauncher) != "" {
+		// The test binary started as the runner starts the launcher (TestSignalsToTheLauncher).
+		Main()
+	}
+	goleak.VerifyTestMain(m)
+}
+
+// asLauncher in its environment makes the test binary the launcher itself (Main).
+const asLauncher = "SANDBOX_EXECUTOR_TEST_AS_LAUNCHER"
 
 // install lays out a launcher next to an executor and a config naming socket as its stage
 // server ("": none), and returns the launcher's path and the config's.
@@ -97,8 +106,17 @@ func TestHandsTheStageToTheServer(t *testing.T) {
 	if len(got) != 3 {
 		t.Fatalf("the server ran %d stages, want 3", len(got))
 	}
-	want := []string{"sandbox-executor", "--config", cfg, "prepare"}
-	if strings.Join(got[0].Args, " ") != strings.Join(want, " ") || got[1].Args[3] != "cleanup" {
+	// run, with the script's path made absolute: the server has a working directory of its own.
+	t.Chdir(t.TempDir())
+	wd, _ := os.Getwd()
+	if code, _, _, exec := launch(t, self, []string{"--config", cfg, "run", "script.", "build_script"}, runnerEnv); code != 3 || exec != nil {
+		t.Fatalf("run: exit %d, exec %+v; want the server's stage", code, exec)
+	}
+	want := []string{"sandbox-executor", "--config", cfg, "run", filepath.Join(wd, "script."), "build_script"}
+	if strings.Join(got[3].Args, " ") != strings.Join(want, " ") {
+		t.Errorf("run's args %q; want %q", got[3].Args, want)
+	}
+	if want := []string{"sandbox-executor", "--config", cfg, "prepare"}; strings.Join(got[0].Args, " ") != strings.Join(want, " ") || got[1].Args[3] != "cleanup" {
 		t.Errorf("args %q, %q; want %q", got[0].Args, got[1].Args, want)
 	}
 	if got[0].Getenv("CUSTOM_ENV_CI_JOB_ID") != "7" || got[0].Version != buildinfo.Version || !got[0].Started.Equal(time.Unix(1700000000, 0)) {
@@ -119,13 +137,15 @@ func TestBecomesTheExecutorForAnythingElse(t *testing.T) {
 		t.Fatal(err)
 	}
 	for name, args := range map[string][]string{
-		"run":                     {"--config", cfg, "run", "/tmp/script", "build_script"},
+		"run without its stage":   {"--config", cfg, "run", "/tmp/script"},
+		"run with a third":        {"--config", cfg, "run", "/tmp/script", "build_script", "x"},
 		"config":                  {"--config", cfg, "config"},
 		"a flag it does not know": {"--config", cfg, "prepare", "--debug"},
 		"help":                    {"--help"},
 		"no stage":                {"--config", cfg},
 		"no stage_server":         {"--config", noServer, "prepare"},
 		"nobody listening":        {"--config", nobodyListening, "prepare"},
+		"run, nobody listening":   {"--config", nobodyListening, "run", "/tmp/script", "build_script"},
 		"a broken config":         {"--config", broken, "prepare"},
 		"a missing config":        {"--config", "/nonexistent.toml", "cleanup"},
 	} {
@@ -240,4 +260,133 @@ func TestASignalCancelsTheStageInTheServer(t *testing.T) {
 	if code != 12 || stdout.String() != "cancelled in the server\n" {
 		t.Errorf("exit %d, stdout %q; want the stage cancelled in the server and its exit", code, stdout.String())
 	}
+}
+
+// tagged writes what it is given to a shared log, tagged by stream, in the order it came.
+type tagged struct {
+	log *[]string
+	tag string
+}
+
+func (w tagged) Write(p []byte) (int, error) {
+	*w.log = append(*w.log, w.tag+string(p))
+	return len(p), nil
+}
+
+// run goes to the server like prepare and cleanup: its output relayed in the order the stage
+// wrote it across stdout and stderr, byte for byte however large, and its exit code (the script's
+// failure as BUILD_FAILURE_EXIT_CODE, the server's as SYSTEM_FAILURE_EXIT_CODE) as the launcher's.
+func TestRunIsServedWithItsOutputInOrderAndItsExitCode(t *testing.T) {
+	big := make([]byte, 1<<20+13) // over many output frames
+	for i := range big {
+		big[i] = byte(i*7 + i>>9)
+	}
+	var want []string
+	for i := range 40 {
+		want = append(want, fmt.Sprintf("out: line %d\n", i), fmt.Sprintf("err: line %d\n", i))
+	}
+	socket := server(t, func(_ context.Context, req stageserver.Request, stdout, stderr io.Writer) int {
+		for i := range 40 {
+			fmt.Fprintf(stdout, "line %d\n", i)
+			fmt.Fprintf(stderr, "line %d\n", i)
+		}
+		stdout.Write(big)
+		switch req.Args[len(req.Args)-1] {
+		case "build_script":
+			return 11 // the script failed: the stage's BUILD_FAILURE_EXIT_CODE
+		case "after_script":
+			return 12
+		}
+		return 0
+	})
+	self, cfg := install(t, socket)
+	for stage, wantCode := range map[string]int{"build_script": 11, "after_script": 12, "step_script": 0} {
+		var log []string
+		p := Process{Args: []string{self, "--config", cfg, "run", "/tmp/script", stage}, Environ: runnerEnv,
+			Stdout: tagged{&log, "out: "}, Stderr: tagged{&log, "err: "}, Self: self,
+			Exec: func(string, []string, []string) error { t.Error("the launcher tried to exec"); return nil }}
+		if code := Launch(context.Background(), p); code != wantCode {
+			t.Errorf("%s: exit %d, want %d", stage, code, wantCode)
+		}
+		if len(log) < len(want) || strings.Join(log[:len(want)], "") != strings.Join(want, "") {
+			t.Fatalf("%s: output out of order: %q", stage, log[:min(len(log), len(want))])
+		}
+		var got bytes.Buffer
+		for _, w := range log[len(want):] {
+			got.WriteString(strings.TrimPrefix(w, "out: "))
+		}
+		if !bytes.Equal(got.Bytes(), big) {
+			t.Errorf("%s: %d bytes of stdout after the lines, want the stage's %d exactly", stage, got.Len(), len(big))
+		}
+	}
+}
+
+// startLauncher starts the launcher as its own process, as the runner starts run_exec, and
+// returns it once the stage has written its first line in the server, with its stderr (read it
+// after Wait).
+func startLauncher(t *testing.T, cfg string) (*exec.Cmd, *bytes.Buffer) {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "--config", cfg, "run", "/tmp/script", "build_script")
+	cmd.Env = append(append(os.Environ(), asLauncher+"=1"), runnerEnv...)
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	first := make([]byte, len("started\n"))
+	if _, err := io.ReadFull(stdout, first); err != nil || string(first) != "started\n" {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		t.Fatalf("the launcher's first output %q, %v; stderr %q", first, err, stderr.String())
+	}
+	go func() { _, _ = io.Copy(io.Discard, stdout) }()
+	return cmd, &stderr
+}
+
+// The runner's signals to run_exec's process reach the stage in the server: SIGTERM (cancel,
+// timeout) cancels it there and the launcher relays how it stopped and its exit code, as the
+// executor's own process does; a SIGKILL (the runner's force kill, after graceful_kill_timeout)
+// drops the connection, and the server cancels the stage too, which stops its script in the pod.
+func TestSignalsToTheLauncher(t *testing.T) {
+	stopped := make(chan string, 1)
+	socket := server(t, func(ctx context.Context, req stageserver.Request, stdout, stderr io.Writer) int {
+		fmt.Fprint(stdout, "started\n")
+		<-ctx.Done()
+		// What the stage runner does on a cancel: stop the script in the pod, and say so.
+		fmt.Fprintln(stderr, "Stage build_script cancelled: its processes in pod p were stopped")
+		stopped <- req.Args[len(req.Args)-1]
+		return 12
+	})
+	_, cfg := install(t, socket)
+	t.Run("SIGTERM", func(t *testing.T) {
+		cmd, stderr := startLauncher(t, cfg)
+		if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case <-stopped:
+		case <-time.After(10 * time.Second):
+			t.Fatal("the stage in the server was not cancelled by the launcher's SIGTERM")
+		}
+		err := cmd.Wait()
+		if code := cmd.ProcessState.ExitCode(); code != 12 || !strings.Contains(stderr.String(), "Stage build_script cancelled: its processes in pod p were stopped") {
+			t.Errorf("the launcher exited %d (%v), stderr %q; want the stage's 12 and how it stopped", code, err, stderr.String())
+		}
+	})
+	t.Run("SIGKILL", func(t *testing.T) {
+		cmd, _ := startLauncher(t, cfg)
+		if err := cmd.Process.Kill(); err != nil {
+			t.Fatal(err)
+		}
+		_ = cmd.Wait()
+		select {
+		case <-stopped:
+		case <-time.After(10 * time.Second):
+			t.Fatal("the stage in the server went on after its launcher was killed")
+		}
+	})
 }

@@ -40,14 +40,14 @@ var secrets = map[string]string{
 
 // harness runs the CLI like the runner does, against the fake cluster and a local agent.
 type harness struct {
-	t       *testing.T
+	t       testing.TB
 	cluster *fakecluster.Cluster
 	local   *fakecluster.Local
 	env     map[string]string
 	tmp     string
 }
 
-func newHarness(t *testing.T, image string) *harness { return newHarnessWithConfig(t, image, "") }
+func newHarness(t testing.TB, image string) *harness { return newHarnessWithConfig(t, image, "") }
 
 // coldConfig cold-starts tools/* images (unknown_image = "cold").
 const coldConfig = `unknown_image = "cold"
@@ -55,13 +55,13 @@ cold_template = "` + fakecluster.Template + `"
 cold_images = ["tools/*:*"]`
 
 // newHarnessWithConfig adds extra to the top-level keys of the executor's config.
-func newHarnessWithConfig(t *testing.T, image, extra string) *harness {
+func newHarnessWithConfig(t testing.TB, image, extra string) *harness {
 	t.Helper()
 	return newHarnessWithPool(t, image, extra, `images = ["ci:bookworm"]`)
 }
 
 // newHarnessWithPool also gives the pool poolKeys instead of its image, the one its pods run.
-func newHarnessWithPool(t *testing.T, image, extra, poolKeys string) *harness {
+func newHarnessWithPool(t testing.TB, image, extra, poolKeys string) *harness {
 	t.Helper()
 	tmp := t.TempDir()
 	agentBin := filepath.Join(tmp, "agent-binary")

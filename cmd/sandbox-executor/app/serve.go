@@ -22,11 +22,13 @@ type exitStatus int
 
 func (e exitStatus) Error() string { return fmt.Sprintf("the stage exited %d", int(e)) }
 
-// forwardStage hands the stage to the stage server when the config names one; handled is false
-// when the stage must run here (no server configured, or none took it).
+// forwardStage hands prepare and cleanup to the stage server when the config names one; handled
+// is false when the stage must run here (no server configured, or none took it). run is handed
+// over only by the stage launcher (run_exec naming sandbox-executor-stage): sandbox-executor
+// named in run_exec is the direct path, which runs it here, as does the launcher's fallback.
 func forwardStage(c *cli.Context, env *stages.Env, deps Deps) (handled bool, err error) {
 	socket := env.Config.StageServer
-	if socket == "" || deps.Served || !stageserver.Serves(c.Command.Name) {
+	if socket == "" || deps.Served || !stageserver.Serves(c.Command.Name) || c.Command.Name == "run" {
 		return false, nil
 	}
 	configPath, err := filepath.Abs(env.Config.Path())
@@ -50,7 +52,7 @@ func forwardStage(c *cli.Context, env *stages.Env, deps Deps) (handled bool, err
 func (inv *invocation) serveCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "serve",
-		Usage: "stage server: keep the cluster connection warm for prepare and cleanup (stage_server in the config)",
+		Usage: "stage server: keep the cluster connection warm for prepare, run and cleanup (stage_server in the config)",
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "socket", Usage: "the Unix socket (default: stage_server in the config)"},
 			&cli.DurationFlag{Name: "drain", Value: 5 * time.Minute, Usage: "on SIGTERM, how long stages still running may take to finish before they are cancelled"},

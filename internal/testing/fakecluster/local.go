@@ -55,6 +55,9 @@ type Local struct {
 	Probe wire.Probe
 	// Agent runs the commands, with its stage directories in the test's temporary directory.
 	Agent *agent.Agent
+	// BakedDir stands for the pod's wire.BakedDir (what the init container copied from the
+	// agent image) in the commands' arguments, if set.
+	BakedDir string
 
 	running  sync.WaitGroup
 	mu       sync.Mutex
@@ -133,7 +136,14 @@ func (l *Local) Exec(ctx context.Context, req kube.ExecRequest) error {
 	}
 	args := make([]string, 0, len(req.Command)-1)
 	for _, a := range req.Command[1:] {
-		args = append(args, strings.Replace(a, wire.StagesDir, l.Agent.StagesDir(), 1))
+		// The pod's paths, in this test's temporary directories.
+		switch {
+		case strings.HasPrefix(a, wire.BaseDir+"/"):
+			a = filepath.Dir(l.Agent.StagesDir()) + strings.TrimPrefix(a, wire.BaseDir)
+		case l.BakedDir != "" && strings.HasPrefix(a, wire.BakedDir+"/"):
+			a = l.BakedDir + strings.TrimPrefix(a, wire.BakedDir)
+		}
+		args = append(args, a)
 	}
 	// Like a real stream, nothing reaches the caller's writers once Exec has returned.
 	stdoutGate, stderrGate := &gate{w: req.Stdout}, &gate{w: req.Stderr}

@@ -123,6 +123,10 @@ type Runner struct {
 	GoneTimeout time.Duration
 	// StageServer is the runner's stage server (NewServedRunner), nil without one.
 	StageServer *StageServer
+	// RunDirect keeps run in its own process beside a stage server (run_exec naming
+	// sandbox-executor, the chart's runner.serveRun false); otherwise run goes through the stage
+	// launcher like prepare and cleanup.
+	RunDirect bool
 }
 
 // Pool is a [[pool]] entry of the executor configuration.
@@ -170,15 +174,21 @@ func (c *Cluster) NewServedRunner(t testing.TB, prefix string, cfg localcluster.
 }
 
 // Definition is the [runners.custom] section of a real runner that runs our binary with this
-// runner's configuration; with a stage server, prepare and cleanup start the stage launcher, as
-// the chart configures them.
+// runner's configuration; with a stage server, prepare, run (unless RunDirect) and cleanup start
+// the stage launcher, as the chart configures them.
 func (r *Runner) Definition() runner.CustomExecutor {
 	def := r.CustomExecutor(r.ConfigPath)
 	if r.StageServer != nil {
 		def.PrepareExec, def.CleanupExec = r.StageLauncher(), r.StageLauncher()
+		if !r.RunDirect {
+			def.RunExec = r.StageLauncher()
+		}
 	}
 	return def
 }
+
+// ServesRun says whether run goes through the stage launcher and the stage server.
+func (r *Runner) ServesRun() bool { return r.StageServer != nil && !r.RunDirect }
 
 // Clients connects to the cluster as the executor with this runner's configuration does.
 func (r *Runner) Clients(t testing.TB) *kube.Clients {
@@ -266,7 +276,7 @@ func (j *Job) ExitCodeFile() string { return filepath.Join(j.Dir, "build-exit-co
 // Command is one stage of our binary with the job's environment, not started.
 func (j *Job) Command(args ...string) *exec.Cmd {
 	bin := j.Binary()
-	if j.StageServer != nil && len(args) > 0 && stageserver.Serves(args[0]) {
+	if j.StageServer != nil && len(args) > 0 && stageserver.Serves(args[0]) && (args[0] != "run" || !j.RunDirect) {
 		bin = j.StageLauncher()
 	}
 	cmd := exec.Command(bin, append([]string{"--config", j.ConfigPath}, args...)...)

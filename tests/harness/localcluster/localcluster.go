@@ -91,8 +91,8 @@ func (e *Env) AgentCA() (cert, key string) {
 // Binary is the sandbox-executor binary.
 func (e *Env) Binary() string { return filepath.Join(e.BinDir, "sandbox-executor") }
 
-// StageLauncher is the stage launcher that prepare_exec and cleanup_exec name beside a stage
-// server (sandbox-executor-stage).
+// StageLauncher is the stage launcher that prepare_exec, run_exec and cleanup_exec name beside a
+// stage server (sandbox-executor-stage).
 func (e *Env) StageLauncher() string { return filepath.Join(e.BinDir, "sandbox-executor-stage") }
 
 // AgentBinary is the in-pod stage agent.

@@ -119,6 +119,11 @@ namespace: the exporter's and the metrics adapter's Roles. Nothing secret. */}}
 {{- if .Values.runner.stageServer }}sandbox-executor-stage{{ else }}sandbox-executor{{ end }}
 {{- end }}
 
+{{/* The binary run starts: the stage launcher when the stage server runs and serves run. */}}
+{{- define "sandbox-executor.runExec" -}}
+{{- if and .Values.runner.stageServer .Values.runner.serveRun }}sandbox-executor-stage{{ else }}sandbox-executor{{ end }}
+{{- end }}
+
 {{/* Where a pod of ours runs: a component's nodeSelector, tolerations, affinity and
 priorityClassName (each optional), at the pod spec's indentation. */}}
 {{- define "sandbox-executor.scheduling" -}}
