@@ -232,7 +232,7 @@ func TestStockDuoFlowHardenedImage(t *testing.T) {
 	res := runDuoJobWith(t, wrapped.Definition, inst, job, func(proc *runner.Process) {
 		runnerLog = proc.Log
 		wrapped.WaitCleanupHeld(t, proc)
-		pod = jobPod(t, c, job.ID)
+		pod = jobPod(t, c, job)
 		recordContainerLogs(t, c, records, pod)
 		wrapped.ReleaseCleanup()
 	})
@@ -265,7 +265,7 @@ func TestStockDuoFlowHardenedImage(t *testing.T) {
 	// Positive control: the capture is the executor's output before the runner masks anything.
 	executorOutput := wrapped.Output(t)
 	mustContain(t, "the executor's output", executorOutput, "Sandbox ready: pool "+hardenedPool, "id_tokens: GITLAB_OIDC_TOKEN sha256 "+sha256Hex(idToken))
-	assertNotRecorded(t, c, records, job.ID, pod, map[string]string{"id token": idToken, "id token's signature": idToken[strings.LastIndex(idToken, ".")+1:]},
+	assertNotRecorded(t, c, records, job, pod, map[string]string{"id token": idToken, "id token's signature": idToken[strings.LastIndex(idToken, ".")+1:]},
 		map[string]string{"executor output": executorOutput, "runner log": runnerLog(), "trace": trace})
 	t.Logf("job %d: %s in %s (handed out -> final state)", job.ID, res.State, res.Duration())
 }
@@ -319,9 +319,9 @@ func recordContainerLogs(t *testing.T, c *clusterjobs.Runner, records *clusterRe
 // the namespace's events and the texts given, and fails for every secret that any of them
 // holds. The job's claim, its pod's versions and its container logs must have been recorded:
 // a recording that missed them proves nothing.
-func assertNotRecorded(t *testing.T, c *clusterjobs.Runner, records *clusterRecords, jobID int64, pod string, secrets, texts map[string]string) {
+func assertNotRecorded(t *testing.T, c *clusterjobs.Runner, records *clusterRecords, job fakegitlab.Job, pod string, secrets, texts map[string]string) {
 	t.Helper()
-	claim := "claim " + kube.ClaimName(c.Name, jobID)
+	claim := "claim " + kube.ClaimName(job.Token, c.Name, job.ID)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	records.WaitDeleted(ctx, t, claim, "pod "+pod)

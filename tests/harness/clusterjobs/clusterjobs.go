@@ -407,7 +407,7 @@ func (j *Job) MustRun(t testing.TB, body string) Result {
 }
 
 // ClaimName is the job's SandboxClaim.
-func (j *Job) ClaimName() string { return kube.ClaimName(j.Runner.Name, j.ID) }
+func (j *Job) ClaimName() string { return kube.ClaimName(j.token, j.Runner.Name, j.ID) }
 
 // AgentExecutor is what the job's stages run agent commands with, as its prepare saved them:
 // the agent over the pod network (TLS, with a client certificate of the cluster's agent CA for
