@@ -197,7 +197,7 @@ type JobSpec struct {
 	// Token is the job token (CI_JOB_TOKEN); empty means a fixed test value.
 	Token string
 	// ID is the job's ID; 0 means a new one. Jobs of one runner with the same ID (a second GitLab
-	// instance) share the claim name.
+	// instance) share the claim name only if they share the token (kube.ClaimName is keyed with it).
 	ID int64
 	// RunnerEnv is added to the runner process's own environment, which every stage inherits.
 	RunnerEnv []string
