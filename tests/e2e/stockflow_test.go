@@ -35,6 +35,10 @@ const (
 	hardenedImage = "registry.gitlab.com/gitlab-org/duo-workflow/default-docker-image/workflow-generic-image-hardened:v0.0.7"
 	// flowEgressAdmin is the proxy of these pools: deploy/local's (tests/cluster/egress-proxy.sh).
 	flowEgressAdmin = egressAdmin
+	// jobEgressAdmin is the proxy's admin address as the stock job tries it, through the proxy
+	// (HTTP_PROXY), which must refuse to forward to it: a plain-HTTP PUT, so that the proxy sees
+	// and reports the method.
+	jobEgressAdmin = "http://10.99.2.2:3129"
 )
 
 // TestStockDuoFlow runs the stock flow's shape through gitlab-runner 17.9: a job with no image,
@@ -74,7 +78,7 @@ func TestStockDuoFlow(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	job := inst.StockJob(base, npm.URL, flowEgressAdmin,
+	job := inst.StockJob(base, npm.URL, jobEgressAdmin,
 		`echo "setup_script: running as $(id -un) (uid $(id -u)) in $(pwd)"`,
 		`npm config set --location=global registry "$`+duoflow.NPMRegistryVariable+`"`)
 	job.Steps[0].Script = append(job.Steps[0].Script, networkPolicyChecks...)
@@ -113,7 +117,7 @@ func TestStockDuoFlow(t *testing.T) {
 		"the job's own unix socket: pong",
 		"unix sockets in the kernel after: ["+agentSocket+" "+jobSocket+"]",
 		"unix sockets on the filesystem: ["+agentSocket+" "+jobSocket+"]",
-		"egress blocked: PUT "+strings.TrimPrefix(flowEgressAdmin, "http://")+" (not in the allowlist of pool "+flowPool+")",
+		"egress blocked: PUT "+strings.TrimPrefix(jobEgressAdmin, "http://")+" (not in the allowlist of pool "+flowPool+")",
 		"egress blocked: GET "+duoflow.ProjectAllowedDomain+":80 (not in the allowlist of pool "+flowPool+")",
 		"egress blocked: GET "+duoflow.ProjectDeniedDomain+":80 (not in the allowlist of pool "+flowPool+")",
 		"egress blocked: CONNECT pypi.org:443 (not in the allowlist of pool "+flowPool+")",
@@ -216,7 +220,7 @@ func TestStockDuoFlowHardenedImage(t *testing.T) {
 		t.Fatal(err)
 	}
 	idToken := oidcToken(t, inst.GitLab.URL(), "https://vault.example.com")
-	job := inst.StockJob(base, "http://registry.invalid/", flowEgressAdmin,
+	job := inst.StockJob(base, "http://registry.invalid/", jobEgressAdmin,
 		`echo "setup_script: running as $(id -un) (uid $(id -u))"`,
 		// What a setup_script does with an ID token (a Vault login, say), short of the login.
 		`echo "id_tokens: GITLAB_OIDC_TOKEN sha256 $(printf %s "$GITLAB_OIDC_TOKEN" | sha256sum | cut -c1-64)"`,
