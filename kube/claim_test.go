@@ -225,7 +225,7 @@ func TestClaimNameIsDeterministicAndDNSSafe(t *testing.T) {
 	if kube.ClaimName(token, "Runner One", 123456788) == a {
 		t.Error("two job ids got the same claim name")
 	}
-	if kube.ClaimName("", "Runner One", 123456789) != kube.ClaimName("", "Runner One", 123456789) {
+	if tokenless := kube.ClaimName("", "Runner One", 123456789); tokenless != kube.ClaimName("", "Runner One", 123456789) || tokenless == a {
 		t.Error("ClaimName without a token is not deterministic")
 	}
 	long := strings.Repeat("a very long runner name, Ünïcode and_all. ", 20)

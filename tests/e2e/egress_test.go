@@ -124,7 +124,6 @@ true
 	}
 }
 
-
 // pollDirect is a stage that connects to url without the proxy until it gets want ("" = until two
 // attempts in a row fail: a policy change takes a moment to reach the node's rules), for at
 // most a minute, and prints what it saw.

@@ -429,7 +429,7 @@ func TestAnotherJobWithTheSameIDGetsItsOwnSandbox(t *testing.T) {
 	if code, out, errOut := first.run("prepare"); code != 0 {
 		t.Fatalf("first prepare: exit %d\n%s%s", code, out, errOut)
 	}
-	made, err := claims.Get(context.Background(), name, metav1.GetOptions{})
+	before, err := claims.Get(context.Background(), name, metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -439,7 +439,10 @@ func TestAnotherJobWithTheSameIDGetsItsOwnSandbox(t *testing.T) {
 	}
 	first.cluster.WaitClaimStatus(t, name)
 	first.cluster.WaitClaimStatus(t, otherName)
-	made, _ = claims.Get(context.Background(), name, metav1.GetOptions{})
+	made, err := claims.Get(context.Background(), name, metav1.GetOptions{})
+	if err != nil || made.UID != before.UID {
+		t.Fatalf("the first job's claim after the second prepare: %v (uid %s, was %s)", err, made.UID, before.UID)
+	}
 	own, err := claims.Get(context.Background(), otherName, metav1.GetOptions{})
 	if err != nil {
 		t.Fatalf("the second job's claim %s: %v", otherName, err)
