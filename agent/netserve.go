@@ -92,13 +92,14 @@ func (a *Agent) serveConn(conn *tls.Conn, pod *owner) {
 	_ = fw.frame(wire.FrameExit, []byte(strconv.Itoa(code)))
 }
 
-// listenNetwork starts the network path on addr with the agent CA saved at the client-CA path.
+// listenNetwork starts the network path on addr (and, for a wildcard addr, on its port of every
+// address of the pod: listenEvery) with the agent CA saved at the client-CA path.
 func (a *Agent) listenNetwork(addr string) error {
 	clientCA, err := os.ReadFile(a.clientCAPath())
 	if err != nil {
 		return err
 	}
-	ln, err := net.Listen("tcp", addr)
+	ln, err := listenEvery(addr)
 	if err != nil {
 		return err
 	}

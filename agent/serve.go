@@ -5,7 +5,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"net"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -146,7 +145,8 @@ func (a *Agent) serveCommand(args []string, stdout io.Writer) error {
 	// Listening only when the template names a fence: a readiness probe on a template that
 	// forgot the addresses is refused, and the pod never Ready, rather than passing unchecked.
 	if fence := FenceFromEnv(os.Getenv); fence.Configured() {
-		ln, err := net.Listen("tcp", *fenceListen)
+		// On every address of the pod, as the network path: only the agent may send from it.
+		ln, err := listenEvery(*fenceListen)
 		if err != nil {
 			return fmt.Errorf("the fence check's readiness port: %w", err)
 		}

@@ -114,6 +114,10 @@ type Config struct {
 	// EgressAdminTokenFile holds the bearer token of the egress proxies' admin API (their
 	// admin_token_file); see egress_admin.go.
 	EgressAdminTokenFile string `toml:"egress_admin_token_file"`
+	// EgressAdminCAFile holds the CA certificates (PEM) that verify the egress proxies' admin
+	// certificates (https egress_proxy addresses; the proxy's admin_tls_cert_file); unset: the
+	// system's roots. See egress_admin.go.
+	EgressAdminCAFile string `toml:"egress_admin_ca_file"`
 
 	// Reconnects bounds how often one stage re-attaches after its stream drops.
 	Reconnects int `toml:"reconnects"`

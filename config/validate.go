@@ -233,10 +233,14 @@ func (c *Config) checkReconnects() error {
 	return nil
 }
 
-// checkEgressAdminToken: the token file, when named, is readable and long enough.
+// checkEgressAdminToken: the token file, when named, is readable and long enough, and the CA
+// file, when named, holds certificates.
 func (c *Config) checkEgressAdminToken() error {
 	if _, err := c.EgressAdminToken(); err != nil {
 		return c.fail("egress_admin_token_file", "%v", err)
+	}
+	if _, err := c.EgressAdminCA(); err != nil {
+		return c.fail("egress_admin_ca_file", "%v", err)
 	}
 	return nil
 }
@@ -250,6 +254,7 @@ func (c *Config) checkForStageServer() error {
 	for _, f := range []struct{ key, value string }{
 		{"stage_server", c.StageServer}, {"kubeconfig", c.Kubeconfig}, {"agent_ca_cert", c.AgentCACert},
 		{"agent_ca_key", c.AgentCAKey}, {"agent_binary", c.AgentBinary}, {"helper_binary", c.HelperBinary},
+		{"egress_admin_ca_file", c.EgressAdminCAFile},
 	} {
 		if f.value != "" && !filepath.IsAbs(f.value) {
 			return c.fail(f.key, "%q must be an absolute path with stage_server set (the stage server has its own working directory)", f.value)

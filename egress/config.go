@@ -1,6 +1,7 @@
 package egress
 
 import (
+	"crypto/tls"
 	"fmt"
 	"net"
 	"net/netip"
@@ -8,6 +9,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/BurntSushi/toml"
@@ -28,6 +30,12 @@ type Config struct {
 	// AdminTokenFile holds the admin API's bearer token (relative: to the config file's
 	// directory).
 	AdminTokenFile string `toml:"admin_token_file"`
+	// AdminTLSCertFile and AdminTLSKeyFile serve the admin API over TLS (1.2 or later, 1.3
+	// preferred) with this certificate and key (PEM; relative: to the config file's directory),
+	// read again when either file changes. Required, with AdminTokenFile, when AdminAllow names
+	// any network beyond loopback: the token must not cross a network in clear.
+	AdminTLSCertFile string `toml:"admin_tls_cert_file"`
+	AdminTLSKeyFile  string `toml:"admin_tls_key_file"`
 	// Allow is the allowlist (see allowlist.Rule).
 	Allow []string `toml:"allow"`
 	// Instance are the entries of the GitLab instance the runners are registered with: like
@@ -52,6 +60,9 @@ type Built struct {
 	Hosts     map[string]netip.Addr
 	Allow     []netip.Prefix
 	Token     string
+	// AdminTLS serves the admin API when admin_tls_cert_file is set; nil: plain HTTP (loopback
+	// only).
+	AdminTLS *tls.Config
 	// TunnelIdleTimeout is tunnel_idle_timeout parsed.
 	TunnelIdleTimeout time.Duration
 }
@@ -72,8 +83,10 @@ func ParseConfig(path string, data []byte) (*Built, error) {
 	if err != nil {
 		return nil, fmt.Errorf("config %s: %v", path, err)
 	}
-	if c.AdminTokenFile != "" && !filepath.IsAbs(c.AdminTokenFile) {
-		c.AdminTokenFile = filepath.Join(filepath.Dir(path), c.AdminTokenFile)
+	for _, f := range []*string{&c.AdminTokenFile, &c.AdminTLSCertFile, &c.AdminTLSKeyFile} {
+		if *f != "" && !filepath.IsAbs(*f) {
+			*f = filepath.Join(filepath.Dir(path), *f)
+		}
 	}
 	if u := md.Undecoded(); len(u) > 0 {
 		return nil, fmt.Errorf("config %s: %s: unknown key", path, u[0])
@@ -150,9 +163,20 @@ func (c Config) Build() (*Built, error) {
 		}
 		b.Allow = append(b.Allow, p.Masked())
 	}
-	if c.AdminTokenFile == "" {
-		if i := slices.IndexFunc(b.Allow, func(p netip.Prefix) bool { return !isLoopback(p) }); i >= 0 {
+	if i := slices.IndexFunc(b.Allow, func(p netip.Prefix) bool { return !isLoopback(p) }); i >= 0 {
+		switch {
+		case c.AdminTokenFile == "":
 			return nil, fmt.Errorf("admin_allow: %s is not loopback: set admin_token_file (a bearer token of 16 or more characters), which sources outside loopback must send", b.Allow[i])
+		case c.AdminTLSCertFile == "":
+			return nil, fmt.Errorf("admin_allow: %s is not loopback: set admin_tls_cert_file and admin_tls_key_file, so that the admin token does not cross the network in clear", b.Allow[i])
+		}
+	}
+	if (c.AdminTLSCertFile == "") != (c.AdminTLSKeyFile == "") {
+		return nil, fmt.Errorf("admin_tls_cert_file and admin_tls_key_file: set both or neither")
+	}
+	if c.AdminTLSCertFile != "" {
+		if b.AdminTLS, err = adminTLS(c.AdminTLSCertFile, c.AdminTLSKeyFile); err != nil {
+			return nil, fmt.Errorf("admin_tls_cert_file: %v", err)
 		}
 	}
 	if c.AdminTokenFile != "" {
@@ -174,4 +198,58 @@ var loopbackV4 = netip.MustParsePrefix("127.0.0.0/8")
 func isLoopback(p netip.Prefix) bool {
 	return p.Addr().Is4() && p.Bits() >= loopbackV4.Bits() && loopbackV4.Contains(p.Addr()) ||
 		p.Addr() == netip.IPv6Loopback() && p.Bits() == 128
+}
+
+// adminTLS serves the admin API with the key pair of certFile and keyFile: TLS 1.2 or later
+// (Go negotiates 1.3 with every client that has it, and offers only AEAD ECDHE suites below
+// it). The pair is read again on a handshake after either file's modification time or size
+// changed (a renewed Secret), and kept when the new pair does not load.
+func adminTLS(certFile, keyFile string) (*tls.Config, error) {
+	k := &keyPair{certFile: certFile, keyFile: keyFile}
+	if err := k.load(); err != nil {
+		return nil, err
+	}
+	return &tls.Config{
+		MinVersion: tls.VersionTLS12,
+		GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) {
+			return k.get(), nil
+		},
+	}, nil
+}
+
+// keyPair is a certificate and key loaded from files, reloaded when they change.
+type keyPair struct {
+	certFile, keyFile string
+	mu                sync.Mutex
+	cert              *tls.Certificate
+	stamp             string
+}
+
+func (k *keyPair) fileStamp() string {
+	var b strings.Builder
+	for _, f := range []string{k.certFile, k.keyFile} {
+		if fi, err := os.Stat(f); err == nil {
+			fmt.Fprintf(&b, "%d/%d;", fi.ModTime().UnixNano(), fi.Size())
+		}
+	}
+	return b.String()
+}
+
+func (k *keyPair) load() error {
+	stamp := k.fileStamp()
+	cert, err := tls.LoadX509KeyPair(k.certFile, k.keyFile)
+	if err != nil {
+		return err
+	}
+	k.cert, k.stamp = &cert, stamp
+	return nil
+}
+
+func (k *keyPair) get() *tls.Certificate {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.fileStamp() != k.stamp {
+		_ = k.load() // a half-written pair keeps the last good one
+	}
+	return k.cert
 }

@@ -58,10 +58,12 @@ func TestConfigErrors(t *testing.T) {
 }
 
 // The admin API widens pods' egress: a network other than loopback in admin_allow needs the
-// token, or the proxy does not start. A relative token file is the config file's neighbour.
+// token (and TLS: TestAdminAllowBeyondLoopbackNeedsTLS), or the proxy does not start. Relative
+// files are the config file's neighbours.
 func TestAdminAllowBeyondLoopbackNeedsAToken(t *testing.T) {
 	dir := t.TempDir()
 	os.WriteFile(filepath.Join(dir, "token"), []byte("a-token-of-32-characters-or-so!!\n"), 0o600)
+	testPKI(t, dir, "proxy")
 	load := func(keys string) (*Built, error) {
 		p := filepath.Join(dir, "c.toml")
 		os.WriteFile(p, []byte("allow = [\"x.example\"]\n"+keys), 0o600)
@@ -72,8 +74,8 @@ func TestAdminAllowBeyondLoopbackNeedsAToken(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), "is not loopback: set admin_token_file") || strings.Contains(err.Error(), "\n") {
 			t.Errorf("admin_allow = %s without a token: %v, want one line asking for admin_token_file", allow, err)
 		}
-		b, err := load("admin_allow = " + allow + "\nadmin_token_file = \"token\"\n")
-		if err != nil || b.Token != "a-token-of-32-characters-or-so!!" {
+		b, err := load("admin_allow = " + allow + "\nadmin_token_file = \"token\"\nadmin_tls_cert_file = \"tls.crt\"\nadmin_tls_key_file = \"tls.key\"\n")
+		if err != nil || b.Token != "a-token-of-32-characters-or-so!!" || b.AdminTLS == nil {
 			t.Errorf("admin_allow = %s with a token: %+v, %v", allow, b, err)
 		}
 	}

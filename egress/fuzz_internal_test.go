@@ -16,7 +16,7 @@ import (
 )
 
 // FuzzConfig: any config file's contents are refused with one line or give a proxy that
-// serves: an allowlist, and no network beyond loopback trusted without a token.
+// serves: an allowlist, and no network beyond loopback trusted without a token and TLS.
 func FuzzConfig(f *testing.F) {
 	// The seed corpus is testdata/fuzz/FuzzConfig.
 	f.Fuzz(func(t *testing.T, data string) {
@@ -31,8 +31,8 @@ func FuzzConfig(f *testing.F) {
 			t.Errorf("config %q built %+v", data, b)
 		}
 		for _, p := range b.Allow {
-			if !isLoopback(p) && b.Token == "" {
-				t.Errorf("config %q trusts %s without a token", data, p)
+			if !isLoopback(p) && (b.Token == "" || b.AdminTLS == nil) {
+				t.Errorf("config %q trusts %s without a token and TLS", data, p)
 			}
 		}
 	})

@@ -127,7 +127,7 @@ func (a *AgentNetwork) send(ctx context.Context, conn *tls.Conn, req kube.ExecRe
 		return err
 	}
 	if code == wire.ExitRefused {
-		return &RefusedError{Addr: a.Addr, Reason: refusal.String()}
+		return &RefusedError{Addr: a.Addr, Reason: refusal.Line()}
 	}
 	if code != 0 {
 		return &kube.ExitError{Code: code}

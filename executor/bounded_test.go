@@ -102,8 +102,8 @@ func checkBounded(t *testing.T, heap *testutil.PeakHeap, err error) {
 	if err == nil || failure.KindOf(err) != failure.KindSystem {
 		t.Fatalf("Run = %.200v; want a system failure", err)
 	}
-	if len(err.Error()) > 2*4<<10 {
-		t.Errorf("the error carries %d bytes of the agent's answer", len(err.Error()))
+	if msg := err.Error(); len(msg) > 600 || strings.Contains(msg, "\n") || !strings.Contains(msg, `"xxxx`) || !strings.Contains(msg, " bytes)") {
+		t.Errorf("the error line carries %d bytes of the agent's answer, want one short line quoting its head and saying its size: %.700s", len(msg), msg)
 	}
 }
 

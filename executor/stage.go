@@ -140,7 +140,7 @@ func (r *StageRunner) stop(stageDir, name string) error {
 		Stdout:  io.Discard, Stderr: stderr,
 	})
 	if err != nil {
-		return failure.SystemError(nil, "stage %s cancelled, but stopping its processes in pod %s failed: %s", name, r.Sandbox.Pod, failure.OneLine(strings.TrimSpace(stderr.String()+" "+err.Error())))
+		return failure.SystemError(nil, "stage %s cancelled, but stopping its processes in pod %s failed: %s", name, r.Sandbox.Pod, failure.OneLine(strings.TrimSpace(stderr.Line()+" "+err.Error())))
 	}
 	r.Log.Warnf("Stage %s cancelled: its processes in pod %s were stopped", name, r.Sandbox.Pod)
 	return &failure.Error{Kind: failure.KindSystem, Err: ErrCancelled, Msg: "stage " + name}

@@ -37,10 +37,12 @@ func TestJobBindingIsKeyedAndObjectSpecific(t *testing.T) {
 	}
 }
 
-// otherJob is the request of a job with the same runner name and job ID as testRequest's (a second
-// GitLab instance), but its own token.
+// otherJob is the request of a job with another token whose claim has testRequest's name. A job
+// of another token gets another name (ClaimName is keyed with it), so this is what remains: an
+// object of that name made by hand, or by someone who learnt the name, must still not be taken
+// for the job's.
 func otherJob(req kube.ClaimRequest) kube.ClaimRequest {
-	req.Binding = kube.JobBinding("glcbt-job-b-token", req.Namespace, kube.ClaimName(req.Runner, req.Job.ID))
+	req.Binding = kube.JobBinding("glcbt-job-b-token", req.Namespace, req.Name)
 	return req
 }
 

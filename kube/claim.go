@@ -20,7 +20,10 @@ import (
 // Claim creates the job's claim, or adopts it if a retried prepare already made it, and waits
 // until its sandbox is Ready and verified.
 func (c *Claimer) Claim(ctx context.Context, req ClaimRequest) (*Sandbox, error) {
-	name := ClaimName(req.Runner, req.Job.ID)
+	name := req.Name
+	if name == "" {
+		return nil, failure.SystemError(nil, "no claim name for job %d: the request must name its claim (kube.ClaimName)", req.Job.ID)
+	}
 	claims := c.clients.Extensions.ExtensionsV1beta1().SandboxClaims(req.Namespace)
 	shutdown := c.shutdownTime(req)
 	want := &extv1beta1.SandboxClaim{

@@ -10,6 +10,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/apimachinery/pkg/util/wait"
 	k8stesting "k8s.io/client-go/testing"
 	testingclock "k8s.io/utils/clock/testing"
@@ -22,10 +23,10 @@ import (
 
 func testRequest() kube.ClaimRequest {
 	return kube.ClaimRequest{
-		Namespace: fakecluster.Namespace, Pool: "duo-default", Runner: "runner-a",
+		Namespace: fakecluster.Namespace, Name: kube.ClaimName("glcbt-job-a-token", "runner-a", 4242), Pool: "duo-default", Runner: "runner-a",
 		Job:   kube.Job{ID: 4242, ProjectID: 7, PipelineID: 99, Timeout: time.Hour},
 		Grace: 10 * time.Minute, ReadyTimeout: 5 * time.Second, RuntimeClasses: []string{"gvisor"},
-		Binding: kube.JobBinding("glcbt-job-a-token", fakecluster.Namespace, kube.ClaimName("runner-a", 4242)),
+		Binding: kube.JobBinding("glcbt-job-a-token", fakecluster.Namespace, kube.ClaimName("glcbt-job-a-token", "runner-a", 4242)),
 	}
 }
 
@@ -37,7 +38,7 @@ func TestClaimCreatesLabelledClaimWithLifecycle(t *testing.T) {
 	if err != nil {
 		t.Fatalf("Claim: %v", err)
 	}
-	want := kube.Sandbox{Namespace: fakecluster.Namespace, Claim: kube.ClaimName("runner-a", 4242), Pool: "duo-default",
+	want := kube.Sandbox{Namespace: fakecluster.Namespace, Claim: kube.ClaimName("glcbt-job-a-token", "runner-a", 4242), Pool: "duo-default",
 		SandboxName: "duo-default-abcde", Pod: "duo-default-abcde", Container: "job", Image: "ci:bookworm", RuntimeClass: "gvisor", Launch: kube.LaunchWarm, PodIP: fakecluster.PodIP}
 	if *sbx != want {
 		t.Errorf("sandbox = %+v\nwant      %+v", *sbx, want)
@@ -210,15 +211,43 @@ func TestReleaseIsIdempotent(t *testing.T) {
 }
 
 func TestClaimNameIsDeterministicAndDNSSafe(t *testing.T) {
-	a, b := kube.ClaimName("Runner One", 123456789), kube.ClaimName("Runner One", 123456789)
+	const token = "glcbt-64_s3cr3tJobT0ken"
+	a, b := kube.ClaimName(token, "Runner One", 123456789), kube.ClaimName(token, "Runner One", 123456789)
 	if a != b {
 		t.Fatalf("ClaimName not deterministic: %s vs %s", a, b)
 	}
-	if kube.ClaimName("Runner Two", 123456789) == a {
+	if !strings.HasPrefix(a, "job-123456789-") {
+		t.Errorf("claim name %q: want the readable prefix job-123456789-", a)
+	}
+	if kube.ClaimName(token, "Runner Two", 123456789) == a {
 		t.Error("two runners got the same claim name for one job id")
 	}
-	if len(a) > 63 || strings.ToLower(a) != a || strings.ContainsAny(a, " _.") {
-		t.Errorf("claim name %q is not a DNS label", a)
+	if kube.ClaimName(token, "Runner One", 123456788) == a {
+		t.Error("two job ids got the same claim name")
+	}
+	if tokenless := kube.ClaimName("", "Runner One", 123456789); tokenless != kube.ClaimName("", "Runner One", 123456789) || tokenless == a {
+		t.Error("ClaimName without a token is not deterministic")
+	}
+	long := strings.Repeat("a very long runner name, Ünïcode and_all. ", 20)
+	for _, name := range []string{a, kube.ClaimName(token, long, 1<<62), kube.ClaimName("", long, 1), kube.ClaimName(token, "", 0)} {
+		if errs := validation.IsDNS1123Label(name); len(errs) > 0 {
+			t.Errorf("claim name %q is not a DNS label: %v", name, errs)
+		}
+		if strings.Contains(name, token) || strings.Contains(name, "s3cr3t") {
+			t.Errorf("claim name %q shows the token", name)
+		}
+	}
+}
+
+// The name is keyed with the job's token: a job with the same runner name and job ID but another
+// token (another GitLab instance) gets another name, and knowing the runner name and job ID is not
+// enough to predict it.
+func TestClaimNameIsKeyedWithTheJobToken(t *testing.T) {
+	mine := kube.ClaimName("glcbt-job-a-token", "runner-a", 4242)
+	for _, other := range []string{"glcbt-job-b-token", "glcbt-job-a-tokeN", ""} {
+		if kube.ClaimName(other, "runner-a", 4242) == mine {
+			t.Errorf("token %q gives the claim name of another token: %s", other, mine)
+		}
 	}
 }
 

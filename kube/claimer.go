@@ -11,7 +11,9 @@ import (
 
 // ClaimRequest describes the claim prepare makes for a job.
 type ClaimRequest struct {
-	Namespace      string
+	Namespace string
+	// Name is the claim's (or the cold-started Sandbox's) name: ClaimName of the job.
+	Name           string
 	Pool           string
 	Runner         string
 	Job            Job

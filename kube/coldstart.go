@@ -25,6 +25,9 @@ var permanentSandboxReasons = []string{
 // pod as Resolve does. req.Pool is not used. The Sandbox carries the image, the job's labels and
 // its lifecycle: nothing of the job's variables.
 func (c *Claimer) ColdStart(ctx context.Context, req ClaimRequest, template string) (*Sandbox, error) {
+	if req.Name == "" {
+		return nil, failure.SystemError(nil, "no Sandbox name for job %d: the request must name it (kube.ClaimName)", req.Job.ID)
+	}
 	tmpl, err := c.clients.Extensions.ExtensionsV1beta1().SandboxTemplates(req.Namespace).Get(ctx, template, metav1.GetOptions{})
 	if isObjectNotFound(err) {
 		return nil, failure.PermanentError(nil, "SandboxTemplate %q not found in namespace %q: create it or fix cold_template in the executor config", template, req.Namespace)
@@ -32,7 +35,7 @@ func (c *Claimer) ColdStart(ctx context.Context, req ClaimRequest, template stri
 	if err != nil {
 		return nil, explainAPIError(err, apiCall{"get", SandboxTemplates.String(), req.Namespace, template})
 	}
-	want, err := coldSandbox(tmpl, ClaimName(req.Runner, req.Job.ID), req, c.shutdownTime(req))
+	want, err := coldSandbox(tmpl, req.Name, req, c.shutdownTime(req))
 	if err != nil {
 		return nil, err
 	}

@@ -35,7 +35,7 @@ func TestColdStartCreatesTheJobsSandboxFromTheTemplate(t *testing.T) {
 	if err != nil {
 		t.Fatalf("ColdStart: %v", err)
 	}
-	name := kube.ClaimName("runner-a", 4242)
+	name := kube.ClaimName("glcbt-job-a-token", "runner-a", 4242)
 	want := kube.Sandbox{Namespace: fakecluster.Namespace, SandboxName: name, Pod: name, PodUID: "", Container: "job", Image: "registry.example.com/tools/jq:1.7",
 		RuntimeClass: "gvisor", Launch: kube.LaunchCold, PodIP: fakecluster.PodIP, ColdTemplate: fakecluster.Template}
 	if *got != want {
@@ -101,7 +101,7 @@ func TestColdStartAdoptsItsOwnSandboxOnRetry(t *testing.T) {
 
 func TestColdStartRefusesAnotherJobsSandbox(t *testing.T) {
 	fc := fakecluster.NewCluster(t)
-	name := kube.ClaimName("runner-a", 4242)
+	name := kube.ClaimName("glcbt-job-a-token", "runner-a", 4242)
 	other := &sandboxv1beta1.Sandbox{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: fakecluster.Namespace, Labels: map[string]string{kube.LabelJobID: "1"}}}
 	if _, err := fc.Sandboxes.AgentsV1beta1().Sandboxes(fakecluster.Namespace).Create(context.Background(), other, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)

@@ -50,9 +50,10 @@ const (
 )
 
 // AnnotationJobBinding binds a claim, or a cold-started Sandbox, to the one job that made it: its
-// value is JobBinding of that job's token. The name alone (ClaimName) is shared by every job with
-// the same runner name and job ID, which two GitLab instances, or two runner deployments sharing a
-// runner_name, hand out independently.
+// value is JobBinding of that job's token. The name (ClaimName) is keyed with the token too, so
+// another job meets the name only if it has no token (runners without JOB_RESPONSE_FILE, whose
+// names are predictable) or someone made an object of that name: the binding is what proves an
+// object is the job's, the name only where to look.
 const AnnotationJobBinding = "sandbox-executor.gitlab.io/job-binding"
 
 // AnyJob is the binding of the operator's commands (gc): they act on whatever job's object it is.
@@ -85,11 +86,24 @@ func boundTo(obj metav1.Object, binding string) bool {
 	return binding == AnyJob || hmac.Equal([]byte(obj.GetAnnotations()[AnnotationJobBinding]), []byte(binding))
 }
 
-// ClaimName is deterministic per runner and job, so that a prepare retried by the runner adopts
-// the claim it already made. It fits a DNS label: claims may name cold-started pods.
-func ClaimName(runner string, jobID int64) string {
-	sum := sha256.Sum256([]byte(runner))
-	return "job-" + strconv.FormatInt(jobID, 10) + "-" + hex.EncodeToString(sum[:])[:10]
+// ClaimName is the name of the job's claim (and of a cold-started Sandbox): "job-", the job ID,
+// "-" and 20 hex digits of an HMAC-SHA256 keyed with the job's token (CI_JOB_TOKEN, from the
+// trusted JOB_RESPONSE_FILE) over the runner name and the job ID. It is deterministic for one
+// job, so that a prepare the runner retries, and run and cleanup without prepare's state, find the
+// claim the job made; a job of another GitLab instance or runner deployment with the same runner
+// name and job ID has another token, so it gets its own name (and its own sandbox) instead of
+// meeting this job's claim, and nobody without the token can predict the name. The runner name
+// enters only through the HMAC, so a name of any length gives a name of at most 44 characters: a
+// DNS-1123 label (claims may name cold-started pods, and the name is the job's host name).
+//
+// Without a token (runners too old to write JOB_RESPONSE_FILE) the key is empty: the name is
+// still deterministic and distinct per runner and job, but predictable, as such jobs' claims are
+// unbound (JobBinding).
+func ClaimName(token, runner string, jobID int64) string {
+	id := strconv.FormatInt(jobID, 10)
+	mac := hmac.New(sha256.New, []byte(token))
+	mac.Write([]byte("sandbox-executor claim name v1\x00" + runner + "\x00" + id))
+	return "job-" + id + "-" + hex.EncodeToString(mac.Sum(nil))[:20]
 }
 
 // RunnerLabel makes a runner name fit a label value.

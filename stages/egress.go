@@ -10,13 +10,18 @@ import (
 )
 
 // EgressAdmin is the admin client of pool's egress proxy, sending the token of
-// egress_admin_token_file if set.
+// egress_admin_token_file if set, and verifying an https proxy's certificate with
+// egress_admin_ca_file if set.
 func (e *Env) EgressAdmin(pool *config.Pool) (*adminclient.Client, error) {
 	token, err := e.Config.EgressAdminToken()
 	if err != nil {
 		return nil, failure.PermanentError(nil, "egress_admin_token_file in %s: %v", e.Config.Path(), err)
 	}
-	return &adminclient.Client{Base: pool.EgressProxy, Token: token}, nil
+	ca, err := e.Config.EgressAdminCA()
+	if err != nil {
+		return nil, failure.PermanentError(nil, "egress_admin_ca_file in %s: %v", e.Config.Path(), err)
+	}
+	return &adminclient.Client{Base: pool.EgressProxy, Token: token, CA: ca}, nil
 }
 
 // RevokeEgress withdraws the egress grant of sbx's pod from its pool's egress proxy, so that a

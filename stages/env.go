@@ -98,9 +98,10 @@ func (e *Env) Job() (*gitlab.Job, error) {
 	return gitlab.ReadJob(e.Runner.JobResponseFile)
 }
 
-// ClaimName is the job's claim, derived from the trusted job JSON.
+// ClaimName is the job's claim, derived from the trusted job JSON: keyed with the job's token, so
+// only this job has it (kube.ClaimName).
 func (e *Env) ClaimName(job *gitlab.Job) string {
-	return kube.ClaimName(e.Config.RunnerName, job.ID)
+	return kube.ClaimName(job.Token, e.Config.RunnerName, job.ID)
 }
 
 // Binding binds what the job makes in the cluster to the job (kube.JobBinding of its token): no

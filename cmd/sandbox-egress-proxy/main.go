@@ -7,6 +7,7 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -103,6 +104,10 @@ func run(configPath, listen, adminListen string, check bool, stdout, stderr io.W
 	if err != nil {
 		return err
 	}
+	adminScheme := "http"
+	if cfg.AdminTLS != nil {
+		adminLn, adminScheme = tls.NewListener(adminLn, cfg.AdminTLS), "https"
+	}
 	servers := []*http.Server{
 		{Handler: proxy, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute},
 		{Handler: admin, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute},
@@ -111,8 +116,8 @@ func run(configPath, listen, adminListen string, check bool, stdout, stderr io.W
 	for i, ln := range []net.Listener{proxyLn, adminLn} {
 		go func() { errc <- servers[i].Serve(ln) }()
 	}
-	fmt.Fprintf(stderr, "sandbox-egress-proxy: proxy on %s, admin on %s, %d allowlist rules: %s\n",
-		proxyLn.Addr(), adminLn.Addr(), len(cfg.Allowlist.Rules()), strings.Join(cfg.Allowlist.Rules(), ", "))
+	fmt.Fprintf(stderr, "sandbox-egress-proxy: proxy on %s, admin on %s://%s, %d allowlist rules: %s\n",
+		proxyLn.Addr(), adminScheme, adminLn.Addr(), len(cfg.Allowlist.Rules()), strings.Join(cfg.Allowlist.Rules(), ", "))
 
 	sig := make(chan os.Signal, 1)
 	signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT)

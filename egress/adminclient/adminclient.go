@@ -7,6 +7,8 @@ package adminclient
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -82,15 +84,28 @@ type Blocked struct {
 
 // direct talks to the proxy's admin address directly: never through a proxy from the runner's
 // environment.
-var direct = &http.Client{Transport: &http.Transport{Proxy: nil}, Timeout: Timeout}
+var direct = HTTPClient(nil)
+
+// HTTPClient is a client for the admin API: direct (never through a proxy from the runner's
+// environment), bounded by Timeout, and for https:// addresses TLS 1.2 or later with the
+// proxy's certificate verified against roots (nil: the system's roots).
+func HTTPClient(roots *x509.CertPool) *http.Client {
+	return &http.Client{Timeout: Timeout, Transport: &http.Transport{
+		Proxy:           nil,
+		TLSClientConfig: &tls.Config{MinVersion: tls.VersionTLS12, RootCAs: roots},
+	}}
+}
 
 // Client calls one egress proxy's admin endpoint.
 type Client struct {
-	// Base is the admin address, e.g. "http://10.0.0.5:3129" (a pool's egress_proxy).
+	// Base is the admin address, e.g. "https://10.0.0.5:3129" (a pool's egress_proxy).
 	Base string
 	// Token, if set, is sent as "Authorization: Bearer <token>" (the proxy's admin_token_file).
 	Token string
-	// HTTP is the HTTP client (nil: a direct one bounded by Timeout).
+	// CA verifies an https Base's certificate (the executor's egress_admin_ca_file; nil: the
+	// system's roots). Not used with HTTP.
+	CA *x509.CertPool
+	// HTTP is the HTTP client (nil: HTTPClient(CA)).
 	HTTP *http.Client
 }
 
@@ -167,7 +182,11 @@ func (c *Client) do(ctx context.Context, method, path string, query url.Values, 
 		req.Header.Set("Authorization", "Bearer "+c.Token)
 	}
 	hc := c.HTTP
-	if hc == nil {
+	switch {
+	case hc != nil:
+	case c.CA != nil:
+		hc = HTTPClient(c.CA)
+	default:
 		hc = direct
 	}
 	return hc.Do(req)

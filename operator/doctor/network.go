@@ -14,6 +14,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	extv1beta1 "sigs.k8s.io/agent-sandbox/extensions/api/v1beta1"
 
+	"github.com/sandbox-executor/sandbox-executor/egress/adminclient"
 	"github.com/sandbox-executor/sandbox-executor/stageserver"
 )
 
@@ -89,13 +90,19 @@ func templatePolicy(policies []networkingv1.NetworkPolicy, template string) *net
 }
 
 // checkEgressProxies asks each configured egress proxy's admin port for /healthz, as the run
-// stage will ask it for blocked attempts.
+// stage will ask it for blocked attempts: directly, and over https with the certificate
+// verified against egress_admin_ca_file, as the stages do.
 func (c *Checker) checkEgressProxies(ctx context.Context) []Result {
+	var out []Result
 	client := c.HTTP
 	if client == nil {
-		client = &http.Client{Timeout: 5 * time.Second}
+		ca, err := c.Config.EgressAdminCA()
+		if err != nil {
+			return []Result{{Fail, "egress proxies", oneLine(err), "fix egress_admin_ca_file in " + c.Config.Path()}}
+		}
+		client = adminclient.HTTPClient(ca)
+		client.Timeout = 5 * time.Second
 	}
-	var out []Result
 	for _, p := range c.Config.Pools {
 		if p.EgressProxy == "" {
 			continue

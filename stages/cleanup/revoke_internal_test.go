@@ -46,7 +46,7 @@ func (c *claimOnly) Release(context.Context, string, string, string, kube.Outcom
 func TestCleanupWithdrawsTheGrantOnEveryPath(t *testing.T) {
 	now := time.Date(2026, 11, 24, 5, 0, 0, 0, time.UTC)
 	pod := netip.MustParseAddr("10.88.0.5")
-	sbx := &kube.Sandbox{Namespace: "ns", Claim: kube.ClaimName("r", 7), Pool: "duo-flow", Pod: "duo-flow-x", PodIP: pod.String()}
+	sbx := &kube.Sandbox{Namespace: "ns", Claim: kube.ClaimName("glcbt-token", "r", 7), Pool: "duo-flow", Pod: "duo-flow-x", PodIP: pod.String()}
 	instance := allowlist.Dest{Host: "gitlab.example.com", Port: 443}
 	for _, tc := range []struct {
 		name       string
@@ -70,7 +70,7 @@ func TestCleanupWithdrawsTheGrantOnEveryPath(t *testing.T) {
 			}
 			var log bytes.Buffer
 			env := &stages.Env{Config: cfg, Stderr: &log, Clock: testingclock.NewFakeClock(now), Runner: gitlab.RunnerEnv{TmpDir: t.TempDir()}}
-			job := &gitlab.Job{ID: 7, Token: "t"}
+			job := &gitlab.Job{ID: 7, Token: "glcbt-token"}
 			if tc.saved {
 				if err := executor.SaveJob(env.Runner.TmpDir, &executor.JobState{Sandbox: sbx}); err != nil {
 					t.Fatal(err)

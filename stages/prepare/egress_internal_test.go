@@ -3,6 +3,7 @@ package prepare
 import (
 	"bytes"
 	"context"
+	"encoding/pem"
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
@@ -199,5 +200,40 @@ func TestGrantEgressSendsTheAdminToken(t *testing.T) {
 	}
 	if _, ok := grants.Match(netip.MustParseAddr(flowSandbox.PodIP), allowlist.Dest{Host: "gitlab.example.com", Port: 443}, now); !ok {
 		t.Error("no grant")
+	}
+}
+
+// An https egress_proxy is verified with egress_admin_ca_file: the grant goes through to the
+// proxy whose CA it names, and a proxy of another CA gets nothing, the token included.
+func TestGrantEgressVerifiesTheProxyWithTheAdminCA(t *testing.T) {
+	dir := t.TempDir()
+	tokenFile, caFile := filepath.Join(dir, "token"), filepath.Join(dir, "ca.crt")
+	if err := os.WriteFile(tokenFile, []byte("a-token-of-32-characters-or-so!!\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	env, _, grants, admin := grantStand(t, "egress_instance = true\n")
+	env.Config.EgressAdminTokenFile = tokenFile
+	var tokens []string
+	proxy := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		tokens = append(tokens, r.Header.Get("Authorization"))
+		admin.ServeHTTP(w, r)
+	}))
+	defer proxy.Close()
+	env.Config.Pools[0].EgressProxy = proxy.URL
+	job := &gitlab.Job{ID: 7, Timeout: time.Hour, ServerURL: "https://gitlab.example.com"}
+
+	// Without the CA (the system's roots), the test server's certificate is unknown.
+	if err := grantEgress(context.Background(), env, &releases{}, job, flowSandbox, "b"); err == nil || len(tokens) != 0 {
+		t.Fatalf("a grant to a proxy no configured CA signed: %v, %d requests; want a refusal before any", err, len(tokens))
+	}
+	if err := os.WriteFile(caFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: proxy.Certificate().Raw}), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	env.Config.EgressAdminCAFile = caFile
+	if err := grantEgress(context.Background(), env, &releases{}, job, flowSandbox, "b"); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := grants.Match(netip.MustParseAddr(flowSandbox.PodIP), allowlist.Dest{Host: "gitlab.example.com", Port: 443}, now); !ok || len(tokens) != 1 || tokens[0] != "Bearer a-token-of-32-characters-or-so!!" {
+		t.Errorf("grant over TLS: granted %v, tokens %q", ok, tokens)
 	}
 }

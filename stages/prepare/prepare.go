@@ -44,6 +44,7 @@ func Run(ctx context.Context, env *stages.Env) error {
 	}
 	req := kube.ClaimRequest{
 		Namespace:      env.Config.Namespace,
+		Name:           env.ClaimName(job),
 		Pool:           placement.Pool,
 		Runner:         env.Config.RunnerName,
 		Job:            kube.Job{ID: job.ID, ProjectID: job.ProjectID, PipelineID: job.PipelineID, Image: job.Image, Timeout: job.Timeout},
@@ -262,7 +263,7 @@ func claimWhileCheckingPool(ctx context.Context, env *stages.Env, cluster stages
 	<-checked
 	if poolErr != nil {
 		// The claim may exist even if Claim was cut short; releasing one that does not is success.
-		_ = cluster.Release(ctx, req.Namespace, kube.ClaimName(req.Runner, req.Job.ID), req.Binding, kube.Outcome{Result: kube.OutcomeFailed, Reason: kube.ReasonPrepare})
+		_ = cluster.Release(ctx, req.Namespace, req.Name, req.Binding, kube.Outcome{Result: kube.OutcomeFailed, Reason: kube.ReasonPrepare})
 		return nil, poolErr
 	}
 	env.Log().Debugf("Warm pool %s at the claim: %d of %d ready", req.Pool, status.Ready, status.Replicas)

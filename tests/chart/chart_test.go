@@ -345,14 +345,15 @@ templates:
 	if !selects(np.Spec.Ingress[0].From[0].PodSelector.MatchLabels, proxied.Spec.PodTemplate.ObjectMeta.Labels) {
 		t.Errorf("the proxy does not admit the proxied template's pods")
 	}
-	if _, err := loadEgressConfig(t, objs, "ci-sandbox-executor-egress-proxy"); err != nil {
+	if _, err := loadEgressConfig(t, objs, "ci-sandbox-executor-egress-proxy", nil); err != nil {
 		t.Errorf("the egress proxy's config does not load: %v", err)
 	}
 }
 
 // loadEgressConfig loads the proxy's rendered config as the proxy would, with its admin token
-// file (a Secret in the pod) moved to a file of this test.
-func loadEgressConfig(t *testing.T, objs *helmchart.Objects, name string) (*egress.Built, error) {
+// file (a Secret in the pod) moved to a file of this test, and its admin TLS files to the files
+// of files (path in the pod: file here); without them, to a certificate of this test.
+func loadEgressConfig(t *testing.T, objs *helmchart.Objects, name string, files map[string]string) (*egress.Built, error) {
 	t.Helper()
 	var cfgMap corev1.ConfigMap
 	objs.Decode(t, "ConfigMap", name, &cfgMap)
@@ -361,8 +362,14 @@ func loadEgressConfig(t *testing.T, objs *helmchart.Objects, name string) (*egre
 	if err := os.WriteFile(token, []byte("a-token-of-at-least-16-characters"), 0o600); err != nil {
 		t.Fatal(err)
 	}
+	if files == nil {
+		files = renderedAdminTLS(t, objs, dir)
+	}
 	path := filepath.Join(dir, "config.toml")
 	text := strings.ReplaceAll(cfgMap.Data["config.toml"], egressAdminToken, token)
+	for from, to := range files {
+		text = strings.ReplaceAll(text, from, to)
+	}
 	if err := os.WriteFile(path, []byte(text), 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -499,7 +506,7 @@ func executorConfig(t *testing.T, objs *helmchart.Objects, release string) *conf
 	}
 	var want []string
 	if strings.Contains(cm.Data["config.toml"], "egress_admin_token_file") {
-		want = append(want, `egress_admin_token_file = "/etc/sandbox-executor/egress-admin/token"`)
+		want = append(want, `egress_admin_token_file = "/etc/sandbox-executor/egress-admin/token"`, `egress_admin_ca_file = "/etc/sandbox-executor/egress-admin/ca.crt"`)
 	}
 	want = append(want, `agent_binary = "/usr/local/bin/sandbox-executor-agent"`, `helper_binary = "/usr/bin/gitlab-runner-helper"`)
 	if strings.Contains(cm.Data["config.toml"], "stage_server") {

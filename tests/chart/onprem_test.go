@@ -112,7 +112,7 @@ pools:
 	if !egressTo(np.Spec.Egress, "10.20.0.5/32", 443) || !egressTo(np.Spec.Egress, "10.20.0.5/32", 22) {
 		t.Errorf("the proxy's NetworkPolicy does not open the private instance: %+v", np.Spec.Egress)
 	}
-	built, err := loadEgressConfig(t, objs, "ci-sandbox-executor-egress-proxy")
+	built, err := loadEgressConfig(t, objs, "ci-sandbox-executor-egress-proxy", nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -124,7 +124,7 @@ pools:
 		t.Errorf("the proxy's rule for the instance is %+v (%v), want one whose name may resolve to a private address", rule, ok)
 	}
 	// The default install's proxy starts: its allowlist has the instance (an empty one is refused).
-	if _, err := loadEgressConfig(t, helmchart.Render(t, "ci", "ci-sandbox", ""), "ci-sandbox-executor-egress-proxy"); err != nil {
+	if _, err := loadEgressConfig(t, helmchart.Render(t, "ci", "ci-sandbox", ""), "ci-sandbox-executor-egress-proxy", nil); err != nil {
 		t.Errorf("the default egress proxy config does not load: %v", err)
 	}
 	v6 := helmchart.Render(t, "ci", "ci-sandbox", "gitlab: {cidrs: ['2001:db8::5/128']}\ntemplates: [{name: duo-gvisor, image: 'r.example/ci:1', egress: direct}]\n")
@@ -270,7 +270,7 @@ func TestEgressAdminToken(t *testing.T) {
 				t.Errorf("the admin token has %d characters, want 32 or more", len(s.Data["token"]))
 			}
 		}
-		built, err := loadEgressConfig(t, objs, "ci-sandbox-executor-egress-proxy")
+		built, err := loadEgressConfig(t, objs, "ci-sandbox-executor-egress-proxy", nil)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -20,7 +20,8 @@ NS=sbx-egress
 HOSTIF=sbx-eg0
 HOST_IP=10.99.2.1
 PROXY_IP=10.99.2.2
-ADMIN_URL=http://$PROXY_IP:3129
+ADMIN_URL=https://$PROXY_IP:3129
+ADMIN_CA=$REPO_ROOT/deploy/local/egress-admin-ca.crt
 CONFIG=$REPO_ROOT/deploy/local/egress-proxy.toml
 BIN=$CLUSTER_BIN/sandbox-egress-proxy
 NAME=egress-proxy
@@ -38,7 +39,7 @@ build() {
 
 start() {
   local want pid
-  want=$({ echo "$CONFIG"; cat "$BIN" "$CONFIG"; } | sha256sum | cut -c1-16)
+  want=$({ echo "$CONFIG"; cat "$BIN" "$CONFIG" "$REPO_ROOT"/deploy/local/egress-admin-tls.*; } | sha256sum | cut -c1-16)
   if daemon_running "$NAME" && stamp_matches "$STAMP" "$want"; then
     log "$NAME already running (pid $(daemon_pid "$NAME"))"
     return 0
@@ -52,7 +53,7 @@ start() {
   readlink -f "$BIN" >"$CLUSTER_RUN/$NAME.exe"
   echo "$pid" >"$(pid_file "$NAME")"
   stamp_write "$STAMP" "$want"
-  wait_until "$NAME health" 10 http_get "$ADMIN_URL/healthz" ||
+  wait_until "$NAME health" 10 http_get --cacert "$ADMIN_CA" "$ADMIN_URL/healthz" ||
     { tail -n 5 "$CLUSTER_LOG/$NAME.log" >&2; die "$NAME did not start (log $CLUSTER_LOG/$NAME.log)"; }
   log "started $NAME (pid $pid): proxy $PROXY_IP:3128, admin $ADMIN_URL, decisions in $CLUSTER_LOG/$NAME.log"
 }
@@ -69,7 +70,7 @@ main() {
     up) ensure_dirs; build; netns_veth "$NS" "$HOSTIF" "$HOST_IP" "$PROXY_IP"; start ;;
     down) down ;;
     status)
-      if daemon_running "$NAME"; then echo "$NAME: running pid $(daemon_pid "$NAME"), health $(http_get "$ADMIN_URL/healthz" || echo down)"; else echo "$NAME: not running"; fi
+      if daemon_running "$NAME"; then echo "$NAME: running pid $(daemon_pid "$NAME"), health $(http_get --cacert "$ADMIN_CA" "$ADMIN_URL/healthz" || echo down)"; else echo "$NAME: not running"; fi
       ;;
     *) die "usage: egress-proxy.sh up|down|status" ;;
   esac

@@ -49,11 +49,11 @@ func BenchmarkStockFlowStartup(b *testing.B) {
 	}
 	setup := `npm config set --location=global registry "$` + duoflow.NPMRegistryVariable + `"`
 	baked, _ := stockStartups(b, cluster, c, inst, n, hardenedPool, func() fakegitlab.Job {
-		job := inst.StockJob(base, npm.URL, flowEgressAdmin)
+		job := inst.StockJob(base, npm.URL, jobEgressAdmin)
 		job.Image.Name = hardenedImage
 		return job
 	})
-	viaNPM, npmInstalls := stockStartups(b, cluster, c, inst, n, flowPool, func() fakegitlab.Job { return inst.StockJob(base, npm.URL, flowEgressAdmin, setup) })
+	viaNPM, npmInstalls := stockStartups(b, cluster, c, inst, n, flowPool, func() fakegitlab.Job { return inst.StockJob(base, npm.URL, jobEgressAdmin, setup) })
 	report(b, "flow startup, duo CLI baked in (hardened)", baked, 0)
 	report(b, "flow startup, duo CLI from npm (default)", viaNPM, baked.median())
 	report(b, "  of which npm install -g (npm's own time)", npmInstalls, 0)

@@ -5,7 +5,6 @@ package e2e
 import (
 	"context"
 	"fmt"
-	"net/http"
 	"os"
 	"strings"
 	"testing"
@@ -27,7 +26,7 @@ import (
 // (10.99.0.2, "the internet") without allowing it.
 const (
 	proxiedPool = "duo-proxied"
-	egressAdmin = "http://10.99.2.2:3129"
+	egressAdmin = localcluster.EgressAdminAddr
 )
 
 // TestEgressThroughProxy runs a job in the proxied pool: allowlisted hosts are reached through
@@ -96,6 +95,10 @@ true
 	if err != nil {
 		t.Fatal(err)
 	}
+	egressHTTP, err := localcluster.EgressAdminHTTP(10 * time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
 	b, err := (&adminclient.Client{Base: egressAdmin, Token: strings.TrimSpace(string(token)), HTTP: egressHTTP}).QueryBlocked(context.Background(), podIP, time.Time{})
 	if err != nil {
 		t.Fatal(err)
@@ -120,9 +123,6 @@ true
 		t.Errorf("a NetworkPolicy opened the pod's egress past its netstack fence:\n%s", out)
 	}
 }
-
-// egressHTTP reaches the proxy's admin address directly, whatever the test's environment says.
-var egressHTTP = &http.Client{Transport: &http.Transport{Proxy: nil}, Timeout: 10 * time.Second}
 
 // pollDirect is a stage that connects to url without the proxy until it gets want ("" = until two
 // attempts in a row fail: a policy change takes a moment to reach the node's rules), for at

@@ -87,11 +87,12 @@ func TestKilledRunnerLeavesNothingBehind(t *testing.T) {
 		}
 		r.GoneTimeout = time.Minute
 		id := fakegitlab.NextJobID()
-		gitlab.Enqueue(gitlab.NewJob(fakegitlab.JobSpec{ID: id, Image: ciImage, GitStrategy: "none", Timeout: timeout,
-			Script: []string{"echo build-started", "while :; do echo tick; sleep 1; done"}}))
+		job := gitlab.NewJob(fakegitlab.JobSpec{ID: id, Image: ciImage, GitStrategy: "none", Timeout: timeout,
+			Script: []string{"echo build-started", "while :; do echo tick; sleep 1; done"}})
+		gitlab.Enqueue(job)
 		proc := startRunner(t, gitlab, r.Definition())
 		waitTrace(t, gitlab, proc, id, "build-started")
-		claim := kube.ClaimName(r.Name, id)
+		claim := kube.ClaimName(job.Token, r.Name, id)
 		got, err := r.Admin.Extensions.ExtensionsV1beta1().SandboxClaims(namespace).Get(context.Background(), claim, metav1.GetOptions{})
 		if err != nil {
 			t.Fatalf("%s: the claim of the running job: %v", name, err)

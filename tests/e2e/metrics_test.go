@@ -178,7 +178,7 @@ func TestExporterCountsWhatJobsDid(t *testing.T) {
 			waitScrape(t, url, "the running job's claim", func(m metricFamilies) bool {
 				return m.value(exporter.MetricPoolClaims, map[string]string{"pool": testPool, "state": "ready"}) == 1
 			})
-			if out, err := c.Exec(context.Background(), jobPod(t, r, job.ID), "touch", "/tmp/e2e-go-on"); err != nil {
+			if out, err := c.Exec(context.Background(), jobPod(t, r, job), "touch", "/tmp/e2e-go-on"); err != nil {
 				t.Fatalf("letting the job go on: %v %s", err, out)
 			}
 		}

@@ -89,10 +89,11 @@ func exitCode(code *int) string {
 }
 
 // jobPod is the pod of a running job of runner r, followed from its claim with admin rights.
-func jobPod(t testing.TB, r *clusterjobs.Runner, id int64) string {
+func jobPod(t testing.TB, r *clusterjobs.Runner, job fakegitlab.Job) string {
+	id := job.ID
 	t.Helper()
 	ctx := context.Background()
-	claim, err := r.Admin.Extensions.ExtensionsV1beta1().SandboxClaims(namespace).Get(ctx, kube.ClaimName(r.Name, id), metav1.GetOptions{})
+	claim, err := r.Admin.Extensions.ExtensionsV1beta1().SandboxClaims(namespace).Get(ctx, kube.ClaimName(job.Token, r.Name, id), metav1.GetOptions{})
 	if err != nil {
 		t.Fatalf("job %d: its claim: %v", id, err)
 	}
@@ -311,7 +312,7 @@ func TestGVisorJobStreamsLive(t *testing.T) {
 	proc := startRunner(t, gitlab, c.Definition())
 	waitTrace(t, gitlab, proc, job.ID, "\nfirst-marker\n") // the output, not the echoed command
 	// The script cannot go on until now: its first output was streamed while it ran.
-	if out, err := c.Exec(context.Background(), jobPod(t, c, job.ID), "touch", "/tmp/e2e-go-on"); err != nil {
+	if out, err := c.Exec(context.Background(), jobPod(t, c, job), "touch", "/tmp/e2e-go-on"); err != nil {
 		t.Fatalf("letting the job go on: %v %s", err, out)
 	}
 	res := waitJob(t, gitlab, proc, job.ID)
@@ -375,7 +376,7 @@ func TestGracefulCancelLeavesNoProcess(t *testing.T) {
 	gitlab.Enqueue(job)
 	proc := startRunner(t, gitlab, wrapped.Definition)
 	waitTrace(t, gitlab, proc, id, buildStarted)
-	pod := jobPod(t, c, id)
+	pod := jobPod(t, c, job)
 	if n, out := podMarkers(t, c, pod, id); n != 2 {
 		t.Fatalf("the scan from outside finds %d marker processes in pod %s while the stage runs, want 2:\n%s", n, pod, out)
 	}
@@ -413,7 +414,7 @@ func TestJobTimeoutLeavesNoProcess(t *testing.T) {
 	gitlab.Enqueue(job)
 	proc := startRunner(t, gitlab, wrapped.Definition)
 	waitTrace(t, gitlab, proc, id, buildStarted)
-	pod := jobPod(t, c, id)
+	pod := jobPod(t, c, job)
 	if n, out := podMarkers(t, c, pod, id); n != 2 {
 		t.Fatalf("the scan from outside finds %d marker processes in pod %s while the stage runs, want 2:\n%s", n, pod, out)
 	}

@@ -36,6 +36,10 @@ const (
 	hardenedImage = "registry.gitlab.com/gitlab-org/duo-workflow/default-docker-image/workflow-generic-image-hardened:v0.0.7"
 	// flowEgressAdmin is the proxy of these pools: deploy/local's (tests/cluster/egress-proxy.sh).
 	flowEgressAdmin = egressAdmin
+	// jobEgressAdmin is the proxy's admin address as the stock job tries it, through the proxy
+	// (HTTP_PROXY), which must refuse to forward to it: a plain-HTTP PUT, so that the proxy sees
+	// and reports the method.
+	jobEgressAdmin = "http://10.99.2.2:3129"
 )
 
 // TestStockDuoFlow runs the stock flow's shape through gitlab-runner 17.9: a job with no image,
@@ -75,7 +79,7 @@ func TestStockDuoFlow(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	job := inst.StockJob(base, npm.URL, flowEgressAdmin,
+	job := inst.StockJob(base, npm.URL, jobEgressAdmin,
 		`echo "setup_script: running as $(id -un) (uid $(id -u)) in $(pwd)"`,
 		`npm config set --location=global registry "$`+duoflow.NPMRegistryVariable+`"`)
 	job.Steps[0].Script = append(job.Steps[0].Script, networkPolicyChecks...)
@@ -114,7 +118,7 @@ func TestStockDuoFlow(t *testing.T) {
 		"the job's own unix socket: pong",
 		"unix sockets in the kernel after: ["+agentSocket+" "+jobSocket+"]",
 		"unix sockets on the filesystem: ["+agentSocket+" "+jobSocket+"]",
-		"egress blocked: PUT "+strings.TrimPrefix(flowEgressAdmin, "http://")+" (not in the allowlist of pool "+flowPool+")",
+		"egress blocked: PUT "+strings.TrimPrefix(jobEgressAdmin, "http://")+" (not in the allowlist of pool "+flowPool+")",
 		"egress blocked: GET "+duoflow.ProjectAllowedDomain+":80 (not in the allowlist of pool "+flowPool+")",
 		"egress blocked: GET "+duoflow.ProjectDeniedDomain+":80 (not in the allowlist of pool "+flowPool+")",
 		"egress blocked: CONNECT pypi.org:443 (not in the allowlist of pool "+flowPool+")",
@@ -217,7 +221,7 @@ func TestStockDuoFlowHardenedImage(t *testing.T) {
 		t.Fatal(err)
 	}
 	idToken := oidcToken(t, inst.GitLab.URL(), "https://vault.example.com")
-	job := inst.StockJob(base, "http://registry.invalid/", flowEgressAdmin,
+	job := inst.StockJob(base, "http://registry.invalid/", jobEgressAdmin,
 		`echo "setup_script: running as $(id -un) (uid $(id -u))"`,
 		// What a setup_script does with an ID token (a Vault login, say), short of the login.
 		`echo "id_tokens: GITLAB_OIDC_TOKEN sha256 $(printf %s "$GITLAB_OIDC_TOKEN" | sha256sum | cut -c1-64)"`,
@@ -233,7 +237,7 @@ func TestStockDuoFlowHardenedImage(t *testing.T) {
 	res := runDuoJobWith(t, wrapped.Definition, inst, job, func(proc *runner.Process) {
 		runnerLog = proc.Log
 		wrapped.WaitCleanupHeld(t, proc)
-		pod = jobPod(t, c, job.ID)
+		pod = jobPod(t, c, job)
 		recordContainerLogs(t, c, records, pod)
 		wrapped.ReleaseCleanup()
 	})
@@ -266,7 +270,7 @@ func TestStockDuoFlowHardenedImage(t *testing.T) {
 	// Positive control: the capture is the executor's output before the runner masks anything.
 	executorOutput := wrapped.Output(t)
 	mustContain(t, "the executor's output", executorOutput, "Sandbox ready: pool "+hardenedPool, "id_tokens: GITLAB_OIDC_TOKEN sha256 "+sha256Hex(idToken))
-	assertNotRecorded(t, c, records, job.ID, pod, map[string]string{"id token": idToken, "id token's signature": idToken[strings.LastIndex(idToken, ".")+1:]},
+	assertNotRecorded(t, c, records, job, pod, map[string]string{"id token": idToken, "id token's signature": idToken[strings.LastIndex(idToken, ".")+1:]},
 		map[string]string{"executor output": executorOutput, "runner log": runnerLog(), "trace": trace})
 	t.Logf("job %d: %s in %s (handed out -> final state)", job.ID, res.State, res.Duration())
 }
@@ -320,9 +324,9 @@ func recordContainerLogs(t *testing.T, c *clusterjobs.Runner, records *records.R
 // the namespace's events and the texts given, and fails for every secret that any of them
 // holds. The job's claim, its pod's versions and its container logs must have been recorded:
 // a recording that missed them proves nothing.
-func assertNotRecorded(t *testing.T, c *clusterjobs.Runner, records *records.Recorder, jobID int64, pod string, secrets, texts map[string]string) {
+func assertNotRecorded(t *testing.T, c *clusterjobs.Runner, records *records.Recorder, job fakegitlab.Job, pod string, secrets, texts map[string]string) {
 	t.Helper()
-	claim := "claim " + kube.ClaimName(c.Name, jobID)
+	claim := "claim " + kube.ClaimName(job.Token, c.Name, job.ID)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	records.WaitDeleted(ctx, t, claim, "pod "+pod)

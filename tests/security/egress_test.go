@@ -25,7 +25,7 @@ import (
 const (
 	proxiedPool = "duo-proxied"
 	egressProxy = "http://10.99.2.2:3128"
-	egressAdmin = "http://10.99.2.2:3129"
+	egressAdmin = localcluster.EgressAdminAddr
 	// grantedDest is what the test pools grant each job beyond the proxy's own allowlist.
 	grantedDest = "outside.sandbox.test:80"
 )
@@ -41,8 +41,11 @@ func egressAdminClient(t *testing.T) *adminclient.Client {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &adminclient.Client{Base: egressAdmin, Token: strings.TrimSpace(string(token)),
-		HTTP: &http.Client{Transport: &http.Transport{Proxy: nil}, Timeout: 10 * time.Second}}
+	hc, err := localcluster.EgressAdminHTTP(10 * time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &adminclient.Client{Base: egressAdmin, Token: strings.TrimSpace(string(token)), HTTP: hc}
 }
 
 // blockedAttempts is what the proxy's admin API holds of client's refused attempts, one
@@ -67,7 +70,7 @@ type grantCall struct {
 }
 
 // grantRecorder stands between the executor and the proxy's admin API (the pool's egress_proxy
-// is its URL) and notes every grant call: the proxy can be asked what it blocked, not which
+// is its URL: plain HTTP on loopback, then TLS to the proxy) and notes every grant call: the proxy can be asked what it blocked, not which
 // grants it holds, so this is how a test sees each grant made and withdrawn.
 type grantRecorder struct {
 	URL   string
@@ -82,7 +85,11 @@ func recordGrants(t *testing.T) *grantRecorder {
 		t.Fatal(err)
 	}
 	forward := httputil.NewSingleHostReverseProxy(target)
-	forward.Transport = &http.Transport{Proxy: nil}
+	hc, err := localcluster.EgressAdminHTTP(10 * time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	forward.Transport = hc.Transport
 	g := &grantRecorder{}
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		sw := &statusWriter{ResponseWriter: w, status: http.StatusOK}

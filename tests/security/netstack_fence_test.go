@@ -30,7 +30,7 @@ const (
 	// egress proxy (10.99.2.2:3128).
 	proxiedTemplate = "duo-gvisor-proxied"
 	proxiedPoolName = "duo-proxied"
-	proxyAdmin      = "http://10.99.2.2:3129"
+	proxyAdmin      = localcluster.EgressAdminAddr
 	// fenceRounds is how many times the policy agent is restarted around a job's start.
 	fenceRounds = 20
 )

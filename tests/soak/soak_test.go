@@ -8,6 +8,8 @@ package soak
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/hex"
 	"fmt"
 	"math/rand/v2"
@@ -507,19 +509,40 @@ func (ru *run) checkNothingLeft(v *violations, r *chartinstall.Release, admin *k
 		}
 		time.Sleep(2 * time.Second)
 	}
-	base, stop, err := portForward(r, "svc/"+r.Fullname()+"-egress-proxy", 3129)
+	proxy, stop, err := proxyAdmin(ctx, r, admin)
 	if err != nil {
 		v.add(invGrants, "reaching the egress proxy's admin API: %v", err)
 		return
 	}
 	defer stop()
-	grants, err := (&adminclient.Client{Base: base}).ListGrants(ctx)
+	grants, err := proxy.ListGrants(ctx)
 	if err != nil {
 		v.add(invGrants, "listing the egress proxy's grants: %v", err)
 	}
 	for _, g := range grants {
 		v.add(invGrants, "pod %s still has a grant, until %s", g.Client, g.Until.Format(time.RFC3339))
 	}
+}
+
+// proxyAdmin reaches the release's egress proxy's admin API through a port-forward (from the
+// proxy pod's loopback: trusted without the token), over TLS verified with the release's CA
+// for the proxy's Service name.
+func proxyAdmin(ctx context.Context, r *chartinstall.Release, admin *kube.Clients) (*adminclient.Client, func(), error) {
+	name := r.Fullname() + "-egress-proxy"
+	secret, err := admin.Kube.CoreV1().Secrets(r.Namespace).Get(ctx, r.Fullname()+"-egress-admin-tls", metav1.GetOptions{})
+	if err != nil {
+		return nil, nil, err
+	}
+	roots := x509.NewCertPool()
+	if !roots.AppendCertsFromPEM(secret.Data["ca.crt"]) {
+		return nil, nil, fmt.Errorf("secret %s has no ca.crt", secret.Name)
+	}
+	base, stop, err := portForward(r, "svc/"+name, 3129)
+	if err != nil {
+		return nil, nil, err
+	}
+	hc := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: roots, ServerName: name + "." + r.Namespace + ".svc", MinVersion: tls.VersionTLS12}}}
+	return &adminclient.Client{Base: "https" + strings.TrimPrefix(base, "http"), HTTP: hc}, stop, nil
 }
 
 // exporterJobs reads sandbox_executor_jobs_total by outcome.

@@ -125,9 +125,11 @@ func (b *bench) round(ctx context.Context, idx, n int, warm bool) (*result, erro
 	watchCtx, stopWatch := context.WithCancel(ctx)
 	defer stopWatch()
 	jobID := func(i int) int64 { return int64(idx*100000 + i) }
+	// The bench's jobs have no token: their claims are unbound, named by runner and job ID.
+	claimName := func(i int) string { return kube.ClaimName("", runnerName, jobID(i)) }
 	names := map[string]bool{}
 	for i := range n {
-		names[kube.ClaimName(runnerName, jobID(i))] = true
+		names[claimName(i)] = true
 	}
 	readyAt, allReady, err := b.watchReady(watchCtx, names)
 	if err != nil {
@@ -150,6 +152,7 @@ func (b *bench) round(ctx context.Context, idx, n int, warm bool) (*result, erro
 			starts[i] = time.Now()
 			results[i], errs[i] = claimers[i].claimer.Claim(ctx, kube.ClaimRequest{
 				Namespace:      b.o.namespace,
+				Name:           claimName(i),
 				Pool:           poolName,
 				Runner:         runnerName,
 				Job:            kube.Job{ID: jobID(i), Timeout: time.Hour},

@@ -68,7 +68,7 @@ func TestStagesGoThroughTheStageServer(t *testing.T) {
 		t.Fatalf("cleanup: exit %d\n%s%s", code, out, errOut)
 	}
 	claims := h.cluster.Extensions.ExtensionsV1beta1().SandboxClaims(fakecluster.Namespace)
-	if _, err := claims.Get(context.Background(), kube.ClaimName("test-runner", 777), metav1.GetOptions{}); err == nil {
+	if _, err := claims.Get(context.Background(), kube.ClaimName(testToken, "test-runner", 777), metav1.GetOptions{}); err == nil {
 		t.Error("the claim outlived cleanup")
 	}
 	log := serverLog.String()

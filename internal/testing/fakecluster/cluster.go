@@ -4,6 +4,7 @@ import (
 	"context"
 	"io"
 	"maps"
+	"slices"
 	"strconv"
 	"sync/atomic"
 	"testing"
@@ -265,8 +266,9 @@ func (fc *Cluster) bindClaims(t testing.TB) {
 		if fc.ReadyReason != "" {
 			cond = metav1.Condition{Type: "Ready", Status: metav1.ConditionFalse, Reason: fc.ReadyReason, Message: "waiting for " + fc.ReadyReason}
 		} else {
-			fc.addClaimedSandbox(t, claim, Pool+"-abcde")
-			claim.Status.SandboxStatus.Name = Pool + "-abcde"
+			name := fc.warmSandboxName(claim)
+			fc.addClaimedSandbox(t, claim, name)
+			claim.Status.SandboxStatus.Name = name
 		}
 		claim.Status.Conditions = []metav1.Condition{cond}
 		// A claim may be gone by now: prepare can go on from the adoption, before this status
@@ -285,7 +287,22 @@ func (fc *Cluster) adoptWithoutClaimStatus(t testing.TB) {
 		return
 	}
 	for i := range claims.Items {
-		fc.addClaimedSandbox(t, &claims.Items[i], Pool+"-abcde")
+		fc.addClaimedSandbox(t, &claims.Items[i], fc.warmSandboxName(&claims.Items[i]))
+	}
+}
+
+// warmSandboxName is the warm sandbox the fake controller gives claim: Pool-abcde, unless another
+// claim holds that one (two jobs at once), then Pool-abcde1, Pool-abcde2, ...
+func (fc *Cluster) warmSandboxName(claim *extv1beta1.SandboxClaim) string {
+	for i := 0; ; i++ {
+		name := Pool + "-abcde"
+		if i > 0 {
+			name += strconv.Itoa(i)
+		}
+		sbx, err := fc.Sandboxes.AgentsV1beta1().Sandboxes(Namespace).Get(context.Background(), name, metav1.GetOptions{})
+		if err != nil || slices.ContainsFunc(sbx.OwnerReferences, func(o metav1.OwnerReference) bool { return o.UID == claim.UID }) {
+			return name
+		}
 	}
 }
 

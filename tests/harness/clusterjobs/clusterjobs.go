@@ -207,7 +207,7 @@ type JobSpec struct {
 	// Token is the job token (CI_JOB_TOKEN); empty means a fixed test value.
 	Token string
 	// ID is the job's ID; 0 means a new one. Jobs of one runner with the same ID (a second GitLab
-	// instance) share the claim name.
+	// instance) share the claim name only if they share the token (kube.ClaimName is keyed with it).
 	ID int64
 	// RunnerEnv is added to the runner process's own environment, which every stage inherits.
 	RunnerEnv []string
@@ -417,7 +417,7 @@ func (j *Job) MustRun(t testing.TB, body string) Result {
 }
 
 // ClaimName is the job's SandboxClaim.
-func (j *Job) ClaimName() string { return kube.ClaimName(j.Runner.Name, j.ID) }
+func (j *Job) ClaimName() string { return kube.ClaimName(j.token, j.Runner.Name, j.ID) }
 
 // AgentExecutor is what the job's stages run agent commands with, as its prepare saved them:
 // the agent over the pod network (TLS, with a client certificate of the cluster's agent CA for

@@ -4,15 +4,18 @@
 package localcluster
 
 import (
+	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 	"time"
 
+	"github.com/sandbox-executor/sandbox-executor/egress/adminclient"
 	"github.com/sandbox-executor/sandbox-executor/internal/testing/testutil"
 	"github.com/sandbox-executor/sandbox-executor/tests/runner"
 )
@@ -131,6 +134,40 @@ func EgressAdminTokenFile() (string, error) {
 	return filepath.Join(root, "deploy", "local", "egress-admin.token"), nil
 }
 
+// EgressAdminAddr is the local egress proxy's admin API (tests/cluster/egress-proxy.sh): over
+// TLS, with a certificate of EgressAdminCAFile's CA.
+const EgressAdminAddr = "https://10.99.2.2:3129"
+
+// EgressAdminCAFile is the CA of the local egress proxy's admin certificate
+// (deploy/local/egress-proxy.toml's admin_tls_cert_file): a test cluster's, committed.
+func EgressAdminCAFile() (string, error) {
+	root, err := testutil.ModuleRoot()
+	if err != nil {
+		return "", err
+	}
+	return filepath.Join(root, "deploy", "local", "egress-admin-ca.crt"), nil
+}
+
+// EgressAdminHTTP is an HTTP client for the local egress proxy's admin API: direct, trusting
+// EgressAdminCAFile's CA, bounded by timeout.
+func EgressAdminHTTP(timeout time.Duration) (*http.Client, error) {
+	file, err := EgressAdminCAFile()
+	if err != nil {
+		return nil, err
+	}
+	data, err := os.ReadFile(file)
+	if err != nil {
+		return nil, err
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(data) {
+		return nil, fmt.Errorf("%s holds no certificate", file)
+	}
+	hc := adminclient.HTTPClient(pool)
+	hc.Timeout = timeout
+	return hc, nil
+}
+
 // Config is an executor configuration for the local cluster.
 type Config struct {
 	RunnerName string
@@ -171,6 +208,11 @@ func (e *Env) WriteConfig(path string, c Config) error {
 			return err
 		}
 		fmt.Fprintf(&b, "egress_admin_token_file = %q\n", token)
+		ca, err := EgressAdminCAFile()
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(&b, "egress_admin_ca_file = %q\n", ca)
 	}
 	for _, p := range c.Pools {
 		fmt.Fprintf(&b, "\n[[pool]]\nname = %q\n", p.Name)

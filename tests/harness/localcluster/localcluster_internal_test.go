@@ -32,8 +32,8 @@ func TestWriteConfig(t *testing.T) {
 			[]string{Pool, PosixPool}, Pool, "", "1m30s", e.ExecutorKubeconfig(), "network"},
 		{"everything", Config{
 			RunnerName: "r2", Kubeconfig: "/k", ReadyTimeout: "5m", Extra: `stage_transport = "exec"`,
-			Pools: append([]PoolConfig{{Name: "proxied", EgressProxy: "http://10.99.2.2:3129"}}, Pools("other")...),
-		}, []string{"proxied", "other", PosixPool}, "proxied", "http://10.99.2.2:3129", "5m0s", "/k", "exec"},
+			Pools: append([]PoolConfig{{Name: "proxied", EgressProxy: EgressAdminAddr}}, Pools("other")...),
+		}, []string{"proxied", "other", PosixPool}, "proxied", EgressAdminAddr, "5m0s", "/k", "exec"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			path := filepath.Join(t.TempDir(), "config.toml")
@@ -50,7 +50,8 @@ func TestWriteConfig(t *testing.T) {
 			}
 			if !reflect.DeepEqual(pools, tc.pools) || cfg.DefaultPool != tc.defaultPool || cfg.Pools[0].EgressProxy != tc.egressProxy ||
 				cfg.RunnerName != tc.in.RunnerName || cfg.ReadyTimeout.Duration.String() != tc.ready || cfg.Kubeconfig != tc.kubeconfig ||
-				cfg.StageTransport != tc.stages || cfg.AgentBinary != e.AgentBinary() || cfg.AgentCACert != caCert || cfg.AgentCAKey != caKey {
+				cfg.StageTransport != tc.stages || cfg.AgentBinary != e.AgentBinary() || cfg.AgentCACert != caCert || cfg.AgentCAKey != caKey ||
+				(tc.egressProxy != "") != (cfg.EgressAdminCAFile != "") {
 				t.Errorf("read back %+v", cfg)
 			}
 		})

@@ -27,6 +27,8 @@ require_fence = {{ $ctx.Values.executor.requireFence }}
 {{- if and $ctx.Values.egressProxy.enabled $proxiedPools }}
 # The egress proxy's admin API (grants and blocked attempts of proxied pools) takes this bearer token (Secret {{ include "sandbox-executor.egressAdminSecret" $ctx }}).
 egress_admin_token_file = {{ printf "%s/token" (include "sandbox-executor.egressAdminDir" $ctx) | quote }}
+# over TLS: the proxy's certificate is verified with this CA (Secret {{ include "sandbox-executor.egressAdminTLSSecret" $ctx }}, key ca.crt).
+egress_admin_ca_file = {{ printf "%s/ca.crt" (include "sandbox-executor.egressAdminDir" $ctx) | quote }}
 {{- end }}
 # The runner image's binaries: the agent for templates that do not bake it in, the helper
 # for jobs with cache: or artifacts:.
@@ -62,7 +64,7 @@ serve_other_tags = true
 {{- end }}
 {{- if and $ctx.Values.egressProxy.enabled (has .template $proxied) }}
 # Where the run stage reads the blocked attempts of this pool's jobs.
-egress_proxy = {{ printf "http://%s:3129" (include "sandbox-executor.egressProxyHost" $ctx) | quote }}
+egress_proxy = {{ printf "https://%s:3129" (include "sandbox-executor.egressProxyHost" $ctx) | quote }}
 {{- if .egressInstance }}
 # Each job's own GitLab instance (CI_SERVER_URL of its job JSON) is granted on the proxy.
 egress_instance = true

@@ -159,7 +159,16 @@ priorityClassName: {{ . | quote }}
 {{- .Values.egressProxy.adminToken.existingSecret | default (printf "%s-egress-admin" (include "sandbox-executor.fullname" .)) -}}
 {{- end -}}
 
-{{/* Where runner and proxy pods mount the admin token (the contract with egress/ and the executor config). */}}
+{{- define "sandbox-executor.egressAdminTLSSecret" -}}
+{{- .Values.egressProxy.adminTLS.existingSecret | default (printf "%s-egress-admin-tls" (include "sandbox-executor.fullname" .)) -}}
+{{- end -}}
+
+{{/* Where the proxy pods mount the admin API's certificate and key (tls.crt, tls.key). */}}
+{{- define "sandbox-executor.egressAdminTLSDir" -}}
+/etc/sandbox-egress-proxy-tls
+{{- end -}}
+
+{{/* Where runner and proxy pods mount the admin token, and runner pods the admin API's CA (ca.crt) beside it (the contract with egress/ and the executor config). */}}
 {{- define "sandbox-executor.egressAdminDir" -}}
 /etc/sandbox-executor/egress-admin
 {{- end -}}
