@@ -20,7 +20,7 @@ import (
 
 // jobTimeout is runner_info.timeout of every job but the timeout kind's: long enough for a job
 // that waits out a fault, short enough that a lost one ends the run.
-const jobTimeout = 4 * time.Minute
+const jobTimeout = 3 * time.Minute
 
 // shortTimeout is the timeout kind's runner_info.timeout.
 const shortTimeout = 25 * time.Second

@@ -47,8 +47,9 @@ const (
 	hangMargin = 3 * time.Minute
 	// queueBound is how long a job may wait to be handed out after the last job was due.
 	queueBound = 10 * time.Minute
-	// meanGap is the mean time between two hand-outs outside bursts.
-	meanGap = 1500 * time.Millisecond
+	// meanGap is the mean time between two hand-outs outside bursts: about what the 2-core
+	// local cluster serves, so that faults land on jobs all through the run, not on a backlog.
+	meanGap = 3 * time.Second
 	// The local cluster's "internet" and the link in front of it (tests/cluster/networkpolicy.sh).
 	internet    = "10.99.0.2"
 	outsideLink = "sbx-out0"
@@ -92,7 +93,8 @@ func readSettings(t *testing.T) settings {
 
 // soakValues are the release's values over chartinstall's: the chart's own default of a proxied
 // template (each job granted its instance by the egress proxy), a pool of poolReplicas, the
-// runner's concurrent jobs, the exporter on.
+// runner's concurrent jobs, the exporter on, and a short claim_grace: the pods of jobs whose
+// runner was killed live until their job's timeout plus claim_grace, using the node meanwhile.
 func soakValues(image string) string {
 	// The fence check of a proxied template: the proxy answers (allow empty), the internet not.
 	return fmt.Sprintf(`jobDefaults:
@@ -109,6 +111,8 @@ pools:
     replicas: %[2]d
     images: ["%[1]s"]
     egressInstance: true
+executor:
+  claimGrace: 30s
 runner:
   concurrent: %[3]d
 exporter:
