@@ -384,3 +384,31 @@ func sleep(ctx context.Context, d time.Duration) {
 	case <-ctx.Done():
 	}
 }
+
+// supervisedDaemons are the local cluster's control-plane daemons that run on this machine with
+// nothing to restart them (a real cluster's kubelet or systemd would): kube-scheduler exits on
+// purpose when it finds its cache corrupted, which an API server killed mid-watch can cause.
+// kube-apiserver is left to its fault, which starts it again.
+var supervisedDaemons = []string{"etcd", "controller-manager", "scheduler"}
+
+// supervise starts, every few seconds until ctx ends, whichever of supervisedDaemons has
+// exited, as a supervisor would, and reports each restart: the report names them.
+func supervise(ctx context.Context, restarted func(daemon string)) *sync.WaitGroup {
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(3 * time.Second):
+			}
+			for _, d := range supervisedDaemons {
+				out, err := clusterjobs.ClusterScript(context.Background(), "start.sh", nil, "start", d)
+				if err == nil && strings.Contains(out, "started ") {
+					restarted(d)
+				}
+			}
+		}
+	})
+	return &wg
+}

@@ -56,7 +56,7 @@ func kindCounts(jobs []*soakJob) string {
 
 // report is the run in markdown: jobs by kind and outcome, faults by kind, every invariant with
 // its count of violations, and job times with and without faults.
-func report(s settings, jobs []*soakJob, faults []*fault, v *violations, took time.Duration) string {
+func report(s settings, jobs []*soakJob, faults []*fault, v *violations, took time.Duration, restarts []string) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "Soak run: %d jobs, seed %d, %s from the first hand-out to the last job's end (`SOAK_JOBS=%d SOAK_SEED=%d make soak` replays it).\n\n",
 		len(jobs), s.seed, took.Round(time.Second), len(jobs), s.seed)
@@ -105,6 +105,10 @@ func report(s settings, jobs []*soakJob, faults []*fault, v *violations, took ti
 			}
 		}
 		fmt.Fprintf(&b, "| %s | %d | %d | %d | %d |\n", k, n, fired, skipped, errs)
+	}
+
+	if len(restarts) > 0 {
+		fmt.Fprintf(&b, "\nControl-plane daemons that exited and the soak's supervisor started again: %s.\n", strings.Join(restarts, ", "))
 	}
 
 	b.WriteString("\n| Invariant | Violations |\n|---|---:|\n")

@@ -128,6 +128,8 @@ type run struct {
 	mu     sync.Mutex
 	jobs   []*soakJob
 	faults []*fault
+	// restarts are the daemons the supervisor started again, and when.
+	restarts []string
 }
 
 func TestSoak(t *testing.T) {
@@ -200,9 +202,18 @@ func TestSoak(t *testing.T) {
 	faultCtx, stopFaults := context.WithCancel(ctx)
 	defer stopFaults()
 	injecting := inj.run(faultCtx, ru.start, faults)
+	superviseCtx, stopSupervising := context.WithCancel(ctx)
+	supervising := supervise(superviseCtx, func(daemon string) {
+		ru.mu.Lock()
+		defer ru.mu.Unlock()
+		ru.restarts = append(ru.restarts, fmt.Sprintf("%s at +%s", daemon, time.Since(ru.start).Round(time.Second)))
+		t.Logf("supervisor: %s had exited; started it again", daemon)
+	})
 	go ru.handOut(all)
 	ru.waitAll()
 	injecting.Wait()
+	stopSupervising()
+	supervising.Wait()
 	runEnd := time.Now()
 	took := runEnd.Sub(ru.start)
 	t.Logf("all %d jobs settled and all %d faults over in %s", len(jobs), len(faults), took.Round(time.Second))
@@ -232,7 +243,7 @@ func TestSoak(t *testing.T) {
 		}
 	}
 
-	rep := report(s, jobs, faults, v, took)
+	rep := report(s, jobs, faults, v, took, ru.restarts)
 	t.Log("\n" + rep)
 	if s.report != "" {
 		if err := os.WriteFile(s.report, []byte(rep), 0o644); err != nil {
