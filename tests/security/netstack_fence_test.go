@@ -91,13 +91,20 @@ func TestNetstackFenceHoldsThroughPolicyAgentRestarts(t *testing.T) {
 		lapses = append(lapses, lapse)
 	}
 	time.Sleep(time.Second) // tcpdump's last lines
-	// NetworkPolicy holds the canary whenever it is enforced: what it let through came in the lapses.
+	// NetworkPolicy holds the canary whenever it is enforced: what it let through came in the
+	// lapses. Not quite always: kube-router, back up, resyncs its rules again a while later, and
+	// a canary attempt (it tries ten times a second) may pass in that moment (one packet in
+	// 2,894 did, in one run of make check). A canary that NetworkPolicy does not fence at all
+	// passes ten times a second all through the test: more than one packet a round outside the
+	// lapses says so.
 	outside := packets.From(canaryIP, fencedFrom.Add(time.Nanosecond), time.Now())
 	for _, l := range lapses {
 		outside -= packets.From(canaryIP, l.begin, l.restored)
 	}
-	if outside != 0 {
+	if outside > fenceRounds {
 		t.Errorf("the canary %s reached %s %d times while NetworkPolicy was enforced: it is not fenced by the template's policy, so it proves no lapse", canaryIP, internet, outside)
+	} else if outside > 0 {
+		t.Logf("the canary reached %s %d times outside the lapses this test caused: the policy agent's own resync after coming back", internet, outside)
 	}
 	for ip, job := range jobIPs {
 		if n := packets.From(ip, time.Time{}, time.Now()); n != 0 {
