@@ -1,9 +1,12 @@
 package agent
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"flag"
 	"fmt"
+	"hash"
 	"io"
 	"os"
 	"os/exec"
@@ -31,7 +34,9 @@ func networkOff(getenv func(string) string) string {
 
 // installCommand copies this binary to DEST, for an init container; with HELPER_SRC and
 // HELPER_DEST, also the runner's helper binary the agent image carries, if it carries one (an
-// image without it leaves the executor to copy the helper at prepare, as before).
+// image without it leaves the executor to copy the helper at prepare, as before), and writes
+// the helper's sha256, computed as it copies, beside it (HELPER_DEST + wire.HelperDigestSuffix):
+// the helper command then need not hash it in the pod at prepare.
 func installCommand(args []string) error {
 	if (len(args) != 1 && len(args) != 3) || !filepath.IsAbs(args[0]) || (len(args) == 3 && (!filepath.IsAbs(args[1]) || !filepath.IsAbs(args[2]))) {
 		return errors.New("usage: install DEST [HELPER_SRC HELPER_DEST] (absolute paths)")
@@ -40,31 +45,56 @@ func installCommand(args []string) error {
 	if err != nil {
 		return err
 	}
-	if err := copyFile(self, args[0]); err != nil {
+	if err := copyFile(self, args[0], nil); err != nil {
 		return err
 	}
 	if len(args) == 3 {
 		if _, err := os.Stat(args[1]); errors.Is(err, os.ErrNotExist) {
 			return nil
 		}
-		return copyFile(args[1], args[2])
+		// A digest file left by an earlier run of the init container (the pod's emptyDir
+		// outlives a container restart) goes first: one beside the helper is that helper's.
+		digestPath := args[2] + wire.HelperDigestSuffix
+		if err := os.Remove(digestPath); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return err
+		}
+		h := sha256.New()
+		if err := copyFile(args[1], args[2], h); err != nil {
+			return err
+		}
+		return writeFile(digestPath, 0o644, func(w io.Writer) error {
+			_, err := fmt.Fprintln(w, hex.EncodeToString(h.Sum(nil)))
+			return err
+		})
 	}
 	return nil
 }
 
-// copyFile copies from to to (mode 0755), through a temporary file renamed into place.
-func copyFile(from, to string) error {
+// copyFile copies from to to (mode 0755), through a temporary file renamed into place; with h
+// (else nil), it also hashes what it copies.
+func copyFile(from, to string, h hash.Hash) error {
 	src, err := os.Open(from)
 	if err != nil {
 		return err
 	}
 	defer src.Close()
+	return writeFile(to, 0o755, func(w io.Writer) error {
+		if h != nil {
+			w = io.MultiWriter(w, h)
+		}
+		_, err := io.Copy(w, src)
+		return err
+	})
+}
+
+// writeFile writes to (with mode) through write and a temporary file renamed into place.
+func writeFile(to string, mode os.FileMode, write func(io.Writer) error) error {
 	tmp := to + ".tmp"
-	dst, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o755)
+	dst, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, mode)
 	if err != nil {
 		return err
 	}
-	if _, err := io.Copy(dst, src); err != nil {
+	if err := write(dst); err != nil {
 		dst.Close()
 		return err
 	}

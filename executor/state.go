@@ -21,6 +21,27 @@ type JobState struct {
 	// Failed is the job's first failure (RecordFailure), for cleanup to record on the claim;
 	// zero while every stage that decides the job's outcome succeeded.
 	Failed kube.Outcome
+	// Deadline is when the job's timeout runs out: prepare's start plus the job's timeout. Zero
+	// when unknown (a state saved before it was kept, or found again in the cluster).
+	Deadline time.Time
+}
+
+// ErrJobTimedOut is why a stage stopped when the job ran past its timeout. The runner stops a
+// timed-out stage exactly as a cancelled one (SIGTERM, a cancelled context), but GitLab fails the
+// job (job_execution_timeout) rather than cancelling it: StopCause tells the two apart.
+var ErrJobTimedOut = errors.New("the job ran past its timeout")
+
+// timeoutSlack is how long before Deadline a stop still counts as the job's timeout: the runner
+// starts its timeout clock a little before prepare starts, and its signal takes time to land.
+const timeoutSlack = 10 * time.Second
+
+// StopCause is why the runner stopped the job's stage at now with its SIGTERM: ErrJobTimedOut
+// from timeoutSlack before the job's Deadline on, else (or with no Deadline) context.Canceled.
+func (j *JobState) StopCause(now time.Time) error {
+	if !j.Deadline.IsZero() && !now.Before(j.Deadline.Add(-timeoutSlack)) {
+		return ErrJobTimedOut
+	}
+	return context.Canceled
 }
 
 // RecordFailure notes how the stage stageName failed with err, unless an earlier stage already
@@ -36,6 +57,8 @@ func (j *JobState) RecordFailure(stageName string, err error) {
 // failureOutcome classifies a stage's error for the outcome metric.
 func failureOutcome(err error) kube.Outcome {
 	switch {
+	case errors.Is(err, ErrJobTimedOut):
+		return kube.Outcome{Result: kube.OutcomeFailed, Reason: kube.ReasonTimeout}
 	case errors.Is(err, context.Canceled):
 		return kube.Outcome{Result: kube.OutcomeCanceled}
 	case failure.KindOf(err) == failure.KindBuild:
@@ -92,6 +115,8 @@ type stateRecord struct {
 	Overhead      Overhead `json:"overhead"`
 	// Failed is optional and ignored by older readers, so it needs no new version.
 	Failed kube.Outcome `json:"failed,omitzero"`
+	// Deadline is optional and ignored by older readers too: no new version either.
+	Deadline time.Time `json:"deadline,omitzero"`
 }
 
 func recordOf(job *JobState) stateRecord {
@@ -100,7 +125,7 @@ func recordOf(job *JobState) stateRecord {
 		Version: stateVersion, Namespace: s.Namespace, Claim: s.Claim, Pool: s.Pool, SandboxName: s.SandboxName,
 		Pod: s.Pod, PodUID: s.PodUID, Container: s.Container, RuntimeClass: s.RuntimeClass,
 		Launch: s.Launch, Waited: s.Waited, ColdTemplate: s.ColdTemplate, PodIP: s.PodIP, AgentIdentity: job.Transport.AgentIdentity, AgentBaked: s.AgentBaked,
-		Restarts: s.Restarts, Overhead: job.Overhead, Failed: job.Failed,
+		Restarts: s.Restarts, Overhead: job.Overhead, Failed: job.Failed, Deadline: job.Deadline,
 	}
 }
 
@@ -122,6 +147,7 @@ func (r *stateRecord) job() *JobState {
 		Transport: Transport{AgentIdentity: r.AgentIdentity},
 		Overhead:  r.Overhead,
 		Failed:    r.Failed,
+		Deadline:  r.Deadline,
 	}
 }
 

@@ -135,6 +135,7 @@ func TestJobOutcomeIsTheFirstDecidingFailure(t *testing.T) {
 		want kube.Outcome
 	}{
 		{context.Canceled, kube.Outcome{Result: kube.OutcomeCanceled}},
+		{executor.ErrJobTimedOut, kube.Outcome{Result: kube.OutcomeFailed, Reason: kube.ReasonTimeout}},
 		{failure.SystemError(nil, "x"), kube.Outcome{Result: kube.OutcomeFailed, Reason: kube.ReasonSystem}},
 		{failure.PermanentError(nil, "x"), kube.Outcome{Result: kube.OutcomeFailed, Reason: kube.ReasonPermanent}},
 	} {
@@ -143,5 +144,70 @@ func TestJobOutcomeIsTheFirstDecidingFailure(t *testing.T) {
 		if j.Outcome() != tc.want {
 			t.Errorf("%v: outcome %+v, want %+v", tc.err, j.Outcome(), tc.want)
 		}
+	}
+}
+
+// The runner stops a stage with the same SIGTERM for a cancel and for the job's timeout: a stop
+// from 10 s before the job's deadline on is its timeout (the runner's clock started a little
+// before prepare, and the signal takes time to land), one before that or without a deadline a
+// cancel.
+func TestATimeoutIsToldFromACancelByTheJobsDeadline(t *testing.T) {
+	deadline := time.Date(2026, 11, 24, 6, 0, 0, 0, time.UTC)
+	for _, tc := range []struct {
+		name     string
+		deadline time.Time
+		at       time.Time
+		want     error
+		outcome  kube.Outcome
+	}{
+		{"a minute before the deadline", deadline, deadline.Add(-time.Minute), context.Canceled, kube.Outcome{Result: kube.OutcomeCanceled}},
+		{"just outside the slack", deadline, deadline.Add(-10*time.Second - time.Millisecond), context.Canceled, kube.Outcome{Result: kube.OutcomeCanceled}},
+		{"at the start of the slack", deadline, deadline.Add(-10 * time.Second), executor.ErrJobTimedOut, kube.Outcome{Result: kube.OutcomeFailed, Reason: kube.ReasonTimeout}},
+		{"at the deadline", deadline, deadline, executor.ErrJobTimedOut, kube.Outcome{Result: kube.OutcomeFailed, Reason: kube.ReasonTimeout}},
+		{"after the deadline", deadline, deadline.Add(time.Minute), executor.ErrJobTimedOut, kube.Outcome{Result: kube.OutcomeFailed, Reason: kube.ReasonTimeout}},
+		{"no deadline", time.Time{}, deadline.Add(time.Minute), context.Canceled, kube.Outcome{Result: kube.OutcomeCanceled}},
+	} {
+		job := &executor.JobState{Deadline: tc.deadline}
+		got := job.StopCause(tc.at)
+		if got != tc.want {
+			t.Errorf("%s: StopCause = %v, want %v", tc.name, got, tc.want)
+		}
+		job.RecordFailure("step_script", got)
+		if job.Outcome() != tc.outcome {
+			t.Errorf("%s: outcome %+v, want %+v", tc.name, job.Outcome(), tc.outcome)
+		}
+	}
+}
+
+// The job's deadline survives the state file; a state file from before it was kept (no
+// deadline) still loads, and a stop is then a cancel.
+func TestTheStateFileKeepsTheJobsDeadline(t *testing.T) {
+	dir := t.TempDir()
+	deadline := time.Date(2026, 11, 24, 6, 0, 0, 0, time.UTC)
+	want := coldStartState()
+	want.Deadline = deadline
+	if err := executor.SaveJob(dir, want); err != nil {
+		t.Fatal(err)
+	}
+	got, err := executor.SavedJob(dir, "job-7-abc")
+	if err != nil || got == nil || !got.Deadline.Equal(deadline) {
+		t.Fatalf("SavedJob = %+v, %v; want deadline %s", got, err, deadline)
+	}
+	if err := executor.SaveJob(dir, &executor.JobState{Sandbox: want.Sandbox}); err != nil {
+		t.Fatal(err)
+	}
+	if data, _ := os.ReadFile(filepath.Join(dir, stateFileName)); strings.Contains(string(data), "deadline") {
+		t.Errorf("a state without a deadline writes one: %s", data)
+	}
+	old := `{"version":3,"namespace":"ns","claim":"job-1-abc","pool":"p","sandbox":"p-xyz","pod":"p-xyz","podUID":"u","container":"job","runtimeClass":"gvisor","launch":"warm","overhead":{"claim":1,"prepare":5,"stages":0,"stageTotal":0},"failed":{"result":"failed","reason":"script_failure"}}`
+	if err := os.WriteFile(filepath.Join(dir, stateFileName), []byte(old), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	got, err = executor.SavedJob(dir, "job-1-abc")
+	if err != nil || got == nil || !got.Deadline.IsZero() || got.Overhead.Prepare != 5 || got.Failed.Reason != kube.ReasonScript {
+		t.Fatalf("SavedJob of a state file without a deadline = %+v, %v", got, err)
+	}
+	if cause := got.StopCause(deadline.Add(time.Hour)); cause != context.Canceled {
+		t.Errorf("StopCause without a deadline = %v, want context.Canceled", cause)
 	}
 }

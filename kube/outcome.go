@@ -35,6 +35,8 @@ const (
 	ReasonPrepare = "prepare_failed"
 	// ReasonFence: the pod's egress fence did not hold, so prepare released the claim.
 	ReasonFence = "fence_not_holding"
+	// ReasonTimeout: the job ran past its timeout (GitLab's failure reason of the same name).
+	ReasonTimeout = "job_execution_timeout"
 )
 
 // Outcome is how a job ended. The zero Outcome is unknown and is not recorded.

@@ -46,6 +46,11 @@ const (
 	BakedDir = "/opt/sandbox-executor"
 	// BakedHelperPath is the runner's helper binary there, if the agent image carries it.
 	BakedHelperPath = BakedDir + "/gitlab-runner-helper"
+	// HelperDigestSuffix names the file beside a baked helper (BakedHelperPath +
+	// HelperDigestSuffix) where the init container writes the helper's sha256 as it copies it:
+	// 64 lowercase hex digits and a newline. The helper command reads it instead of hashing the
+	// helper in the pod.
+	HelperDigestSuffix = ".sha256"
 )
 
 // Answers of the agent's helper command (HelperArgs), one line: the word, then the baked

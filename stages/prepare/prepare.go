@@ -158,7 +158,8 @@ func (p *preparation) grantAndKeep(ctx context.Context, sbx *kube.Sandbox, trans
 	}
 	err := executor.InstallHelper(ctx, p.cluster.Exec(), sbx, p.env.Config.HelperBinary, p.job, p.env.Log())
 	if err == nil {
-		state := &executor.JobState{Sandbox: sbx, Transport: transport, Overhead: executor.Overhead{Claim: claimed, Prepare: p.env.Elapsed(p.start)}}
+		state := &executor.JobState{Sandbox: sbx, Transport: transport, Overhead: executor.Overhead{Claim: claimed, Prepare: p.env.Elapsed(p.start)},
+			Deadline: p.start.Add(p.job.Timeout)}
 		err = executor.SaveJob(p.env.Runner.TmpDir, state)
 	}
 	if err != nil {

@@ -64,7 +64,8 @@ func Run(ctx context.Context, env *stages.Env, scriptPath, stageName string) err
 	if err != nil {
 		why := err
 		if ctx.Err() != nil {
-			why = ctx.Err() // cancelled or timed out: the runner's SIGTERM
+			// The runner's SIGTERM: a cancel, or the job's timeout by its deadline.
+			why = state.StopCause(env.Clock.Now())
 		}
 		recordFailure(env, state, stageName, why)
 		return err
