@@ -2,10 +2,12 @@ package kube
 
 import (
 	"errors"
+	"net/http"
 
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/utils/clock"
 	sandboxclient "sigs.k8s.io/agent-sandbox/clients/k8s/clientset/versioned"
 	extclient "sigs.k8s.io/agent-sandbox/clients/k8s/extensions/clientset/versioned"
 
@@ -43,6 +45,11 @@ func RESTConfig(cfg *config.Config) (*rest.Config, error) {
 	// throttling out of the way and let API priority and fairness do its job.
 	rc.QPS, rc.Burst = 50, 100
 	rc.UserAgent = "sandbox-executor"
+	// A restarted API server denies until its authorizer has synced: requests of contexts marked
+	// by RetryForbidden (the stages') are sent again for a while (forbidden.go).
+	rc.Wrap(func(rt http.RoundTripper) http.RoundTripper {
+		return &forbiddenRetry{next: rt, clock: clock.RealClock{}}
+	})
 	return rc, nil
 }
 

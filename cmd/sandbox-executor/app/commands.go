@@ -11,6 +11,7 @@ import (
 	"github.com/sandbox-executor/sandbox-executor/buildinfo"
 	"github.com/sandbox-executor/sandbox-executor/config"
 	"github.com/sandbox-executor/sandbox-executor/failure"
+	"github.com/sandbox-executor/sandbox-executor/kube"
 	"github.com/sandbox-executor/sandbox-executor/operator/doctor"
 	"github.com/sandbox-executor/sandbox-executor/operator/exporter"
 	"github.com/sandbox-executor/sandbox-executor/operator/gc"
@@ -43,7 +44,7 @@ func (inv *invocation) app() *cli.App {
 			{
 				Name:   "prepare",
 				Usage:  "prepare_exec: claim a gVisor sandbox for the job and wait until it is ready",
-				Action: inv.setup(func(c *cli.Context, env *stages.Env) error { return prepare.Run(c.Context, env) }),
+				Action: inv.setup(func(c *cli.Context, env *stages.Env) error { return prepare.Run(kube.RetryForbidden(c.Context), env) }),
 			},
 			{
 				Name:      "run",
@@ -53,13 +54,13 @@ func (inv *invocation) app() *cli.App {
 					if c.NArg() != 2 {
 						return failure.PermanentError(nil, "run takes 2 arguments, SCRIPT and STAGE; got %d", c.NArg())
 					}
-					return run.Run(c.Context, env, c.Args().Get(0), c.Args().Get(1))
+					return run.Run(kube.RetryForbidden(c.Context), env, c.Args().Get(0), c.Args().Get(1))
 				}),
 			},
 			{
 				Name:   "cleanup",
 				Usage:  "cleanup_exec: release the job's sandbox",
-				Action: inv.setup(func(c *cli.Context, env *stages.Env) error { return cleanup.Run(c.Context, env) }),
+				Action: inv.setup(func(c *cli.Context, env *stages.Env) error { return cleanup.Run(kube.RetryForbidden(c.Context), env) }),
 			},
 			inv.serveCommand(),
 			runnerstart.Command(inv.stdout, inv.stderr, inv.runnerStageServer),
