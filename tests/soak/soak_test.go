@@ -615,9 +615,12 @@ func (ru *run) checkExporter(v *violations, r *chartinstall.Release) {
 		return
 	}
 	defer resp.Body.Close()
-	// A prepare that fails is cleaned up and counted (failed, prepare_failed) before the runner
-	// retries it: such attempts are counted apart, GitLab sees one job.
+	// A prepare that fails is counted before the runner retries it: cleaned up without a state
+	// (failed, prepare_failed), or released by prepare itself when the pod's fence check failed
+	// (failed, fence_not_holding: a stream fault on the pod can fail it). Such attempts are
+	// counted apart, GitLab sees one job.
 	counted := map[string]int{}
+	byReason := map[string]int{}
 	retried := 0
 	scanner := bufio.NewScanner(resp.Body)
 	for scanner.Scan() {
@@ -627,9 +630,12 @@ func (ru *run) checkExporter(v *violations, r *chartinstall.Release) {
 		}
 		n, _ := strconv.Atoi(m[2])
 		outcome, reason := outcomeLabel.FindStringSubmatch(m[1]), reasonLabel.FindStringSubmatch(m[1])
+		if outcome != nil && reason != nil && n > 0 {
+			byReason[outcome[1]+"/"+reason[1]] += n
+		}
 		switch {
 		case outcome == nil:
-		case outcome[1] == fakegitlab.StateFailed && reason != nil && reason[1] == kube.ReasonPrepare:
+		case outcome[1] == fakegitlab.StateFailed && reason != nil && (reason[1] == kube.ReasonPrepare || reason[1] == kube.ReasonFence):
 			retried += n
 		default:
 			counted[outcome[1]] += n
@@ -669,12 +675,12 @@ func (ru *run) checkExporter(v *violations, r *chartinstall.Release) {
 		}
 	}
 	if over > unreported {
-		v.add(invExporter, "the exporter counted %d jobs more than GitLab ended with those outcomes (counted %v, GitLab %v), more than the %d jobs whose runner died before their final state", over, counted, gitlab, unreported)
+		v.add(invExporter, "the exporter counted %d jobs more than GitLab ended with those outcomes (counted %v, by reason %v, GitLab %v), more than the %d jobs whose runner died before their final state", over, counted, byReason, gitlab, unreported)
 	}
 	if short > faulted {
 		v.add(invExporter, "the exporter missed %d jobs (counted %v, GitLab %v), more than the %d that faults touched", short, counted, gitlab, faulted)
 	}
-	ru.t.Logf("exporter: %v and %d failed prepare attempts; GitLab: %v (%d jobs touched by faults, %d abandoned without a final state)", counted, retried, gitlab, faulted, unreported)
+	ru.t.Logf("exporter: %v and %d failed prepare attempts (by outcome and reason: %v); GitLab: %v (%d jobs touched by faults, %d abandoned without a final state)", counted, retried, byReason, gitlab, faulted, unreported)
 }
 
 // checkSentinel searches every record of the run for the masked sentinel: the namespace's
