@@ -48,14 +48,16 @@ func BenchmarkStockFlowStartup(b *testing.B) {
 		b.Fatal(err)
 	}
 	setup := `npm config set --location=global registry "$` + duoflow.NPMRegistryVariable + `"`
-	baked, _ := stockStartups(b, cluster, c, inst, n, hardenedPool, func() fakegitlab.Job {
+	baked, _, bakedPhases := stockStartups(b, cluster, c, inst, n, hardenedPool, func() fakegitlab.Job {
 		job := inst.StockJob(base, npm.URL, jobEgressAdmin)
 		job.Image.Name = hardenedImage
 		return job
 	})
-	viaNPM, npmInstalls := stockStartups(b, cluster, c, inst, n, flowPool, func() fakegitlab.Job { return inst.StockJob(base, npm.URL, jobEgressAdmin, setup) })
+	viaNPM, npmInstalls, npmPhases := stockStartups(b, cluster, c, inst, n, flowPool, func() fakegitlab.Job { return inst.StockJob(base, npm.URL, jobEgressAdmin, setup) })
 	report(b, "flow startup, duo CLI baked in (hardened)", baked, 0)
+	reportPhases(b, bakedPhases)
 	report(b, "flow startup, duo CLI from npm (default)", viaNPM, baked.median())
+	reportPhases(b, npmPhases)
 	report(b, "  of which npm install -g (npm's own time)", npmInstalls, 0)
 	b.ReportMetric(float64(baked.median().Milliseconds()), "baked-ms/startup")
 	b.ReportMetric(float64(viaNPM.median().Milliseconds()), "npm-ms/startup")
@@ -64,14 +66,28 @@ func BenchmarkStockFlowStartup(b *testing.B) {
 // npmAdded is npm's closing line: "added 1 package in 317ms" (or "in 1s").
 var npmAdded = regexp.MustCompile(`added 1 package in (\d+)(ms|s)`)
 
+// reportPhases reports where the start-up of a series of jobs went, phase by phase
+// (duoflow.StartupPhases), in the order the job goes through them.
+func reportPhases(b *testing.B, phases [][]duoflow.Phase) {
+	for i := range phases[0] {
+		var took samples
+		for _, job := range phases {
+			took = append(took, job[i].Took)
+		}
+		report(b, "  of which "+phases[0][i].Name, took, 0)
+	}
+}
+
 // stockStartups runs n stock flow jobs from newJob one after the other, each on a warm pod of
-// pool, and returns hand-out -> workflow session for each, and npm's install time where the
-// job log has one.
-func stockStartups(b *testing.B, cluster *clusterjobs.Cluster, c *clusterjobs.Runner, inst *duoflow.Instance, n int, pool string, newJob func() fakegitlab.Job) (samples, samples) {
+// pool, and returns hand-out -> workflow session for each, npm's install time where the job log
+// has one, and each job's start-up split into its phases by the job log's timestamps.
+func stockStartups(b *testing.B, cluster *clusterjobs.Cluster, c *clusterjobs.Runner, inst *duoflow.Instance, n int, pool string, newJob func() fakegitlab.Job) (samples, samples, [][]duoflow.Phase) {
 	var startups, installs samples
+	var phases [][]duoflow.Phase
 	for i := 0; i < n; i++ {
 		waitPoolFull(b, cluster, pool)
 		job := newJob()
+		job.Variables = append(job.Variables, duoflow.TimestampsVariable)
 		inst.GitLab.Enqueue(job)
 		proc, err := runner.Start(runner.Options{URL: inst.GitLab.URL(), Token: inst.GitLab.RunnerToken(), Executor: c.Definition(),
 			Timeout: 5 * time.Minute, Cache: inst.RunnerCache()})
@@ -90,6 +106,11 @@ func stockStartups(b *testing.B, cluster *clusterjobs.Cluster, c *clusterjobs.Ru
 			b.Fatalf("job %d: %d workflow sessions", job.ID, len(sessions))
 		}
 		startups = append(startups, sessions[0].Started.Sub(res.HandedOutAt))
+		split, err := duoflow.StartupPhases(res.Trace, res.HandedOutAt, sessions[0].Started)
+		if err != nil {
+			b.Fatalf("job %d: %v\n%s", job.ID, err, res.Trace)
+		}
+		phases = append(phases, split)
 		if m := npmAdded.FindStringSubmatch(res.Trace); m != nil {
 			v, _ := strconv.Atoi(m[1])
 			unit := time.Millisecond
@@ -100,5 +121,5 @@ func stockStartups(b *testing.B, cluster *clusterjobs.Cluster, c *clusterjobs.Ru
 		}
 		c.WaitJobGone(b, job.ID)
 	}
-	return startups, installs
+	return startups, installs, phases
 }
