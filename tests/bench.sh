@@ -39,14 +39,13 @@ cluster_bin=$cluster_dir/bin cluster_etc=$cluster_dir/etc
     echo "back to back; the project is cloned first (GIT_DEPTH=1). GitLab's default image (stand-in, v0.0.6) installs"
     echo "the duo CLI from the npm registry (stand-in on the instance network, granted by the pool's egress_allow) and"
     echo "probes SRT before \`duo run\`; the hardened image (stand-in, v0.0.7) has the CLI baked in and no SRT. The"
-    echo "images are stand-ins built by tests/cluster/images-duo.sh, not GitLab's. Under each, where its start-up went:"
-    echo "the job log's FF_TIMESTAMPS times split it (tools/duoflow StartupPhases): the runner's start, our prepare"
-    echo "(claim and the runner helper), the runner's prepare_script, the clone, the cache restore, the setup_script,"
-    echo "the duo CLI's install (a skip when the image has it), and the CLI's start up to its session."
+    echo "images are stand-ins built by tests/cluster/images-duo.sh, not GitLab's. Under each, where its start-up went,"
+    echo "split by the runner's stage sections in the job log's FF_TIMESTAMPS times (tools/duoflow StartupPhases), with"
+    echo "the claim and the runner helper as the executor's own log lines give them."
     echo
     echo '```'
     # The flow rows and the "of which" rows right under them (the phases of its start-up).
-    awk '/^BENCH flow startup/ {flow = 1} flow && /^BENCH (flow startup|  of which)/ {print substr($0, 7); next} {flow = 0}' "$out"
+    awk '/^BENCH flow startup/ {flow = 1} flow && /^BENCH (flow startup| +of which)/ {print substr($0, 7); next} {flow = 0}' "$out"
     echo '```'
   fi
 } > docs/benchmarks.md

@@ -74,7 +74,7 @@ func reportPhases(b *testing.B, phases [][]duoflow.Phase) {
 		for _, job := range phases {
 			took = append(took, job[i].Took)
 		}
-		report(b, "  of which "+phases[0][i].Name, took, 0)
+		report(b, "  of which "+phases[0][i].Name, took, 0) // a nested phase's name is indented
 	}
 }
 
