@@ -36,7 +36,10 @@ func BenchmarkJobsBeforeRefills(b *testing.B) {
 	measure := func() refillRound { return measureRefills(b, cluster, pool, served.Definition(), n, atRestN, burst) }
 
 	today := measure()
-	restore, err := agentcontroller.WithArgs(context.Background(), cluster.Admin.Kube, b.Logf, replenishDelay)
+	// To stderr, not b.Logf: a benchmark's log is cut to its first lines, and whether the
+	// controller came back must show.
+	logf := func(format string, args ...any) { fmt.Fprintf(os.Stderr, "agentcontroller: "+format+"\n", args...) }
+	restore, err := agentcontroller.WithArgs(context.Background(), cluster.Admin.Kube, logf, replenishDelay)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -47,7 +50,7 @@ func BenchmarkJobsBeforeRefills(b *testing.B) {
 			return
 		}
 		waitPoolFull(b, cluster, pool)
-		b.Logf("controller restored; a claim on %s was Ready in %s", pool, ms(rawClaim(b, cluster, pool)))
+		logf("a claim on pool %s was Ready in %s after the args were restored", pool, ms(rawClaim(b, cluster, pool)))
 	})
 	delayed := measure()
 
