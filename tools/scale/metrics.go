@@ -40,7 +40,7 @@ func (b *bench) snapshot(ctx context.Context) snapshot {
 	if busy, err := machineBusySeconds(); err == nil {
 		s.cpu[machine] = busy
 	}
-	pod, err := b.ctrl.pod(ctx)
+	pod, err := b.ctrl.Pod(ctx)
 	if err != nil {
 		logf("no controller figures in this snapshot: %v", err)
 	}

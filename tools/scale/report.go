@@ -25,7 +25,7 @@ func ms(d time.Duration) string { return strconv.FormatInt(d.Milliseconds(), 10)
 func (b *bench) report() string {
 	var s strings.Builder
 	fmt.Fprintf(&s, "%d kwok nodes. The agent-sandbox controller runs in-cluster: Deployment %s/%s, one pod (its CPU: its container's process on this node; its metrics: through the API server's pod proxy), args as found `%s`.\n",
-		b.nodes, b.ctrl.namespace, b.ctrl.name, strings.Join(b.ctrl.original, " "))
+		b.nodes, b.ctrl.Namespace, b.ctrl.Name, strings.Join(b.ctrl.Original, " "))
 	s.WriteString("Controller settings (column \"flags\"; any other than the args as found is rolled out before its rounds, and the args as found are rolled back out at the end; workers as the controller reported them):\n\n")
 	for i, extra := range b.settingList() {
 		desc := "args as found"

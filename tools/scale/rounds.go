@@ -35,7 +35,7 @@ func (b *bench) settingList() [][]string {
 func (b *bench) settings(ctx context.Context) error {
 	round := 0
 	for i, extra := range b.settingList() {
-		if err := b.ctrl.apply(ctx, extra); err != nil {
+		if err := b.ctrl.Apply(ctx, extra); err != nil {
 			return err
 		}
 		if err := b.rounds(ctx, i, &round); err != nil {

@@ -81,14 +81,14 @@ func run() error {
 	}
 	runErr := b.setup(ctx)
 	if runErr == nil {
-		if b.priorityLevel, err = priorityLevel(ctx, cfg, b.kube, namespace, b.ctrl.serviceAccount, o.namespace); err != nil {
+		if b.priorityLevel, err = priorityLevel(ctx, cfg, b.kube, namespace, b.ctrl.ServiceAccount, o.namespace); err != nil {
 			logf("cannot tell the controller's API priority level: %v", err)
 		}
 		runErr = b.settings(ctx)
 	}
 	// Always leave the controller as found and nothing behind, even after a failed or
 	// interrupted round; never touch a namespace that is not ours.
-	if err := b.ctrl.restore(ctx); err != nil {
+	if err := b.ctrl.Restore(ctx); err != nil {
 		runErr = errors.Join(runErr, err)
 	}
 	if !b.ownNamespace {

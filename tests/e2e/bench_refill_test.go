@@ -1,0 +1,119 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/sandbox-executor/sandbox-executor/tests/harness/agentcontroller"
+	"github.com/sandbox-executor/sandbox-executor/tests/harness/clusterjobs"
+	"github.com/sandbox-executor/sandbox-executor/tests/harness/localcluster"
+	"github.com/sandbox-executor/sandbox-executor/tests/runner"
+)
+
+// replenishDelay holds a pool's refill until 3 s after its last member left: back-to-back claims
+// then run on cores no sandbox boot takes (docs/performance.md#jobs-before-refills-the-controllers-replenish-delay).
+const replenishDelay = "--sandbox-warm-pool-replenish-delay=3s"
+
+// BenchmarkJobsBeforeRefills measures what the agent-sandbox controller's replenish delay does
+// to jobs: BENCH_N (12) hello jobs back to back through the stage server from a pool as large,
+// the same job from a pool at rest, and a burst of 10 with the refill behind it, first with the
+// controller as it runs, then with the controller rolled out with replenishDelay. Each setting's
+// back-to-back jobs are compared with its own at-rest jobs, and both settings with the
+// controller as it runs. The controller's args are rolled back out when the benchmark ends,
+// after a failure too, and a claim on the pool proves the cluster whole.
+func BenchmarkJobsBeforeRefills(b *testing.B) {
+	n := benchN(12)
+	const burst, atRestN = 10, 5
+	cluster := clusterjobs.Connect(b)
+	const pool = "bench-refill"
+	benchPool(b, cluster, pool, int32(max(n, burst)))
+	served := cluster.NewServedRunner(b, "e2e-refill", localcluster.Config{Pools: localcluster.Pools(pool), Extra: `stage_transport = "network"`})
+	measure := func() refillRound { return measureRefills(b, cluster, pool, served.Definition(), n, atRestN, burst) }
+
+	today := measure()
+	// To stderr, not b.Logf: a benchmark's log is cut to its first lines, and whether the
+	// controller came back must show.
+	logf := func(format string, args ...any) { fmt.Fprintf(os.Stderr, "agentcontroller: "+format+"\n", args...) }
+	restore, err := agentcontroller.WithArgs(context.Background(), cluster.Admin.Kube, logf, replenishDelay)
+	if err != nil {
+		b.Fatal(err)
+	}
+	// Registered after benchPool's cleanup, so it runs first: the pool is still there to claim from.
+	b.Cleanup(func() {
+		if err := restore(context.Background()); err != nil {
+			b.Errorf("the agent-sandbox controller's args are not restored: %v", err)
+			return
+		}
+		waitPoolFull(b, cluster, pool)
+		logf("a claim on pool %s was Ready in %s after the args were restored", pool, ms(rawClaim(b, cluster, pool)))
+	})
+	delayed := measure()
+
+	report(b, "hello job, back to back (controller today)", today.backToBack, 0)
+	report(b, "hello job, at rest (controller today)", today.atRest, 0)
+	report(b, "hello job, back to back (replenish delay 3s)", delayed.backToBack, today.backToBack.median())
+	report(b, "hello job, at rest (replenish delay 3s)", delayed.atRest, today.atRest.median())
+	todayRatio, delayedRatio := today.backToBackOverAtRest(), delayed.backToBackOverAtRest()
+	fmt.Fprintf(os.Stderr, "BENCH   back to back / at rest: %.2fx with the controller today, %.2fx with %s\n", todayRatio, delayedRatio, replenishDelay)
+	report(b, "  of which claim, back to back (controller today)", today.claim, 0)
+	report(b, "  of which claim, back to back (replenish delay 3s)", delayed.claim, today.claim.median())
+	report(b, fmt.Sprintf("hello job, burst of %d (controller today)", burst), today.inBurst, 0)
+	report(b, fmt.Sprintf("hello job, burst of %d (replenish delay 3s)", burst), delayed.inBurst, today.inBurst.median())
+	today.reportRefill("controller today")
+	delayed.reportRefill("replenish delay 3s")
+	b.ReportMetric(todayRatio, "back-to-back/at-rest-today")
+	b.ReportMetric(delayedRatio, "back-to-back/at-rest-delay")
+}
+
+// refillRound is one controller setting's figures.
+type refillRound struct {
+	backToBack, atRest, inBurst samples
+	// claim is each back-to-back job's claim inside prepare, from its summary line.
+	claim samples
+	burst int
+	// makespan is the burst's first hand-out to its last job's end; refilled, to the pool full
+	// again.
+	makespan, refilled time.Duration
+}
+
+// measureRefills runs n hello jobs back to back from the full pool, then atRestN jobs each from
+// the full pool, then a burst of burst jobs at once and waits for the pool to refill.
+func measureRefills(b *testing.B, c *clusterjobs.Cluster, pool string, def runner.CustomExecutor, n, atRestN, burst int) refillRound {
+	r := refillRound{burst: burst}
+	waitPoolFull(b, c, pool)
+	backToBack, traces := helloJobs(b, n, def, nil)
+	r.backToBack = backToBack
+	for _, trace := range traces {
+		m := summaryLine.FindStringSubmatch(trace)
+		if m == nil {
+			b.Fatalf("job log has no summary line:\n%s", trace)
+		}
+		r.claim = append(r.claim, msOf(m[1]))
+	}
+	for range atRestN {
+		waitPoolFull(b, c, pool)
+		one, _ := helloJobs(b, 1, def, nil)
+		r.atRest = append(r.atRest, one...)
+	}
+	waitPoolFull(b, c, pool)
+	start := time.Now()
+	r.inBurst, r.makespan = helloBurst(b, burst, def)
+	waitPoolFull(b, c, pool)
+	r.refilled = time.Since(start)
+	return r
+}
+
+func (r refillRound) backToBackOverAtRest() float64 {
+	return float64(r.backToBack.median()) / float64(r.atRest.median())
+}
+
+// reportRefill prints the burst's makespan and the refill rate as BenchmarkHelloJob does.
+func (r refillRound) reportRefill(setting string) {
+	fmt.Fprintf(os.Stderr, "BENCH   burst of %d (%s): all done in %s; the pool was full again %s after the burst began: %.2f sandboxes booted per second\n",
+		r.burst, setting, ms(r.makespan), ms(r.refilled), float64(r.burst)/r.refilled.Seconds())
+}
