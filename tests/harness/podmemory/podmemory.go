@@ -39,7 +39,8 @@ func Local() (Node, error) {
 type Process struct {
 	PID, PPID int
 	// Name is the base name of its argv[0] (runsc-sandbox, runsc-gofer,
-	// containerd-shim-runsc-v1, runsc), or its command name (comm) without one.
+	// containerd-shim-runsc-v1, runsc), or its command name (comm) without one: "exe" for the
+	// sentry's systrap stub processes.
 	Name string
 	// PSS is its proportional set size in bytes: its private pages, and its share of each page
 	// it shares with other processes.
