@@ -266,6 +266,16 @@ func concurrently(n int, f func() time.Duration) samples {
 // it until an exec in it succeeds.
 func plainPodUntilExec(b *testing.B, c *clusterjobs.Cluster) time.Duration {
 	b.Helper()
+	_, took, deletePod := startPlainPod(b, c)
+	deletePod()
+	return took
+}
+
+// startPlainPod creates a bare pod on the gVisor RuntimeClass with the CI image, running `sleep
+// infinity`, and waits until an exec in it succeeds. It returns the pod as created, that time,
+// and the pod's deletion, which is the caller's to run (startPlainPod runs it if it fails).
+func startPlainPod(b testing.TB, c *clusterjobs.Cluster) (*corev1.Pod, time.Duration, func()) {
+	b.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	pods := c.Admin.Kube.CoreV1().Pods(namespace)
@@ -288,10 +298,19 @@ func plainPodUntilExec(b *testing.B, c *clusterjobs.Cluster) time.Duration {
 	}
 	defer w.Stop()
 	start := time.Now()
-	if _, err := pods.Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+	created, err := pods.Create(ctx, pod, metav1.CreateOptions{})
+	if err != nil {
 		b.Fatal(err)
 	}
-	defer pods.Delete(context.Background(), name, metav1.DeleteOptions{GracePeriodSeconds: ptr.To(int64(0))})
+	deletePod := func() {
+		_ = pods.Delete(context.Background(), name, metav1.DeleteOptions{GracePeriodSeconds: ptr.To(int64(0))})
+	}
+	started := false
+	defer func() {
+		if !started {
+			deletePod()
+		}
+	}()
 	for ev := range w.ResultChan() {
 		if p, ok := ev.Object.(*corev1.Pod); ok && p.Status.Phase == corev1.PodRunning {
 			break
@@ -300,7 +319,8 @@ func plainPodUntilExec(b *testing.B, c *clusterjobs.Cluster) time.Duration {
 	for {
 		err := c.Admin.Exec.Exec(ctx, kube.ExecRequest{Namespace: namespace, Pod: name, Container: "job", Command: []string{"true"}, Stdout: io.Discard, Stderr: io.Discard})
 		if err == nil {
-			return time.Since(start)
+			started = true
+			return created, time.Since(start), deletePod
 		}
 		if ctx.Err() != nil {
 			b.Fatalf("pod %s: no successful exec: %v", name, err)
@@ -393,13 +413,18 @@ func medianOf(v []float64) float64 {
 }
 
 func reportRate(b testing.TB, name string, mbps []float64, baseline float64) {
-	lo, hi := mbps[0], mbps[0]
-	for _, v := range mbps {
+	reportValues(b, name, mbps, "MB/s", "", baseline)
+}
+
+// reportValues is report for values in unit, with a note after the order statistics.
+func reportValues(b testing.TB, name string, values []float64, unit, note string, baseline float64) {
+	lo, hi := values[0], values[0]
+	for _, v := range values {
 		lo, hi = min(lo, v), max(hi, v)
 	}
-	line := fmt.Sprintf("%-28s n=%d median=%.1fMB/s min=%.1fMB/s max=%.1fMB/s", name, len(mbps), medianOf(mbps), lo, hi)
+	line := fmt.Sprintf("%-28s n=%d median=%.1f%s min=%.1f%s max=%.1f%s%s", name, len(values), medianOf(values), unit, lo, unit, hi, unit, note)
 	if baseline > 0 {
-		line += fmt.Sprintf(" ratio=%.2fx", medianOf(mbps)/baseline)
+		line += fmt.Sprintf(" ratio=%.2fx", medianOf(values)/baseline)
 	}
 	b.Log(line)
 	fmt.Fprintln(os.Stderr, "BENCH", line)
