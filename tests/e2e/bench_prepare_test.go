@@ -40,13 +40,19 @@ func benchN(def int) int {
 // are Ready, and deletes it when the benchmark ends.
 func benchPool(b testing.TB, c *clusterjobs.Cluster, name string, replicas int32) {
 	b.Helper()
+	benchPoolOn(b, c, name, localcluster.Template, replicas)
+}
+
+// benchPoolOn is benchPool on another SandboxTemplate.
+func benchPoolOn(b testing.TB, c *clusterjobs.Cluster, name, template string, replicas int32) {
+	b.Helper()
 	ctx := context.Background()
 	pools := c.Admin.Extensions.ExtensionsV1beta1().SandboxWarmPools(namespace)
 	pool := &extv1beta1.SandboxWarmPool{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{"sandbox-executor.gitlab.io/bench": "true"}},
 		Spec: extv1beta1.SandboxWarmPoolSpec{
 			Replicas:    ptr.To(replicas),
-			TemplateRef: extv1beta1.SandboxTemplateRef{Name: localcluster.Template},
+			TemplateRef: extv1beta1.SandboxTemplateRef{Name: template},
 		},
 	}
 	_ = pools.Delete(ctx, name, metav1.DeleteOptions{})
@@ -120,7 +126,13 @@ func prepareJob(b *testing.B, r *clusterjobs.Runner) (time.Duration, func()) {
 // prepareJobLog is prepareJob, with prepare's output.
 func prepareJobLog(b *testing.B, r *clusterjobs.Runner) (time.Duration, string, func()) {
 	b.Helper()
-	j := newJob(b, r, ciImage)
+	return prepareLogOf(b, newJob(b, r, ciImage))
+}
+
+// prepareLogOf runs prepare of job j as the runner would and returns its duration, its output
+// and the cleanup.
+func prepareLogOf(b *testing.B, j *clusterjobs.Job) (time.Duration, string, func()) {
+	b.Helper()
 	start := time.Now()
 	out, err := j.Command("prepare").CombinedOutput()
 	if err != nil {

@@ -211,6 +211,10 @@ type JobSpec struct {
 	ID int64
 	// RunnerEnv is added to the runner process's own environment, which every stage inherits.
 	RunnerEnv []string
+	// Cache and Artifacts are the job JSON's cache: and artifacts: entries; with paths in either,
+	// prepare puts the runner's helper (helper_binary) in the pod.
+	Cache     []fakegitlab.Cache
+	Artifacts []fakegitlab.Artifact
 }
 
 // Job is one job, run stage by stage through our binary.
@@ -253,6 +257,7 @@ func (r *Runner) NewJob(t testing.TB, spec JobSpec) *Job {
 	response, err := json.Marshal(map[string]any{
 		"id": j.ID, "token": spec.Token, "job_info": map[string]any{"project_id": 42},
 		"runner_info": map[string]any{"timeout": 600}, "image": map[string]any{"name": spec.Image}, "variables": vars,
+		"cache": spec.Cache, "artifacts": spec.Artifacts,
 	})
 	if err != nil {
 		t.Fatal(err)
