@@ -1,9 +1,12 @@
 package executor_test
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"net"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -234,5 +237,28 @@ func TestConnectionMadeAheadToTheWrongKey(t *testing.T) {
 	conn, err := executor.ConnectAgent(ctx, lyingLog{agent, wire.IdentityLine(wrong)}, sbx, agent.Port, ca, testJob, ahead)
 	if err != nil || conn.Transport.Network() || conn.Ahead || !strings.Contains(conn.Fallback, "is not the pod's") || len(agent.Local.Commands()) == 0 {
 		t.Fatalf("ConnectAgent = %+v, %v (exec calls %v); want the probe over exec, saying the key is not the pod's", conn, err, agent.Local.Commands())
+	}
+}
+
+// Prepare asks the agent about a baked runner helper over the pod network when the job's stages
+// go there (no exec, no process started in the sandbox for it); only the copy, when nothing
+// matching is baked, goes over exec.
+func TestTheBakedHelperIsCheckedOverThePodNetwork(t *testing.T) {
+	local := fakecluster.NewLocalWithDaemon(t)
+	path, data := writeHelper(t, 1<<20)
+	copier := &shellExec{binDir: filepath.Join(t.TempDir(), "bin")}
+	var log bytes.Buffer
+	sbx := &kube.Sandbox{Namespace: "ns", Pod: "pod-1", Container: "job"}
+	if err := executor.InstallHelper(context.Background(), networkTransport(t, local), copier, sbx, path, needsHelper, fakecluster.JobLog(&log)); err != nil {
+		t.Fatal(err)
+	}
+	if len(local.Commands()) != 0 || copier.calls != 1 {
+		t.Errorf("exec calls: %v to the agent, %d copies; want the check over the network and one copy over exec", local.Commands(), copier.calls)
+	}
+	if got, err := os.ReadFile(filepath.Join(copier.binDir, executor.HelperName)); err != nil || !bytes.Equal(got, data) {
+		t.Errorf("copied helper: %d bytes, %v; want the %d bytes (none is baked on this host)", len(got), err, len(data))
+	}
+	if !strings.Contains(log.String(), "Copied the runner helper") {
+		t.Errorf("job log: %q", log.String())
 	}
 }

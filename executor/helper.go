@@ -31,11 +31,12 @@ const helperScript = receiveFile + `umask 077 && mkdir -p "$1" && receive "$1/` 
 // the pod's stage PATH as BinDir/gitlab-runner: cache and artifacts then work in any image
 // without rebuilding it. A pod of the chart's templates has the helper baked in (copied from the
 // agent image by its init container, wire.BakedHelperPath): if its sha256 is the runner's own
-// helper's, the agent links it there and nothing is copied. Otherwise (no baked helper, another
-// build of it, an agent too old to say) the helper is streamed in over exec stdin (tens of MB,
-// about a second or more). The job log says which, and how long it took. Jobs known to have no
-// cache and no artifacts skip both.
-func InstallHelper(ctx context.Context, ex kube.RemoteExecutor, sbx *kube.Sandbox, path string, job *gitlab.Job, log *gitlab.JobLog) error {
+// helper's, the agent links it there and nothing is copied. agent asks the agent that (the
+// stages' executor: over the pod network when the job's stages go there), exec copies the
+// helper otherwise (no baked helper, another build of it, an agent too old to say), streamed in
+// over exec stdin (tens of MB, about a second or more). The job log says which, and how long it
+// took. Jobs known to have no cache and no artifacts skip both.
+func InstallHelper(ctx context.Context, agent, exec kube.RemoteExecutor, sbx *kube.Sandbox, path string, job *gitlab.Job, log *gitlab.JobLog) error {
 	if path == "" {
 		return nil
 	}
@@ -48,7 +49,7 @@ func InstallHelper(ctx context.Context, ex kube.RemoteExecutor, sbx *kube.Sandbo
 	if err != nil {
 		return failure.PermanentError(nil, "helper_binary %s: %v", path, failure.WithoutPath(err))
 	}
-	if useBakedHelper(ctx, ex, sbx, digest, log) {
+	if useBakedHelper(ctx, agent, exec, sbx, digest, log) {
 		log.Infof("Runner helper: baked in the pod (sha256 %s…), checked and linked as %s/%s in %s",
 			digest[:12], wire.BinDir, HelperName, gitlab.Millis(log.Now().Sub(start)))
 		return nil
@@ -64,7 +65,7 @@ func InstallHelper(ctx context.Context, ex kube.RemoteExecutor, sbx *kube.Sandbo
 		return failure.PermanentError(nil, "helper_binary %s: %v", path, failure.WithoutPath(err))
 	}
 	var stderr bytes.Buffer
-	err = ex.Exec(ctx, kube.ExecRequest{
+	err = exec.Exec(ctx, kube.ExecRequest{
 		Namespace: sbx.Namespace, Pod: sbx.Pod, Container: sbx.Container,
 		Command: []string{"/bin/sh", "-c", helperScript, "sh", wire.BinDir, strconv.FormatInt(info.Size(), 10)},
 		Stdin:   file,
@@ -82,17 +83,27 @@ func InstallHelper(ctx context.Context, ex kube.RemoteExecutor, sbx *kube.Sandbo
 func megabytes(n int64) string { return fmt.Sprintf("%.1f MB", float64(n)/1e6) }
 
 // useBakedHelper asks the pod's agent whether the helper baked into the pod is the one with
-// digest, which it then links on the stages' PATH. Anything but a match copies the helper: a
-// mismatch says so in the job log, the rest (none baked, an agent that does not know the
-// command) only in its debug lines.
-func useBakedHelper(ctx context.Context, ex kube.RemoteExecutor, sbx *kube.Sandbox, digest string, log *gitlab.JobLog) bool {
+// digest, which it then links on the stages' PATH: through agent, and through exec if agent
+// fails (an agent older than the check over the pod network refuses it there). Anything but a
+// match copies the helper: a mismatch says so in the job log, the rest (none baked, an agent
+// that does not know the command) only in its debug lines.
+func useBakedHelper(ctx context.Context, agent, exec kube.RemoteExecutor, sbx *kube.Sandbox, digest string, log *gitlab.JobLog) bool {
 	var stdout, stderr bytes.Buffer
-	err := ex.Exec(ctx, kube.ExecRequest{
-		Namespace: sbx.Namespace, Pod: sbx.Pod, Container: sbx.Container,
-		Command: wire.HelperArgs(digest, wire.BinDir+"/"+HelperName),
-		Stdout:  &stdout,
-		Stderr:  &stderr,
-	})
+	ask := func(ex kube.RemoteExecutor) error {
+		stdout.Reset()
+		stderr.Reset()
+		return ex.Exec(ctx, kube.ExecRequest{
+			Namespace: sbx.Namespace, Pod: sbx.Pod, Container: sbx.Container,
+			Command: wire.HelperArgs(digest, wire.BinDir+"/"+HelperName),
+			Stdout:  &stdout,
+			Stderr:  &stderr,
+		})
+	}
+	err := ask(agent)
+	if _, overNetwork := agent.(*AgentNetwork); err != nil && overNetwork {
+		log.Debugf("The agent in pod %s did not check the baked runner helper over the pod network (%s): asking over exec", sbx.Pod, failure.OneLine(strings.TrimSpace(stderr.String()+" "+err.Error())))
+		err = ask(exec)
+	}
 	if err != nil {
 		log.Debugf("No baked runner helper checked in pod %s (%s): copying it", sbx.Pod, failure.OneLine(strings.TrimSpace(stderr.String()+" "+err.Error())))
 		return false

@@ -67,7 +67,7 @@ func TestInstallHelperPutsTheBinaryOnThePodsPath(t *testing.T) {
 	ex := &shellExec{binDir: filepath.Join(t.TempDir(), "bin")}
 	var log bytes.Buffer
 	sbx := &kube.Sandbox{Namespace: "ns", Pod: "pod-1", Container: "job"}
-	if err := executor.InstallHelper(context.Background(), ex, sbx, path, needsHelper, fakecluster.JobLog(&log)); err != nil {
+	if err := executor.InstallHelper(context.Background(), ex, ex, sbx, path, needsHelper, fakecluster.JobLog(&log)); err != nil {
 		t.Fatal(err)
 	}
 	installed := filepath.Join(ex.binDir, executor.HelperName)
@@ -87,7 +87,7 @@ func TestInstallHelperRefusesATruncatedCopy(t *testing.T) {
 	path, _ := writeHelper(t, 100000)
 	ex := &shellExec{binDir: filepath.Join(t.TempDir(), "bin"), limit: 65536}
 	sbx := &kube.Sandbox{Namespace: "ns", Pod: "pod-1", Container: "job"}
-	err := executor.InstallHelper(context.Background(), ex, sbx, path, needsHelper, fakecluster.JobLog(nil))
+	err := executor.InstallHelper(context.Background(), ex, ex, sbx, path, needsHelper, fakecluster.JobLog(nil))
 	if failure.KindOf(err) != failure.KindSystem || !strings.Contains(fmt.Sprint(err), "received 65536 of 100000 bytes") {
 		t.Fatalf("err = %v, want a system failure (retried) saying what arrived", err)
 	}
@@ -99,11 +99,11 @@ func TestInstallHelperRefusesATruncatedCopy(t *testing.T) {
 func TestInstallHelperOffOrMissing(t *testing.T) {
 	ex := &shellExec{binDir: t.TempDir()}
 	sbx := &kube.Sandbox{Namespace: "ns", Pod: "pod-1", Container: "job"}
-	if err := executor.InstallHelper(context.Background(), ex, sbx, "", needsHelper, fakecluster.JobLog(nil)); err != nil || ex.calls != 0 {
+	if err := executor.InstallHelper(context.Background(), ex, ex, sbx, "", needsHelper, fakecluster.JobLog(nil)); err != nil || ex.calls != 0 {
 		t.Errorf("helper_binary unset: %v, %d execs; want nothing done", err, ex.calls)
 	}
 	missing := filepath.Join(t.TempDir(), "gone")
-	err := executor.InstallHelper(context.Background(), ex, sbx, missing, needsHelper, fakecluster.JobLog(nil))
+	err := executor.InstallHelper(context.Background(), ex, ex, sbx, missing, needsHelper, fakecluster.JobLog(nil))
 	if failure.KindOf(err) != failure.KindPermanent || !strings.Contains(fmt.Sprint(err), missing) || ex.calls != 0 {
 		t.Errorf("helper removed after config validation: %v, %d execs; want a permanent error naming it", err, ex.calls)
 	}
@@ -139,7 +139,7 @@ func TestJobsWithoutCacheOrArtifactsSkipTheHelper(t *testing.T) {
 	ex := &shellExec{binDir: t.TempDir()}
 	path, _ := writeHelper(t, 10)
 	sbx := &kube.Sandbox{Namespace: "ns", Pod: "pod-1", Container: "job"}
-	if err := executor.InstallHelper(context.Background(), ex, sbx, path, &gitlab.Job{ID: 5}, fakecluster.JobLog(nil)); err != nil || ex.calls != 0 {
+	if err := executor.InstallHelper(context.Background(), ex, ex, sbx, path, &gitlab.Job{ID: 5}, fakecluster.JobLog(nil)); err != nil || ex.calls != 0 {
 		t.Errorf("a job without cache and artifacts: %v, %d execs; want no copy", err, ex.calls)
 	}
 }

@@ -156,7 +156,10 @@ func (p *preparation) grantAndKeep(ctx context.Context, sbx *kube.Sandbox, trans
 	if err := grantEgress(ctx, p.env, p.cluster, p.job, sbx, p.req.Binding); err != nil {
 		return err
 	}
-	err := executor.InstallHelper(ctx, p.cluster.Exec(), sbx, p.env.Config.HelperBinary, p.job, p.env.Log())
+	agent, err := transport.Executor(sbx, p.cluster.Exec(), p.ca, p.req.Binding)
+	if err == nil {
+		err = executor.InstallHelper(ctx, agent, p.cluster.Exec(), sbx, p.env.Config.HelperBinary, p.job, p.env.Log())
+	}
 	if err == nil {
 		state := &executor.JobState{Sandbox: sbx, Transport: transport, Overhead: executor.Overhead{Claim: claimed, Prepare: p.env.Elapsed(p.start)},
 			Deadline: p.start.Add(p.job.Timeout)}
