@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 out=$(mktemp)
 trap 'rm -f "$out"' EXIT
-go test -tags e2e -run '^$' -bench "${BENCH:-.}" -benchtime 1x -count 1 -timeout 60m ./tests/e2e/ 2>&1 | tee "$out" >&2
+go test -tags e2e -run '^$' -bench "${BENCH:-.}" -benchtime 1x -count 1 -timeout 100m ./tests/e2e/ 2>&1 | tee "$out" >&2
 grep -q '^ok' "$out" || { echo "bench.sh: the benchmarks failed" >&2; exit 1; }
 # The scale section of the last run, kept when this run does not measure scale (BENCH_SCALE=0).
 previous_scale=$(sed -n '/^## Control-plane scale (kwok)/,$p' docs/benchmarks.md 2>/dev/null || true)
