@@ -16,8 +16,8 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
 
-	"github.com/sandbox-executor/sandbox-executor/kube"
 	"github.com/sandbox-executor/sandbox-executor/tests/harness/clusterjobs"
 	"github.com/sandbox-executor/sandbox-executor/tests/harness/localcluster"
 	"github.com/sandbox-executor/sandbox-executor/tests/harness/podmemory"
@@ -120,24 +120,24 @@ func BenchmarkDensity(b *testing.B) {
 	b.ReportMetric(1024/warmMiB, "warm-pods/GiB")
 }
 
-// poolPods are the pods of the pool's sandboxes.
+// poolPods are the pods of the pool's sandboxes, by the pool's selector.
 func poolPods(b *testing.B, c *clusterjobs.Cluster, pool string) []*corev1.Pod {
 	b.Helper()
 	ctx := context.Background()
-	sandboxes, err := c.Admin.Sandboxes.AgentsV1beta1().Sandboxes(namespace).List(ctx, metav1.ListOptions{})
+	p, err := c.Admin.Extensions.ExtensionsV1beta1().SandboxWarmPools(namespace).Get(ctx, pool, metav1.GetOptions{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	list, err := c.Admin.Kube.CoreV1().Pods(namespace).List(ctx, metav1.ListOptions{LabelSelector: p.Status.Selector})
 	if err != nil {
 		b.Fatal(err)
 	}
 	var pods []*corev1.Pod
-	for _, s := range sandboxes.Items {
-		if owner := metav1.GetControllerOf(&s); owner == nil || owner.Kind != "SandboxWarmPool" || owner.Name != pool {
-			continue
-		}
-		pod, err := c.Admin.Kube.CoreV1().Pods(namespace).Get(ctx, kube.PodNameOf(&s), metav1.GetOptions{})
-		if err != nil {
-			b.Fatal(err)
-		}
-		pods = append(pods, pod)
+	for i := range list.Items {
+		pods = append(pods, &list.Items[i])
+	}
+	if len(pods) != int(ptr.Deref(p.Spec.Replicas, 0)) {
+		b.Fatalf("pool %s: %d pods by its selector %q, want %d", pool, len(pods), p.Status.Selector, ptr.Deref(p.Spec.Replicas, 0))
 	}
 	return pods
 }
@@ -196,12 +196,7 @@ func pssMiB(use []podmemory.Usage) []float64 {
 func mib(bytes uint64) float64 { return float64(bytes) / (1 << 20) }
 
 func claimedBy(pod *corev1.Pod, jobPods []*corev1.Pod) bool {
-	for _, p := range jobPods {
-		if p.UID == pod.UID {
-			return true
-		}
-	}
-	return false
+	return slices.ContainsFunc(jobPods, func(p *corev1.Pod) bool { return p.UID == pod.UID })
 }
 
 // agentRSSMiB is the resident memory of the agent's processes in the pod (the agent, PID 1 of
