@@ -64,8 +64,8 @@ func BenchmarkJobsBeforeRefills(b *testing.B) {
 	report(b, "  of which claim, back to back (replenish delay 3s)", delayed.claim, today.claim.median())
 	report(b, fmt.Sprintf("hello job, burst of %d (controller today)", burst), today.inBurst, 0)
 	report(b, fmt.Sprintf("hello job, burst of %d (replenish delay 3s)", burst), delayed.inBurst, today.inBurst.median())
-	today.reportRefill("controller today")
-	delayed.reportRefill("replenish delay 3s")
+	reportRefill(fmt.Sprintf("burst of %d (controller today)", burst), burst, today.makespan, today.refilled)
+	reportRefill(fmt.Sprintf("burst of %d (replenish delay 3s)", burst), burst, delayed.makespan, delayed.refilled)
 	b.ReportMetric(todayRatio, "back-to-back/at-rest-today")
 	b.ReportMetric(delayedRatio, "back-to-back/at-rest-delay")
 }
@@ -75,7 +75,6 @@ type refillRound struct {
 	backToBack, atRest, inBurst samples
 	// claim is each back-to-back job's claim inside prepare, from its summary line.
 	claim samples
-	burst int
 	// makespan is the burst's first hand-out to its last job's end; refilled, to the pool full
 	// again.
 	makespan, refilled time.Duration
@@ -84,7 +83,7 @@ type refillRound struct {
 // measureRefills runs n hello jobs back to back from the full pool, then atRestN jobs each from
 // the full pool, then a burst of burst jobs at once and waits for the pool to refill.
 func measureRefills(b *testing.B, c *clusterjobs.Cluster, pool string, def runner.CustomExecutor, n, atRestN, burst int) refillRound {
-	r := refillRound{burst: burst}
+	var r refillRound
 	waitPoolFull(b, c, pool)
 	backToBack, traces := helloJobs(b, n, def, nil)
 	r.backToBack = backToBack
@@ -100,20 +99,10 @@ func measureRefills(b *testing.B, c *clusterjobs.Cluster, pool string, def runne
 		one, _ := helloJobs(b, 1, def, nil)
 		r.atRest = append(r.atRest, one...)
 	}
-	waitPoolFull(b, c, pool)
-	start := time.Now()
-	r.inBurst, r.makespan = helloBurst(b, burst, def)
-	waitPoolFull(b, c, pool)
-	r.refilled = time.Since(start)
+	r.inBurst, r.makespan, r.refilled = burstAndRefill(b, c, pool, burst, def)
 	return r
 }
 
 func (r refillRound) backToBackOverAtRest() float64 {
 	return float64(r.backToBack.median()) / float64(r.atRest.median())
-}
-
-// reportRefill prints the burst's makespan and the refill rate as BenchmarkHelloJob does.
-func (r refillRound) reportRefill(setting string) {
-	fmt.Fprintf(os.Stderr, "BENCH   burst of %d (%s): all done in %s; the pool was full again %s after the burst began: %.2f sandboxes booted per second\n",
-		r.burst, setting, ms(r.makespan), ms(r.refilled), float64(r.burst)/r.refilled.Seconds())
 }

@@ -155,11 +155,7 @@ func BenchmarkHelloJob(b *testing.B) {
 	}
 	waitPoolFull(b, cluster, hello)
 	overExec, _ := helloJobs(b, overExecN, exec.Definition(), nil)
-	waitPoolFull(b, cluster, hello)
-	burstStart := time.Now()
-	inBurst, makespan := helloBurst(b, burst, network.Definition())
-	waitPoolFull(b, cluster, hello)
-	refilled := time.Since(burstStart)
+	inBurst, makespan, refilled := burstAndRefill(b, cluster, hello, burst, network.Definition())
 
 	report(b, "hello job, runner alone", floor, 0)
 	report(b, "hello job, stages over network (stage server)", overNetwork, floor.median())
@@ -167,8 +163,7 @@ func BenchmarkHelloJob(b *testing.B) {
 	report(b, "hello job, pool at rest", atRest, floor.median())
 	report(b, "hello job, stages over exec", overExec, floor.median())
 	report(b, fmt.Sprintf("hello job, burst of %d", burst), inBurst, floor.median())
-	fmt.Fprintf(os.Stderr, "BENCH   burst of %d: all done in %s; the pool was full again %s after the burst began: %.2f sandboxes booted per second\n",
-		burst, ms(makespan), ms(refilled), float64(burst)/refilled.Seconds())
+	reportRefill(fmt.Sprintf("burst of %d", burst), burst, makespan, refilled)
 	// Where the network job's time goes, from the summary line that closes each job log.
 	var claim, prepare, stages, scripts, runnerOwn samples
 	for i, trace := range traces {
@@ -214,6 +209,24 @@ func helloJobs(b *testing.B, n int, def runner.CustomExecutor, env []string) (sa
 func helloBurst(b *testing.B, k int, def runner.CustomExecutor) (samples, time.Duration) {
 	s, _, took := helloRound(b, k, k, def, nil)
 	return s, took
+}
+
+// burstAndRefill hands out burst hello jobs at once from the full pool and waits until the pool
+// is full again: the jobs' durations, the time until the last finished, and the time from the
+// burst's start until the pool was full again.
+func burstAndRefill(b *testing.B, c *clusterjobs.Cluster, pool string, burst int, def runner.CustomExecutor) (samples, time.Duration, time.Duration) {
+	waitPoolFull(b, c, pool)
+	start := time.Now()
+	inBurst, makespan := helloBurst(b, burst, def)
+	waitPoolFull(b, c, pool)
+	return inBurst, makespan, time.Since(start)
+}
+
+// reportRefill prints what burstAndRefill measured under label: the burst's makespan and the
+// node's refill rate behind it.
+func reportRefill(label string, burst int, makespan, refilled time.Duration) {
+	fmt.Fprintf(os.Stderr, "BENCH   %s: all done in %s; the pool was full again %s after the burst began: %.2f sandboxes booted per second\n",
+		label, ms(makespan), ms(refilled), float64(burst)/refilled.Seconds())
 }
 
 // helloRound enqueues n hello jobs, starts runners runner processes that share them (n/runners
