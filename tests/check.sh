@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # check.sh: what `make check` runs. Every suite runs, even after another failed; the run ends
-# with one line per suite (result, tests passed/failed/skipped, time) and a closing line, and
-# exits 1 if anything failed. Suites that need the cluster are reported as failed, not silently
-# dropped, when the cluster could not be brought up.
+# with one line per suite (result, tests passed/failed/skipped, time), the ten slowest tests of
+# the run, a warning naming the suites over their budgets (tests/README.md) when the whole run
+# took over 30 minutes, and a closing line, and exits 1 if anything failed. Suites that need the
+# cluster are reported as failed, not silently dropped, when the cluster could not be brought up.
 #
 #   tests/check.sh [SUITE...]      (default: all, in the order below)
 #
@@ -46,7 +47,7 @@ counts() {
 main() {
   local suites=("$@") suite rc start took p f s total_p=0 total_f=0 total_s=0 cluster_rc=0
   ((${#suites[@]})) || suites=("${ALL_SUITES[@]}")
-  local summary=() failed=()
+  local summary=() failed=() times=()
   local begun
   begun=$(now)
   echo "make check: suites ${suites[*]}; logs in $CHECK_LOG_DIR"
@@ -63,6 +64,7 @@ main() {
     fi
     [[ $suite == cluster-up ]] && cluster_rc=$rc
     took=$(($(now) - start))
+    times+=("$suite=$took")
     read -r p f s < <(counts "$suite" "$rc")
     total_p=$((total_p + p)) total_f=$((total_f + f)) total_s=$((total_s + s))
     if ((rc == 0)); then
@@ -75,6 +77,10 @@ main() {
   echo
   echo "=== make check summary ($(duration $(($(now) - begun))))"
   printf '%s\n' "${summary[@]}"
+  # The slowest tests, and a warning naming the suites over their budgets (tests/README.md) when
+  # the whole run is over 30 minutes. Reported, not failed: timings are noisy.
+  go run ./tests/checkreport -dir "$CHECK_LOG_DIR" -budgets tests/README.md -limit 30m "${times[@]}" ||
+    echo "(the slowest tests and the budgets could not be reported: see above)"
   if ((${#failed[@]})); then
     echo "FAILED suites: ${failed[*]}"
   fi
