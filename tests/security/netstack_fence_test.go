@@ -31,15 +31,23 @@ const (
 	proxiedTemplate = "duo-gvisor-proxied"
 	proxiedPoolName = "duo-proxied"
 	proxyAdmin      = localcluster.EgressAdminAddr
-	// fenceRounds is how many times the policy agent is restarted around a job's start.
-	fenceRounds = 20
+	// fenceRounds is how many times the policy agent is restarted around a job's start. The
+	// rounds split the lapse's window of starts (lapseEarliest to lapseLatest around the jobs'
+	// start) into as many equal strata and draw one start in each, so every phase of a job's
+	// start (claim, fence check, first stage, a running script) sees a lapse in every run. Each
+	// round waits for the proxied pool's one warm pod to be refilled (about 50 s on a loaded
+	// 2-core node), which is what bounds the count.
+	fenceRounds   = 6
+	lapseEarliest = -1500 * time.Millisecond
+	lapseLatest   = 3 * time.Second
 )
 
 // TestNetstackFenceHoldsThroughPolicyAgentRestarts takes the node's NetworkPolicy enforcement
 // down (kube-router stopped and its rules removed, as a crashed, upgraded or re-syncing agent
 // leaves a node) at a random moment around a job's start, holds it down for a random while, and
-// brings it back, fenceRounds times. In every round a job of the direct pool and one of the
-// proxied pool curl "the internet" in a loop across the lapse. The second fence, the iptables
+// brings it back, fenceRounds times (one start drawn in each stratum of the window). In every
+// round a job of the direct pool and one of the proxied pool curl "the internet" in a loop across
+// the lapse. The second fence, the iptables
 // their fence-init container set in gVisor's own network stack, must hold: not one packet of
 // theirs reaches 10.99.0.2 (tcpdump on the link in front of it), while a canary pod that only
 // NetworkPolicy fences reaches it in every round, which proves each lapse was real. After each
@@ -76,8 +84,7 @@ func TestNetstackFenceHoldsThroughPolicyAgentRestarts(t *testing.T) {
 	jobIPs := map[string]string{}
 	var lapses []window
 	for round := 1; round <= fenceRounds; round++ {
-		// The lapse begins from 1.5 s before the job's prepare to 3 s after it, and lasts 1-3 s.
-		offset := time.Duration(rng.Int64N(int64(4500*time.Millisecond))) - 1500*time.Millisecond
+		offset := lapseStart(rng, round)
 		hold := time.Second + time.Duration(rng.Int64N(int64(2*time.Second)))
 		t.Logf("round %d: enforcement down %s after the jobs start, for %s", round, offset, hold)
 		lapse := fenceRound(t, direct, proxied, offset, hold, jobIPs)
@@ -116,6 +123,13 @@ func TestNetstackFenceHoldsThroughPolicyAgentRestarts(t *testing.T) {
 
 type window struct{ begin, end, restored time.Time }
 
+// lapseStart draws when round's lapse begins, relative to its jobs' start: uniformly within the
+// round's stratum of [lapseEarliest, lapseLatest).
+func lapseStart(rng *rand.Rand, round int) time.Duration {
+	stratum := (lapseLatest - lapseEarliest) / fenceRounds
+	return lapseEarliest + time.Duration(round-1)*stratum + time.Duration(rng.Int64N(int64(stratum)))
+}
+
 // fenceRound runs one job on each runner while enforcement goes down offset after they start
 // and comes back hold later; once it is back, each job reaches the GitLab instance on its pool's
 // route. It returns when the lapse was and records the jobs' pod IPs.
@@ -128,7 +142,7 @@ func fenceRound(t *testing.T, direct, proxied *clusterjobs.Runner, offset, hold 
 	start := time.Now()
 	wg.Go(func() {
 		defer close(restored)
-		time.Sleep(time.Until(start.Add(offset + 1500*time.Millisecond)))
+		time.Sleep(time.Until(start.Add(offset - lapseEarliest)))
 		lapse.begin = time.Now()
 		if err := clusterjobs.RunScript("networkpolicy.sh", "enforcement-down"); err != nil {
 			t.Error(err)
@@ -140,7 +154,7 @@ func fenceRound(t *testing.T, direct, proxied *clusterjobs.Runner, offset, hold 
 		}
 		lapse.restored = time.Now()
 	})
-	time.Sleep(1500 * time.Millisecond) // offset is counted from here, and may be negative
+	time.Sleep(-lapseEarliest) // offset is counted from here, and may be negative
 	for _, r := range []struct {
 		runner   *clusterjobs.Runner
 		spec     clusterjobs.JobSpec
