@@ -113,7 +113,12 @@ now_ms() { local t=${EPOCHREALTIME/./}; echo $((t / 1000)); }
 fmt_ms() { printf '%d.%ds' $(($1 / 1000)) $((($1 % 1000) / 100)); }
 
 # step NAME CMD...: run one step of a bring-up, print how long it took, keep a summary line.
+# Steps nest across scripts (up.sh's "build binaries" runs build.sh, whose steps are the
+# components): with STEP_SUMMARY_FILE exported, every script's steps add their lines to that file,
+# indented by depth and in the order they end (a component before the step that ran it), so
+# up.sh's summary shows how long each component took.
 STEP_SUMMARY=()
+STEP_DEPTH=${STEP_DEPTH:-0}
 step() {
   local name=$1 start rc=0
   shift
@@ -124,13 +129,19 @@ step() {
   set +e
   (
     set -e
+    export STEP_DEPTH=$((STEP_DEPTH + 1))
     "$@"
   )
   rc=$?
   set -e
-  local took
+  local took line
   took=$(fmt_ms $(($(now_ms) - start)))
-  STEP_SUMMARY+=("$(printf '%-28s %8s%s' "$name" "$took" "$([[ $rc -eq 0 ]] || echo "  FAILED($rc)")")")
+  line=$(printf '%*s%-*s %8s%s' $((STEP_DEPTH * 2)) '' $((28 - STEP_DEPTH * 2)) "$name" "$took" "$([[ $rc -eq 0 ]] || echo "  FAILED($rc)")")
+  if [[ -n ${STEP_SUMMARY_FILE:-} ]]; then
+    printf '%s\n' "$line" >>"$STEP_SUMMARY_FILE"
+  else
+    STEP_SUMMARY+=("$line")
+  fi
   if [[ $rc -ne 0 ]]; then
     log "<== $name FAILED (exit $rc) after $took"
     return "$rc"
@@ -138,9 +149,10 @@ step() {
   log "<== $name done in $took"
 }
 print_step_summary() {
-  local line
+  local line lines=("${STEP_SUMMARY[@]}")
+  [[ -n ${STEP_SUMMARY_FILE:-} ]] && mapfile -t lines <"$STEP_SUMMARY_FILE"
   log "step timings:"
-  for line in "${STEP_SUMMARY[@]}"; do log "  $line"; done
+  for line in "${lines[@]}"; do log "  $line"; done
 }
 
 # wait_until DESC TIMEOUT_SECONDS CMD...: poll CMD (quietly) every 0.2 s.

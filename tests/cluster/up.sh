@@ -39,6 +39,7 @@ apply_runtimeclass() { kubectl_admin apply -f "$D/manifests/runtimeclass.yaml" >
 finish() {
   local rc=$?
   print_step_summary
+  rm -f "$STEP_SUMMARY_FILE"
   if ((rc == 0)); then
     log "cluster up in $(fmt_ms $(($(now_ms) - UP_START))): admin kubeconfig $ADMIN_KUBECONFIG, executor kubeconfig $EXECUTOR_KUBECONFIG"
   else
@@ -48,6 +49,9 @@ finish() {
 
 main() {
   UP_START=$(now_ms)
+  # Every script's steps (each component built, each image) go to one summary (lib.sh's step).
+  export STEP_SUMMARY_FILE
+  STEP_SUMMARY_FILE=$(mktemp)
   trap finish EXIT
   ensure_dirs
   step "host packages" "$D/deps.sh"
