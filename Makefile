@@ -199,8 +199,13 @@ runner:
 runner-test: runner $(GOTESTSUM)
 	$(call gotest,pkgname) -tags runner -race -count=1 ./tests/runner/...
 
+# The e2e tests that break or hold a shared component (tests/README.md#serial-and-parallel-tests)
+# do not call t.Parallel: go test runs them first, one at a time, with nothing else running. The
+# others share the cluster, at most E2E_PARALLEL at a time: the node has 2 cores, and duo-default's
+# 2 warm pods are what they contend for (a job that finds none waits for a cold start).
+E2E_PARALLEL ?= 3
 e2e: build images $(GOTESTSUM)
-	SANDBOX_EXECUTOR_BIN=$(BIN) $(call gotest,standard-verbose) -tags e2e -count=1 -timeout 30m ./tests/e2e/...
+	SANDBOX_EXECUTOR_BIN=$(BIN) $(call gotest,standard-verbose) -tags e2e -count=1 -parallel $(E2E_PARALLEL) -timeout 30m ./tests/e2e/...
 
 # Jobs that try to break out of their sandbox (kernel, API, network, resources, privileges,
 # secrets, leftovers, RBAC) and must fail; independent jobs run concurrently.

@@ -118,6 +118,7 @@ func untilHPA(ctx context.Context, kc kubernetes.Interface, ns, name, resourceVe
 // holds with or without a metrics adapter; TestHPAScalesAPoolOnItsClaims installs one and makes
 // the HPA act.
 func TestHPAReadsThePoolScale(t *testing.T) {
+	t.Parallel()
 	c := clusterjobs.Connect(t)
 	const testPool = "e2e-hpa"
 	benchPool(t, c, testPool, 1)
@@ -274,6 +275,7 @@ func waitNamespaceGone(t *testing.T, kc kubernetes.Interface, ns string) {
 // claims are deleted, the HPA brings the pool back to 1. Every wait is a watch with a deadline;
 // the timings are logged (docs/metrics.md), not asserted.
 func TestHPAScalesAPoolOnItsClaims(t *testing.T) {
+	// Serial: it installs the cluster's one External metrics APIService; until that is up, discovery fails cluster-wide.
 	c := clusterjobs.Connect(t)
 	const (
 		ns       = "e2e-autoscale"

@@ -16,6 +16,7 @@ import (
 // reaches the first job's pod, and its cleanup leaves the first job's claim. The first job's
 // retried prepare still adopts its claim and its pod.
 func TestAnotherJobWithTheSameIDGetsItsOwnSandbox(t *testing.T) {
+	t.Parallel()
 	r := newCluster(t)
 	first, pod, _ := preparedJob(t, r, ciImage)
 	made := first.Claim(t)

@@ -22,11 +22,13 @@ import (
 )
 
 // coldRunner serves the CI image from its warm pool and nothing else; unknown_image = "cold"
-// cold-starts the POSIX image (served by no pool here) from the CI pool's template.
-func coldRunner(t *testing.T) *clusterjobs.Runner {
+// cold-starts the POSIX image (served by no pool here) from the CI pool's template. Each test
+// names its runner (prefix-PID) on its own: gc counts a runner's claims and cold starts, and the
+// tests run concurrently.
+func coldRunner(t *testing.T, prefix string) *clusterjobs.Runner {
 	t.Helper()
 	c := clusterjobs.Connect(t)
-	return c.NewRunner(t, "e2e-cold", `unknown_image = "cold"
+	return c.NewRunner(t, prefix, `unknown_image = "cold"
 cold_template = "`+localcluster.Template+`"
 cold_images = ["sandbox-executor.local/posix:*"]`,
 		clusterjobs.Pool{Name: localcluster.Pool, Images: []string{localcluster.CIImage}})
@@ -36,7 +38,8 @@ cold_images = ["sandbox-executor.local/posix:*"]`,
 // that image, under gVisor and the template's NetworkPolicy; the job log says it is a cold start;
 // cleanup removes the Sandbox and its pod.
 func TestColdImageStartsASandboxFromTheTemplate(t *testing.T) {
-	r := coldRunner(t)
+	t.Parallel()
+	r := coldRunner(t, "e2e-cold-start")
 	j := r.NewJob(t, clusterjobs.JobSpec{Image: localcluster.PosixImage})
 	prep := j.Prepare(t)
 	t.Log(prep.Output())
@@ -102,7 +105,8 @@ func assertSelectedByTemplateNetworkPolicy(t *testing.T, j *clusterjobs.Job, pod
 // An image allowed neither by a pool nor by cold_images fails prepare as a build failure, one
 // line naming both lists, and creates nothing.
 func TestColdImageRefusesUnlistedImage(t *testing.T) {
-	r := coldRunner(t)
+	t.Parallel()
+	r := coldRunner(t, "e2e-cold-refuse")
 	j := r.NewJob(t, clusterjobs.JobSpec{Image: "sandbox-executor.local/unlisted:latest"})
 	res := j.PrepareRefused(t)
 	if res.ExitCode != clusterjobs.BuildFailure {
@@ -127,6 +131,7 @@ func TestColdImageRefusesUnlistedImage(t *testing.T) {
 // create a Sandbox like the ones ColdStart makes, and nothing that leaves gVisor (server-side dry
 // runs).
 func TestColdImageAdmissionPolicy(t *testing.T) {
+	t.Parallel()
 	c := clusterjobs.Connect(t)
 	ctx := context.Background()
 	sandboxes, err := sandboxclient.NewForConfig(clusterjobs.RESTConfig(t, c.ExecutorKubeconfig()))

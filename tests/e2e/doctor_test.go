@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -56,9 +57,22 @@ func waitPoolsReady(t *testing.T, c *clusterjobs.Runner, pools ...string) {
 // ServiceAccount, every check passes: CRDs, each verb of the Role, the RuntimeClass, both pools,
 // their templates and the NetworkPolicies agent-sandbox made for them.
 func TestDoctorAllOKOnLocalCluster(t *testing.T) {
+	t.Parallel()
 	c := newCluster(t)
-	waitPoolsReady(t, c, pool, localcluster.PosixPool)
-	lines, code := runDoctor(t, c, c.ConfigPath)
+	var lines []string
+	var code int
+	// Concurrent tests' jobs claim from both pools: one may take a pool's last Ready sandbox
+	// between the wait and doctor's read, which doctor rightly warns about. Only then is doctor
+	// run again, for a bounded time; whatever the last run says is judged below.
+	for deadline := time.Now().Add(5 * time.Minute); ; {
+		waitPoolsReady(t, c, pool, localcluster.PosixPool)
+		lines, code = runDoctor(t, c, c.ConfigPath)
+		drained := onlyDrainedPools(lines, pool, localcluster.PosixPool)
+		if len(drained) == 0 || time.Now().After(deadline) {
+			break
+		}
+		t.Logf("pools %v drained by concurrent jobs since the wait: doctor again", drained)
+	}
 	if code != 0 {
 		t.Errorf("doctor exited %d, want 0", code)
 	}
@@ -99,6 +113,7 @@ func TestDoctorAllOKOnLocalCluster(t *testing.T) {
 // A config naming a pool the cluster does not have: one FAIL line names the pool and the fix,
 // the rest still runs, and doctor exits 1.
 func TestDoctorMissingPoolFails(t *testing.T) {
+	t.Parallel()
 	c := newCluster(t)
 	missing := fmt.Sprintf("e2e-missing-%d", os.Getpid())
 	pools := append(localcluster.Pools(pool), localcluster.PoolConfig{Name: missing})
@@ -128,6 +143,7 @@ func TestDoctorMissingPoolFails(t *testing.T) {
 // With cluster-admin credentials, --kubelet reads the node's kubelet configuration through the
 // API server's node proxy, and reports the same podPidsLimit that kubectl reads there.
 func TestDoctorKubeletPidsLimit(t *testing.T) {
+	t.Parallel()
 	c := newCluster(t)
 	// The local cluster's one real node: $NODE_NAME, else the lower-cased host name (tests/cluster/lib.sh).
 	node := os.Getenv("NODE_NAME")
@@ -158,6 +174,27 @@ func TestDoctorKubeletPidsLimit(t *testing.T) {
 	if !hasLinePrefix(lines, want) {
 		t.Errorf("no line starting %q", want)
 	}
+}
+
+// drainedPoolWarning is doctor's warning for a pool with replicas but none Ready at the moment
+// (operator/doctor/pools.go): claims leave a pool so until it refills.
+var drainedPoolWarning = regexp.MustCompile(`^warn  pool (\S+): 0 of [1-9][0-9]* sandboxes Ready `)
+
+// onlyDrainedPools names the drained pools if warnings that one of pools is drained are doctor's
+// only lines that are not ok; else it returns none.
+func onlyDrainedPools(lines []string, pools ...string) []string {
+	var drained []string
+	for _, l := range lines {
+		if strings.HasPrefix(l, "ok    ") {
+			continue
+		}
+		m := drainedPoolWarning.FindStringSubmatch(l)
+		if m == nil || !slices.Contains(pools, m[1]) {
+			return nil
+		}
+		drained = append(drained, m[1])
+	}
+	return drained
 }
 
 func hasLinePrefix(lines []string, prefix string) bool {

@@ -26,6 +26,7 @@ func drainedPool(t *testing.T, name, policy string) *clusterjobs.Runner {
 // A drained pool (of no replicas) with drained_pool = "cold": the claim gets a sandbox created for
 // it, and the job log says so from the outcome, with no prediction before the claim.
 func TestDrainedPoolColdStart(t *testing.T) {
+	t.Parallel()
 	j := newJob(t, drainedPool(t, "e2e-drained-cold", "cold"), ciImage)
 	out, err := j.Command("prepare").CombinedOutput()
 	t.Cleanup(func() { j.Command("cleanup").Run() })
@@ -41,6 +42,7 @@ func TestDrainedPoolColdStart(t *testing.T) {
 // A drained pool with drained_pool = "wait": prepare claims nothing until the pool has a ready
 // sandbox, then gets it, and says how long it waited.
 func TestDrainedPoolWaitsForAWarmSandbox(t *testing.T) {
+	t.Parallel()
 	const pool = "e2e-drained-wait"
 	c := drainedPool(t, pool, "wait")
 	j := newJob(t, c, ciImage)

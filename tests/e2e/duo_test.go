@@ -79,6 +79,7 @@ var (
 // the runner's helper (gitlab-runner-helper of the same release) copied into the pod
 // (helper_binary), not baked into the image: the cache and artifacts round trips go through it.
 func TestDuoFlowJob(t *testing.T) {
+	t.Parallel()
 	helper, err := duoflow.HelperConfig()
 	if err != nil {
 		t.Fatal(err)

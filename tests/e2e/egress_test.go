@@ -33,6 +33,7 @@ const (
 // the proxy (forwarded and tunnelled), others are refused by the proxy with a 403, bypassing the
 // proxy is dropped by NetworkPolicy, and the job log names every destination the proxy refused.
 func TestEgressThroughProxy(t *testing.T) {
+	t.Parallel()
 	// The proxied pool is the default one; the CI and POSIX images keep their pools.
 	pools := append([]localcluster.PoolConfig{{Name: proxiedPool, EgressProxy: egressAdmin}}, localcluster.Pools(pool)...)
 	c := newRunner(t, clusterjobs.Connect(t), localcluster.Config{Pools: pools})
@@ -40,6 +41,9 @@ func TestEgressThroughProxy(t *testing.T) {
 	j, _, prep := preparedJob(t, c, "") // no image: the default pool
 	mustContain(t, "prepare log", prep, "pool "+proxiedPool)
 	podIP := j.PodObject(t).Status.PodIP
+	// The proxy keeps blocked attempts by client address, which an earlier pod (another test's)
+	// may have had: only what the proxy saw after prepare, when the address was this job's, counts.
+	jobStart := time.Now()
 	run := func(name, script string) string {
 		t.Helper()
 		out, err := j.Command("run", j.Script(t, script), "build_script").CombinedOutput()
@@ -86,7 +90,8 @@ true
 	if strings.Contains(out, "gitlab.sandbox.test") {
 		t.Errorf("the previous stage's allowed traffic is in this stage's report:\n%s", out)
 	}
-	// The proxy saw the pod's own address (no NAT), so the report is this pod's and no other's.
+	// The proxy saw the pod's own address (no NAT), so the report since the job began is this
+	// pod's and no other's.
 	tokenFile, err := localcluster.EgressAdminTokenFile()
 	if err != nil {
 		t.Fatal(err)
@@ -99,7 +104,7 @@ true
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, err := (&adminclient.Client{Base: egressAdmin, Token: strings.TrimSpace(string(token)), HTTP: egressHTTP}).QueryBlocked(context.Background(), podIP, time.Time{})
+	b, err := (&adminclient.Client{Base: egressAdmin, Token: strings.TrimSpace(string(token)), HTTP: egressHTTP}).QueryBlocked(context.Background(), podIP, jobStart)
 	if err != nil {
 		t.Fatal(err)
 	}

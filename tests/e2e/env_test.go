@@ -30,13 +30,27 @@ const (
 	duoToken = "duo-e2e-secret"
 )
 
+// The suite's bounds for one job: its tests run concurrently (-parallel, see tests/README.md),
+// so on the 2-core local node a job's sandbox may be a cold start that waits in Pending behind
+// other jobs' pods, and its deletion waits for a busy kubelet.
+const (
+	// readyTimeout is prepare's ready_timeout unless cfg sets one: as long as a real runner lets
+	// prepare_exec run (localcluster.CustomExecutor), and as the stage server tests wait.
+	readyTimeout = "3m"
+	// goneTimeout is how long cleanup may take for the job's claim, sandbox and pod to be gone.
+	goneTimeout = 2 * time.Minute
+)
+
 // newRunner is the suite's executor configuration on c: runner e2e-PID, prepare waits at most
-// 90 s for a sandbox and cleanup at most a minute for the job to be gone (the suite runs one job
-// at a time); cfg's other fields as given.
+// readyTimeout for a sandbox (unless cfg says otherwise) and cleanup at most goneTimeout for the
+// job to be gone; cfg's other fields as given.
 func newRunner(t testing.TB, c *clusterjobs.Cluster, cfg localcluster.Config) *clusterjobs.Runner {
 	t.Helper()
+	if cfg.ReadyTimeout == "" {
+		cfg.ReadyTimeout = readyTimeout
+	}
 	r := c.NewRunnerWith(t, "e2e", cfg)
-	r.GoneTimeout = time.Minute
+	r.GoneTimeout = goneTimeout
 	return r
 }
 
@@ -71,8 +85,11 @@ func newRunnerOn(t testing.TB, c *clusterjobs.Cluster, cfg localcluster.Config, 
 	if !path.served {
 		return newRunner(t, c, cfg)
 	}
+	if cfg.ReadyTimeout == "" {
+		cfg.ReadyTimeout = readyTimeout
+	}
 	r := c.NewServedRunner(t, "e2e", cfg)
-	r.GoneTimeout = time.Minute
+	r.GoneTimeout = goneTimeout
 	return r
 }
 

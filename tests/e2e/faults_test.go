@@ -78,6 +78,7 @@ func numberedFrom(first, last, pauseEvery int, exit int) (script, want string) {
 // three times during one stage, each time while the stage is held mid-output: the job log must
 // get the complete output exactly once, and the right exit code. On both run paths.
 func TestStageSurvivesStreamCuts(t *testing.T) {
+	t.Parallel()
 	onEachRunPath(t, func(t *testing.T, path runPath) {
 		for _, tc := range []struct {
 			name     string
@@ -99,7 +100,10 @@ func TestStageSurvivesStreamCuts(t *testing.T) {
 
 // TestPodDeletedMidStage: a pod deleted under a running stage is a system failure naming it. On
 // both run paths.
-func TestPodDeletedMidStage(t *testing.T) { onEachRunPath(t, testPodDeletedMidStage) }
+func TestPodDeletedMidStage(t *testing.T) {
+	t.Parallel()
+	onEachRunPath(t, testPodDeletedMidStage)
+}
 
 func testPodDeletedMidStage(t *testing.T, path runPath) {
 	c := newClusterOn(t, path)
@@ -125,7 +129,10 @@ func testPodDeletedMidStage(t *testing.T, path runPath) {
 }
 
 // TestSteadyOutputForAMinute: 1 MB/s for 60 s arrives complete. On both run paths.
-func TestSteadyOutputForAMinute(t *testing.T) { onEachRunPath(t, testSteadyOutputForAMinute) }
+func TestSteadyOutputForAMinute(t *testing.T) {
+	t.Parallel()
+	onEachRunPath(t, testSteadyOutputForAMinute)
+}
 
 func testSteadyOutputForAMinute(t *testing.T, path runPath) {
 	c := newClusterOn(t, path)
@@ -150,7 +157,10 @@ func testSteadyOutputForAMinute(t *testing.T, path runPath) {
 // deliver the exact output. Before it returns, the cluster is whole again, NetworkPolicy
 // enforcement included. On both run paths (served: the stage server's warm connection to the API
 // server is the one that breaks).
-func TestStageSurvivesAPIServerCrash(t *testing.T) { onEachRunPath(t, testStageSurvivesAPIServerCrash) }
+func TestStageSurvivesAPIServerCrash(t *testing.T) {
+	// Serial: it kills kube-apiserver, which every other test needs.
+	onEachRunPath(t, testStageSurvivesAPIServerCrash)
+}
 
 func testStageSurvivesAPIServerCrash(t *testing.T, path runPath) {
 	c := newClusterOn(t, path, execThroughAPIServer)
@@ -183,6 +193,7 @@ func testStageSurvivesAPIServerCrash(t *testing.T, path runPath) {
 // outlasts the stream's silence limit. run must note each drop, re-attach once the path is back,
 // and deliver the exact output. On both run paths (served: the connection is the stage server's).
 func TestNetworkTransportSurvivesResetAndSilentDrop(t *testing.T) {
+	t.Parallel()
 	onEachRunPath(t, testNetworkTransportSurvivesResetAndSilentDrop)
 }
 

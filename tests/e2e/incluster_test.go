@@ -38,6 +38,7 @@ const inClusterTimeout = 5 * time.Minute
 // a failing job and a canceled one in gVisor pods over the pod network; then gc, started from
 // its CronJob, reaps an expired claim; then helm uninstall leaves nothing behind.
 func TestInClusterInstall(t *testing.T) {
+	t.Parallel()
 	c := clusterjobs.Connect(t)
 	root, err := testutil.ModuleRoot()
 	if err != nil {
@@ -270,14 +271,19 @@ func assertNothingLeft(t *testing.T, c *clusterjobs.Cluster, r *chartinstall.Rel
 	release := "app.kubernetes.io/instance=" + r.Release + ",app.kubernetes.io/part-of=sandbox-executor"
 	namespaced := "all,configmaps,secrets,serviceaccounts,roles,rolebindings,networkpolicies,cronjobs,poddisruptionbudgets," +
 		"sandboxtemplates.extensions.agents.x-k8s.io,sandboxwarmpools.extensions.agents.x-k8s.io"
-	left, err := r.Kubectl("get", namespaced, "-n", r.Namespace, "-o", "name", "-l", release)
+	// The lists are stdout: kubectl names every object it found there, and warns on stderr of
+	// what it could not discover (another test's API group coming or going), which is no object.
+	left, warnings, err := r.KubectlOutput("get", namespaced, "-n", r.Namespace, "-o", "name", "-l", release)
 	if err != nil {
 		t.Fatal(err)
 	}
-	clusterScoped, err := r.Kubectl("get", "clusterroles,clusterrolebindings,runtimeclasses,validatingadmissionpolicies,validatingadmissionpolicybindings,namespaces,apiservices",
+	clusterScoped, clusterWarnings, err := r.KubectlOutput("get", "clusterroles,clusterrolebindings,runtimeclasses,validatingadmissionpolicies,validatingadmissionpolicybindings,namespaces,apiservices",
 		"-o", "name", "-l", release)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if w := strings.TrimSpace(warnings + clusterWarnings); w != "" {
+		t.Logf("kubectl warned while listing what release %s left:\n%s", r.Release, w)
 	}
 	for _, name := range strings.Fields(clusterScoped) {
 		if strings.Contains(name, r.Namespace) {

@@ -42,6 +42,7 @@ import (
 // that exits 3, and a cancelled job; then the docs' helm uninstall leaves nothing behind but what
 // the docs say stays.
 func TestDocumentedInstall(t *testing.T) {
+	// Serial: it taints the only node NoSchedule, so no other test's pod can start meanwhile.
 	c := clusterjobs.Connect(t)
 	root, err := testutil.ModuleRoot()
 	if err != nil {
@@ -232,6 +233,7 @@ const agentCA = "sandbox-executor-agent-ca"
 // (rendered): it leaves the images' tag at the chart's appVersion, v0.1.0, and make images tags
 // this cluster's images by git describe instead.
 func TestQuickstartsRunAsWritten(t *testing.T) {
+	t.Parallel()
 	c := clusterjobs.Connect(t)
 	root, err := testutil.ModuleRoot()
 	if err != nil {

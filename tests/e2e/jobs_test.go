@@ -26,6 +26,7 @@ import (
 // gone from the pod, checked from outside, before cleanup. On both run paths (served: the
 // launcher relays the SIGTERM to the stage server, which stops the stage).
 func TestStagesAsModernRunnerInvokesThem(t *testing.T) {
+	t.Parallel()
 	onEachRunPath(t, testStagesAsModernRunnerInvokesThem)
 }
 
@@ -81,6 +82,7 @@ func testStagesAsModernRunnerInvokesThem(t *testing.T, path runPath) {
 // agent's install, the detached stage and its exit code need no more. (The runner's own bash
 // scripts use $'...' quoting, which dash lacks: that part needs the runner's sh support.)
 func TestPOSIXOnlyImage(t *testing.T) {
+	t.Parallel()
 	c := newCluster(t)
 	j, _, prep := preparedJob(t, c, localcluster.PosixImage)
 	mustContain(t, "prepare log", prep, "pool "+localcluster.PosixPool, "shell /bin/sh", "gvisor")
@@ -100,6 +102,7 @@ func TestPOSIXOnlyImage(t *testing.T) {
 // plain-text request, not a client certificate of another CA, not another job's certificate of
 // the right CA.
 func TestNetworkTransport(t *testing.T) {
+	t.Parallel()
 	c := newCluster(t, `stage_transport = "network"`)
 	j, _, prep := preparedJob(t, c, ciImage)
 	mustContain(t, "prepare log", prep, "stages over pod network (TLS)")

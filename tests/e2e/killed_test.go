@@ -26,7 +26,10 @@ import (
 // admin rights) while a stage runs over the network transport: the job container ends with it,
 // and run reports a system failure that names the pod, never a success with the output cut. On
 // both run paths.
-func TestAgentKilledMidStage(t *testing.T) { onEachRunPath(t, testAgentKilledMidStage) }
+func TestAgentKilledMidStage(t *testing.T) {
+	t.Parallel()
+	onEachRunPath(t, testAgentKilledMidStage)
+}
 
 func testAgentKilledMidStage(t *testing.T, path runPath) {
 	c := newClusterOn(t, path, `stage_transport = "network"`)
@@ -64,7 +67,9 @@ func testAgentKilledMidStage(t *testing.T, path runPath) {
 // once, and agent-sandbox deletes the second at its shutdownTime, with its sandbox and pod. The
 // test says how late after its shutdownTime the second went.
 func TestKilledRunnerLeavesNothingBehind(t *testing.T) {
-	const timeout, grace = 30 * time.Second, 5 * time.Second
+	t.Parallel()
+	// The watch must begin before prepare + timeout + grace; beside concurrent tests prepare may cold-start.
+	const timeout, grace = 90 * time.Second, 5 * time.Second
 	gitlab := fakegitlab.New()
 	defer gitlab.Close()
 	type killed struct {
@@ -85,7 +90,6 @@ func TestKilledRunnerLeavesNothingBehind(t *testing.T) {
 		} else {
 			r = c.NewRunnerWith(t, name, cfg)
 		}
-		r.GoneTimeout = time.Minute
 		id := fakegitlab.NextJobID()
 		job := gitlab.NewJob(fakegitlab.JobSpec{ID: id, Image: ciImage, GitStrategy: "none", Timeout: timeout,
 			Script: []string{"echo build-started", "while :; do echo tick; sleep 1; done"}})

@@ -11,6 +11,7 @@ import (
 // TestSilentStageForTenMinutes: a stage that prints nothing for 10 minutes must not die of an
 // idle timeout anywhere between the executor and the pod. Runs in `make e2e-long` only.
 func TestSilentStageForTenMinutes(t *testing.T) {
+	t.Parallel()
 	c := newCluster(t)
 	j, _, _ := preparedJob(t, c, ciImage)
 	var stdout, stderr bytes.Buffer

@@ -141,6 +141,7 @@ var launchIn = regexp.MustCompile(`Sandbox ready: pool \S+ \((warm start|waited|
 // failed job is counted with its reason, the others as successes; a job on an empty pool of its
 // own is counted as a cold start.
 func TestExporterCountsWhatJobsDid(t *testing.T) {
+	t.Parallel()
 	c := clusterjobs.Connect(t)
 	const testPool = "e2e-metrics"
 	benchPool(t, c, testPool, 2)

@@ -22,6 +22,7 @@ import (
 // it. Each case runs configs.sh on a state directory of its own that holds only the cluster's
 // runsc, so the shared cluster's configs are never touched.
 func TestClusterPlatformSetting(t *testing.T) {
+	t.Parallel()
 	clusterDir, err := localcluster.ClusterDir()
 	if err != nil {
 		t.Fatal(err)

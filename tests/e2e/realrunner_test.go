@@ -268,6 +268,7 @@ func podMarkers(t testing.TB, r *clusterjobs.Runner, pod string, id int64) (int,
 // job succeeded, ran under gVisor without a service account token, taken by the runner binary
 // the suite uses; the job log closes with the executor's summary.
 func TestRealRunnerJob(t *testing.T) {
+	t.Parallel()
 	c := newCluster(t)
 	gitlab := fakegitlab.New()
 	defer gitlab.Close()
@@ -299,6 +300,7 @@ func TestRealRunnerJob(t *testing.T) {
 // script prints a marker and then waits for a file that the test creates in the pod only once
 // the marker is in GitLab's trace.
 func TestGVisorJobStreamsLive(t *testing.T) {
+	t.Parallel()
 	c := newCluster(t)
 	gitlab := fakegitlab.New()
 	defer gitlab.Close()
@@ -326,6 +328,7 @@ func TestGVisorJobStreamsLive(t *testing.T) {
 // TestFailingScriptIsBuildFailure: a script that exits 3 fails the job as a script failure, and
 // the final update carries exit code 3 (through BUILD_EXIT_CODE_FILE), not a system failure.
 func TestFailingScriptIsBuildFailure(t *testing.T) {
+	t.Parallel()
 	c := newCluster(t)
 	gitlab := fakegitlab.New()
 	defer gitlab.Close()
@@ -344,6 +347,7 @@ func TestFailingScriptIsBuildFailure(t *testing.T) {
 // stage. The script exits 3, after_script exits 9: the runner's after_script warning names 9
 // (read from the file after after_script), the job still fails with the script's 3.
 func TestAfterScriptFailureKeepsScriptExitCode(t *testing.T) {
+	t.Parallel()
 	c := newCluster(t)
 	gitlab := fakegitlab.New()
 	defer gitlab.Close()
@@ -363,6 +367,7 @@ func TestAfterScriptFailureKeepsScriptExitCode(t *testing.T) {
 // CI_JOB_STATUS=canceled and finds none of the stage's processes in the pod, and neither does
 // a look into the pod from outside once the runner has moved on to cleanup.
 func TestGracefulCancelLeavesNoProcess(t *testing.T) {
+	t.Parallel()
 	c := newCluster(t)
 	wrapped := wrapExecutor(t, c, wrapping{holdCleanup: true})
 	gitlab := fakegitlab.New()
@@ -399,11 +404,13 @@ func TestGracefulCancelLeavesNoProcess(t *testing.T) {
 	c.WaitJobGone(t, id)
 }
 
-// TestJobTimeoutLeavesNoProcess runs a script that never ends under a 30 s job timeout
+// TestJobTimeoutLeavesNoProcess runs a script that never ends under a 90 s job timeout
 // (runner_info.timeout): the runner fails the job with job_execution_timeout, and when it moves
 // on to cleanup none of the script's processes is left in the pod.
 func TestJobTimeoutLeavesNoProcess(t *testing.T) {
-	const timeout = 30 * time.Second
+	t.Parallel()
+	// The timeout spans the whole job, prepare too, which beside concurrent tests may be a cold start.
+	const timeout = 90 * time.Second
 	c := newCluster(t)
 	wrapped := wrapExecutor(t, c, wrapping{holdCleanup: true})
 	gitlab := fakegitlab.New()
@@ -439,6 +446,7 @@ func TestJobTimeoutLeavesNoProcess(t *testing.T) {
 // TestMaskedVariablesNeverInTrace: a masked variable reaches the script, and its value appears
 // nowhere in the job log, whoever prints it (the script, env, the job token too).
 func TestMaskedVariablesNeverInTrace(t *testing.T) {
+	t.Parallel()
 	c := newCluster(t)
 	gitlab := fakegitlab.New()
 	defer gitlab.Close()
@@ -468,6 +476,7 @@ func TestMaskedVariablesNeverInTrace(t *testing.T) {
 // TestJobEnvReachesEveryStage: the job_env config_exec returns (SANDBOX_EXECUTOR_NAMESPACE) is
 // in the environment of every later executable the runner calls: prepare, each run, cleanup.
 func TestJobEnvReachesEveryStage(t *testing.T) {
+	t.Parallel()
 	c := newCluster(t)
 	wrapped := wrapExecutor(t, c, wrapping{})
 	gitlab := fakegitlab.New()

@@ -26,6 +26,7 @@ import (
 // run_exec naming sandbox-executor (the chart's runner.serveRun false), run stages keep their
 // own processes. The job's masked variable never reaches the server's log.
 func TestRealRunnerJobThroughTheStageServer(t *testing.T) {
+	t.Parallel()
 	onEachRunPath(t, testRealRunnerJobThroughTheStageServer)
 }
 
@@ -67,6 +68,7 @@ func testRealRunnerJobThroughTheStageServer(t *testing.T, path runPath) {
 // server, and its log says once per stage why it was slower (run stages, which the executor runs
 // in its own process anyway when run_exec names it, say nothing).
 func TestRealRunnerJobWithTheStageServerDown(t *testing.T) {
+	t.Parallel()
 	c := clusterjobs.Connect(t)
 	r := c.NewServedRunner(t, "e2e-down", localcluster.Config{ReadyTimeout: "3m"})
 	r.StageServer.Kill(t) // leaves its socket behind, as a crash does: nobody listens on it
@@ -103,6 +105,7 @@ func TestRealRunnerJobWithTheStageServerDown(t *testing.T) {
 // fails that prepare as a system failure, which the runner retries, never as success; the retry,
 // through a server started again on the same socket, gets the job its sandbox.
 func TestStageServerKilledMidPrepare(t *testing.T) {
+	t.Parallel()
 	c := clusterjobs.Connect(t)
 	const pool = "e2e-served-drained"
 	benchPool(t, c, pool, 0) // drained: with drained_pool = "wait" prepare waits in the server
@@ -165,6 +168,7 @@ func TestStageServerKilledMidPrepare(t *testing.T) {
 // the pod as on a cancel, where a killed run process in its own process leaves them running until
 // cleanup deletes the pod. Checked from outside the pod.
 func TestLauncherKilledMidRun(t *testing.T) {
+	t.Parallel()
 	c := clusterjobs.Connect(t)
 	r := c.NewServedRunner(t, "e2e-launcher-killed", localcluster.Config{ReadyTimeout: "3m"})
 	j, pod, _ := preparedJob(t, r, ciImage)

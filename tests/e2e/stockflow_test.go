@@ -56,6 +56,7 @@ const (
 // the pool, is reached; and no socket of the node or its runtime is in the pod, whose Unix
 // sockets are its own and work (networkPolicyChecks).
 func TestStockDuoFlow(t *testing.T) {
+	t.Parallel()
 	helper, err := duoflow.HelperConfig()
 	if err != nil {
 		t.Fatal(err)
@@ -199,6 +200,7 @@ var networkPolicyChecks = []string{
 // or sandbox of the namespace, no container log of the job's pod, no event, nothing the
 // executor printed in any stage, nor the runner's log.
 func TestStockDuoFlowHardenedImage(t *testing.T) {
+	t.Parallel()
 	helper, err := duoflow.HelperConfig()
 	if err != nil {
 		t.Fatal(err)

@@ -5,6 +5,7 @@
 package chartinstall
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -14,6 +15,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -99,8 +101,14 @@ func ImagesTag(root string) (string, error) {
 	return "", fmt.Errorf("%s has no sandbox-executor-runner image (tools/images skips it without the runner binaries)", path)
 }
 
+// helmBuild serialises Helm: tests of one process run in parallel, and two makes building the
+// missing helm at once would race on its install directory.
+var helmBuild sync.Mutex
+
 // Helm is the pinned helm binary (make helm-path builds it if needed).
 func Helm(root string) (string, error) {
+	helmBuild.Lock()
+	defer helmBuild.Unlock()
 	out, err := Run("make", "-s", "--no-print-directory", "-C", root, "helm-path")
 	return strings.TrimSpace(out), err
 }
@@ -112,6 +120,19 @@ func Run(name string, args ...string) (string, error) {
 		return string(out), fmt.Errorf("%s %s: %w\n%s", filepath.Base(name), strings.Join(args, " "), err, out)
 	}
 	return string(out), nil
+}
+
+// Output runs a command like Run but returns its stdout and stderr apart, for output that is
+// parsed: a command that succeeds may still warn on stderr (kubectl, of an API group it could not
+// discover). A failure carries both.
+func Output(name string, args ...string) (stdout, stderr string, err error) {
+	var out, errOut bytes.Buffer
+	cmd := exec.Command(name, args...)
+	cmd.Stdout, cmd.Stderr = &out, &errOut
+	if err := cmd.Run(); err != nil {
+		return out.String(), errOut.String(), fmt.Errorf("%s %s: %w\n%s%s", filepath.Base(name), strings.Join(args, " "), err, &out, &errOut)
+	}
+	return out.String(), errOut.String(), nil
 }
 
 // Install exposes the instance by name, makes the release namespace (helm cannot install into a
@@ -194,8 +215,15 @@ func (r *Release) kubeconfigFlag() string { return "--kubeconfig=" + r.Env.Admin
 
 // Kubectl runs the cluster's kubectl as admin.
 func (r *Release) Kubectl(args ...string) (string, error) {
-	return Run(filepath.Join(r.Env.Dir, "bin", "kubectl"), append([]string{r.kubeconfigFlag()}, args...)...)
+	return Run(r.kubectl(), append([]string{r.kubeconfigFlag()}, args...)...)
 }
+
+// KubectlOutput is Kubectl with stdout and stderr apart (Output).
+func (r *Release) KubectlOutput(args ...string) (stdout, stderr string, err error) {
+	return Output(r.kubectl(), append([]string{r.kubeconfigFlag()}, args...)...)
+}
+
+func (r *Release) kubectl() string { return filepath.Join(r.Env.Dir, "bin", "kubectl") }
 
 // Fullname is the chart's name for the release's objects (sandbox-executor.fullname).
 func (r *Release) Fullname() string {
