@@ -41,7 +41,7 @@ LDFLAGS := -s -w -X github.com/sandbox-executor/sandbox-executor/buildinfo.Versi
 # Static binaries: the agent is copied into job pods of any image.
 GOBUILD := CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)'
 
-.PHONY: all modules helm helm-path images release build test lint vet unit check cluster-up cluster-down cluster-wipe netpol e2e e2e-long security soak soak-short demo runner runner-test bench bench-scale clean
+.PHONY: all modules host-packages helm helm-path images release build test lint vet unit check cluster-up cluster-down cluster-wipe netpol e2e e2e-long security soak soak-short demo runner runner-test bench bench-scale clean
 
 all: build
 
@@ -129,9 +129,15 @@ lint: modules $(STATICCHECK) $(GCI)
 
 vet: lint
 
+# The host's Debian packages (tests/cluster/deps.sh; apt-get only when one is missing): the
+# cluster needs them, and so do unit tests that use the host's kernel (agent/netfence reads its
+# tables back with iptables-legacy-save), which on a fresh machine run before the cluster is up.
+host-packages:
+	@tests/cluster/deps.sh
+
 # Unit tests: fake clientsets and a stubbed exec, with the race detector; the chart's lint and
 # rendering tests (tests/chart) run the pinned helm.
-unit: $(GOTESTSUM) $(HELM) $(PROMTOOL)
+unit: host-packages $(GOTESTSUM) $(HELM) $(PROMTOOL)
 	SANDBOX_EXECUTOR_HELM=$(HELM) SANDBOX_EXECUTOR_PROMTOOL=$(PROMTOOL) $(call gotest,pkgname) -race -count=1 ./...
 	$(MAKE) --no-print-directory fuzz FUZZTIME=$(UNIT_FUZZTIME)
 

@@ -3,7 +3,8 @@
 #   runc, containernetworking-plugins  the OCI runtime for runc pods and the CNI bridge/host-local
 #                                      plugins (Debian's builds are fine; containerd itself is built)
 #   debootstrap                        builds the image root filesystems (no registry here)
-#   iptables, ipset                    node-side pod traffic rules (and kube-router's NetworkPolicy)
+#   iptables, ipset                    node-side pod traffic rules (and kube-router's NetworkPolicy);
+#                                      agent/netfence's unit tests read their tables back (make unit)
 #   gcc, libc6-dev                     the static pause binary
 #   curl, openssl, ca-certificates     health probes and the cluster PKI
 #   iproute2, util-linux, procps       bridges/routes, setsid/mount, process checks
