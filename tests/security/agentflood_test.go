@@ -53,6 +53,7 @@ net.createServer(c => {
 // read when it is reaped (wait4): exact and independent of sampling, unlike polling VmHWM, and
 // unlike prlimit --as it does not trip over the Go runtime's address-space reservations.
 func TestAgentSocketFloodIsASystemFailure(t *testing.T) {
+	t.Parallel()
 	c := clusterjobs.Connect(t)
 	r := c.NewRunner(t, "sec-flood", "")
 	j := prepared(t, r, clusterjobs.JobSpec{})

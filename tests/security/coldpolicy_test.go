@@ -36,6 +36,7 @@ const coldPolicy = "sandbox-executor-cold-images"
 // cluster; the unchanged copy, dry run too, is admitted, which proves the refusals come from the
 // changes, and the real cold start shows the executor's own Sandbox admitted (cleanup deletes it).
 func TestColdSandboxPolicyRefusesWidenedPods(t *testing.T) {
+	t.Parallel()
 	c := clusterjobs.Connect(t)
 	r := c.NewRunner(t, "sec-coldpolicy", `unknown_image = "cold"
 cold_template = "`+localcluster.Template+`"

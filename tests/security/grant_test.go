@@ -24,6 +24,7 @@ import (
 // without any state still withdraws it. The grant calls pass through a recorder, so the test
 // also sees the grant made and withdrawn by the stages themselves.
 func TestAFailedPrepareLeavesNoGrant(t *testing.T) {
+	t.Parallel()
 	c := clusterjobs.Connect(t)
 	grants := recordGrants(t)
 	r := c.NewRunnerWith(t, "sec-grant", localcluster.Config{ReadyTimeout: "5m", Pools: proxiedPools(grants.URL)})
