@@ -123,8 +123,8 @@ func (w *statusWriter) WriteHeader(code int) {
 }
 
 // proxiedPools serve jobs without an image from the proxied pool, whose grants go to admin
-// and allow grantedDest; the CI and POSIX images keep their pools.
-func proxiedPools(admin string) []localcluster.PoolConfig {
-	return append([]localcluster.PoolConfig{{Name: proxiedPool, EgressProxy: admin, EgressAllow: []string{grantedDest}}},
+// and allow grantedDest and the destinations of allow; the CI and POSIX images keep their pools.
+func proxiedPools(admin string, allow ...string) []localcluster.PoolConfig {
+	return append([]localcluster.PoolConfig{{Name: proxiedPool, EgressProxy: admin, EgressAllow: append([]string{grantedDest}, allow...)}},
 		localcluster.Pools(localcluster.Pool)...)
 }
