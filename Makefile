@@ -119,7 +119,7 @@ release: build-linux-amd64 build-linux-arm64 $(HELM) runner
 # Formatting, import groups, test file names (tests/README.md#conventions), vet and staticcheck
 # with every build tag the suites use. One run each: no file is built only without a suite's tag
 # (lint refuses a negated one), so the tagged build holds every file of the untagged one and a
-# second, untagged run would check a subset again (2.5 minutes of a fresh machine's lint).
+# second, untagged run would check a subset again.
 SUITE_TAGS := e2e,security,runner,soak
 lint: modules $(STATICCHECK) $(GCI)
 	@unformatted=$$(gofmt -l $$(git ls-files '*.go')); if [[ -n $$unformatted ]]; then echo "not gofmt'ed: $$unformatted"; exit 1; fi
