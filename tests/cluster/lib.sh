@@ -38,7 +38,11 @@ DEPLOY_DIR=${DEPLOY_DIR:-$REPO_ROOT/deploy/local}
 K8S_VERSION=v1.36.3
 ETCD_VERSION=v3.6.16
 CONTAINERD_VERSION=v2.2.9
-GVISOR_VERSION=v0.0.0-20260527191743-a81fd9dd382e
+# gVisor of 2026-09-05: its systrap parks an idle sandbox's fast-path monitor and watchdog
+# (google/gvisor#13470, #13534). An idle `runsc do sleep 40` here: 0.05 s of CPU against 2.0 s
+# with the 2026-05-27 commit, whose idle sentries kept 50-60 millicores each busy (6 warm pool
+# pods: a third of a core) under every suite.
+GVISOR_VERSION=v0.0.0-20260905035102-160fafc42237
 AGENT_SANDBOX_VERSION=v0.5.6
 COREDNS_VERSION=v1.15.0
 GO_BIN_DIR=${GO_BIN_DIR:-/usr/local/go/bin}
