@@ -218,8 +218,10 @@ func kinds(inst *duoflow.Instance, base, image, sentinel string) []*kind {
 		{
 			name: "memory-bomb", weight: 3, abusive: true,
 			build: func(s *soakJob) fakegitlab.Job {
-				// tail keeps a line without an end in memory: past the pod's 2Gi limit.
-				return plain(s, "head -c 3G /dev/zero | tail > /dev/null; echo \"tail exited $?\"", "exit 9")
+				// One 3 GiB string, past the pod's 2Gi limit: gVisor fills it in seconds, where a pipe
+				// into tail kept both of the local node's CPUs busy for minutes, starving the jobs
+				// starting beside it past their ready_timeout.
+				return plain(s, `perl -e '$x = "x" x (3 << 30)'; echo "perl exited $?"`, "exit 9")
 			},
 			want: func(*soakJob) outcome { return outcome{state: fakegitlab.StateFailed} },
 		},
