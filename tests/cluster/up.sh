@@ -34,6 +34,17 @@ apply_agent_ca() {
     --from-file=ca.crt="$CLUSTER_PKI/agent-ca.crt" --dry-run=client -o yaml | kubectl_admin apply -f - >/dev/null
 }
 
+# prune_test_namespaces: a suite deletes the namespaces it made when it ends; a killed run (make
+# check stopped, CI's time limit) leaves them, and their warm pools' gVisor pods would take CPU
+# from every later suite. They carry the label tests/harness/chartinstall.TestNamespaceLabel.
+prune_test_namespaces() {
+  local left
+  left=$(kubectl_admin get namespaces -l sandbox-executor.gitlab.io/test -o name)
+  [[ -n $left ]] || return 0
+  log "deleting namespaces a killed test run left: ${left//$'\n'/ }"
+  kubectl_admin delete namespaces -l sandbox-executor.gitlab.io/test --wait=true --timeout=300s >/dev/null
+}
+
 apply_runtimeclass() { kubectl_admin apply -f "$D/manifests/runtimeclass.yaml" >/dev/null; }
 
 finish() {
@@ -75,6 +86,7 @@ main() {
   step "cluster DNS" "$D/dns.sh" up
   step "egress proxy" "$D/egress-proxy.sh" up
   step "agent-sandbox" "$D/agent-sandbox.sh" up
+  step "leftover test namespaces" prune_test_namespaces
   step "agent CA" apply_agent_ca
   step "apply the chart (deploy/local/values.yaml)" apply_deploy
   step "warm pool $WARM_POOL ready" wait_until "warm pool $EXECUTOR_NAMESPACE/$WARM_POOL ready" 300 warm_pool_state

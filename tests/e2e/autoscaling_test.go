@@ -36,10 +36,6 @@ import (
 // externalMetricsAPIService is the one APIService of the External metrics API on a cluster.
 const externalMetricsAPIService = "v1beta1.external.metrics.k8s.io"
 
-// e2eOwnerLabel marks the objects a test makes, so that a later run may replace its leftovers
-// and nothing else.
-const e2eOwnerLabel = "sandbox-executor.gitlab.io/e2e"
-
 // hpaCondition is the HPA's condition of type typ, or nil.
 func hpaCondition(hpa *autoscalingv2.HorizontalPodAutoscaler, typ autoscalingv2.HorizontalPodAutoscalerConditionType) *autoscalingv2.HorizontalPodAutoscalerCondition {
 	for i := range hpa.Status.Conditions {
@@ -205,14 +201,14 @@ func installAutoscaling(t *testing.T, c *clusterjobs.Cluster, kc kubernetes.Inte
 	}
 	namespaces := kc.CoreV1().Namespaces()
 	if leftover, err := namespaces.Get(ctx, ns, metav1.GetOptions{}); err == nil {
-		if leftover.Labels[e2eOwnerLabel] == "" {
-			t.Fatalf("namespace %s exists and is not this test's (no label %s): delete it or pick another", ns, e2eOwnerLabel)
+		if leftover.Labels[chartinstall.TestNamespaceLabel] == "" {
+			t.Fatalf("namespace %s exists and is not this test's (no label %s): delete it or pick another", ns, chartinstall.TestNamespaceLabel)
 		}
 		_ = namespaces.Delete(ctx, ns, metav1.DeleteOptions{})
 		waitNamespaceGone(t, kc, ns)
 	}
 	if _, err := namespaces.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns, Labels: map[string]string{
-		"pod-security.kubernetes.io/enforce": "baseline", e2eOwnerLabel: "autoscaling"}}}, metav1.CreateOptions{}); err != nil {
+		"pod-security.kubernetes.io/enforce": "baseline", chartinstall.TestNamespaceLabel: "autoscaling"}}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {

@@ -33,6 +33,11 @@ import (
 // reaps its claims.
 const RunnerName = "incluster-runner"
 
+// TestNamespaceLabel marks the namespaces a test makes (value: the release or test that made
+// them): a suite deletes its own when it ends; tests/cluster/up.sh deletes those a killed run
+// left, whose warm pools would otherwise keep gVisor pods running under every later suite.
+const TestNamespaceLabel = "sandbox-executor.gitlab.io/test"
+
 // Options say where to install and what GitLab to register with.
 type Options struct {
 	// Root is the module root (the chart and dist/images are under it).
@@ -153,7 +158,8 @@ func Install(ctx context.Context, o Options) (*Release, error) {
 	// As an operator would make it, with the Pod Security labels the chart would give it
 	// (namespace.podSecurity: the netstack fence's init container adds NET_ADMIN in the sandbox).
 	if _, err := o.Kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: o.Namespace, Labels: map[string]string{
-		"pod-security.kubernetes.io/enforce": "privileged", "pod-security.kubernetes.io/warn": "baseline"}}}, metav1.CreateOptions{}); err != nil {
+		"pod-security.kubernetes.io/enforce": "privileged", "pod-security.kubernetes.io/warn": "baseline",
+		TestNamespaceLabel: o.Release}}}, metav1.CreateOptions{}); err != nil {
 		return r, err
 	}
 	if err := r.installAgentCA(ctx); err != nil {
@@ -328,7 +334,8 @@ func InstanceName(gitlabNamespace string) string {
 // EndpointSlice with the instance's address. Returns the URL.
 func (r *Release) exposeInstance(ctx context.Context) (string, error) {
 	ns := r.GitLabNamespace
-	if _, err := r.Kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
+	if _, err := r.Kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns,
+		Labels: map[string]string{TestNamespaceLabel: r.Release}}}, metav1.CreateOptions{}); err != nil {
 		return "", err
 	}
 	scheme, port := "http", int32(80)
