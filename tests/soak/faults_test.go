@@ -291,7 +291,9 @@ func (in *injector) pickPod(ctx context.Context, f *fault) (*corev1.Pod, error) 
 		}
 		pods = nil
 		for _, p := range list.Items {
-			if p.DeletionTimestamp == nil && p.Status.PodIP != "" && jobOf[p.Name] != 0 {
+			// Ready: the agent answers its probe, so a fault on the pod hits the job's agent
+			// and stream (a cold pod has its address while its init containers still run).
+			if p.DeletionTimestamp == nil && p.Status.PodIP != "" && jobOf[p.Name] != 0 && ready(&p) {
 				pods = append(pods, p)
 			}
 		}
@@ -307,6 +309,16 @@ func (in *injector) pickPod(ctx context.Context, f *fault) (*corev1.Pod, error) 
 	pod := pods[f.pick%uint64(len(pods))]
 	f.jobID = jobOf[pod.Name]
 	return &pod, nil
+}
+
+// ready says whether the pod's Ready condition is true.
+func ready(p *corev1.Pod) bool {
+	for _, c := range p.Status.Conditions {
+		if c.Type == corev1.PodReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
 }
 
 // runnerPods are the runner Deployment's pods.
