@@ -291,9 +291,10 @@ func (in *injector) pickPod(ctx context.Context, f *fault) (*corev1.Pod, error) 
 		}
 		pods = nil
 		for _, p := range list.Items {
-			// Ready: the agent answers its probe, so a fault on the pod hits the job's agent
-			// and stream (a cold pod has its address while its init containers still run).
-			if p.DeletionTimestamp == nil && p.Status.PodIP != "" && jobOf[p.Name] != 0 && ready(&p) {
+			// The job container runs, so a fault on the pod hits the job's agent and stream (a
+			// cold pod has its address while its init containers still run). Not Ready: under
+			// the soak's load the 1 s readiness probe fails now and then on busy job pods.
+			if p.DeletionTimestamp == nil && p.Status.PodIP != "" && jobOf[p.Name] != 0 && jobContainerRunning(&p) {
 				pods = append(pods, p)
 			}
 		}
@@ -311,11 +312,11 @@ func (in *injector) pickPod(ctx context.Context, f *fault) (*corev1.Pod, error) 
 	return &pod, nil
 }
 
-// ready says whether the pod's Ready condition is true.
-func ready(p *corev1.Pod) bool {
-	for _, c := range p.Status.Conditions {
-		if c.Type == corev1.PodReady {
-			return c.Status == corev1.ConditionTrue
+// jobContainerRunning says whether the pod's job container (the agent's) is running.
+func jobContainerRunning(p *corev1.Pod) bool {
+	for _, c := range p.Status.ContainerStatuses {
+		if c.Name == "job" {
+			return c.State.Running != nil
 		}
 	}
 	return false

@@ -19,8 +19,9 @@ import (
 )
 
 // jobTimeout is runner_info.timeout of every job but the timeout kind's: long enough for a job
-// that waits out a fault, short enough that a lost one ends the run.
-const jobTimeout = 3 * time.Minute
+// that waits out a fault or a cold start (up to readyTimeout), short enough that a lost one ends
+// the run.
+const jobTimeout = 6 * time.Minute
 
 // shortTimeout is the timeout kind's runner_info.timeout.
 const shortTimeout = 25 * time.Second

@@ -61,6 +61,9 @@ const (
 	// poolReplicas is the release's warm pool; the runner takes concurrent jobs at once.
 	poolReplicas = 3
 	concurrent   = 4
+	// readyTimeout is the executor's ready_timeout (soakValues); jobTimeout leaves a job that
+	// waited it out time to run.
+	readyTimeout = "4m"
 )
 
 // podNetwork is the local cluster's pod network (tests/cluster).
@@ -100,8 +103,10 @@ func readSettings(t *testing.T) settings {
 
 // soakValues are the release's values over chartinstall's: the chart's own default of a proxied
 // template (each job granted its instance by the egress proxy), a pool of poolReplicas, the
-// runner's concurrent jobs, the exporter on, and a short claim_grace: the pods of jobs whose
-// runner was killed live until their job's timeout plus claim_grace, using the node meanwhile.
+// runner's concurrent jobs, the exporter on, a short claim_grace (the pods of jobs whose runner
+// was killed live until their job's timeout plus claim_grace, using the node meanwhile) and a
+// long readyTimeout: unlike a user's, the local node has 2 CPUs, on which a cold pod beside the
+// soak's load took up to 2 minutes to start (the chart's default ready_timeout).
 func soakValues(image string) string {
 	// The fence check of a proxied template: the proxy answers (allow empty), the internet not.
 	return fmt.Sprintf(`jobDefaults:
@@ -120,11 +125,12 @@ pools:
     egressInstance: true
 executor:
   claimGrace: 30s
+  readyTimeout: %[5]s
 runner:
   concurrent: %[3]d
 exporter:
   enabled: true
-`, image, poolReplicas, concurrent, internet)
+`, image, poolReplicas, concurrent, internet, readyTimeout)
 }
 
 // run is the soak's state while it runs.
