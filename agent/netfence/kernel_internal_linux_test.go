@@ -240,3 +240,20 @@ func (ns *netns) checkSave(t *testing.T, save string, want []string) {
 		t.Errorf("%s in the fenced namespace:\n%s\nwant:\n%s", save, strings.Join(got, "\n"), strings.Join(want, "\n"))
 	}
 }
+
+// A --reply-to of every address would let the agent's ports answer anywhere: refused. The
+// verb runs in a fresh network namespace, so that a verb that accepts it fences only that.
+func TestCommandRefusesReplyToEveryAddress(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("not root: a verb that accepted the flag would write netfilter tables")
+	}
+	ns := newNetns(t)
+	for _, every := range []string{"0.0.0.0/0", "::/0"} {
+		var out strings.Builder
+		var err error
+		ns.do(func() { err = Command([]string{"--reply-to", "10.88.0.0/16", "--reply-to", every}, &out) })
+		if err == nil || !strings.Contains(err.Error(), every+" is every address") || strings.Contains(err.Error(), "\n") || out.Len() != 0 {
+			t.Errorf("--reply-to %s: %v, printed %q; want a one-line refusal naming it", every, err, out.String())
+		}
+	}
+}

@@ -74,7 +74,7 @@ func Command(args []string, stdout io.Writer) error {
 	fs := flag.NewFlagSet("netfence", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	fs.Func("reply-to", "CIDR", func(v string) error {
-		p, err := parseDestination(v)
+		p, err := parseReplyTo(v)
 		replyTo = append(replyTo, p)
 		return err
 	})
@@ -232,6 +232,16 @@ func parseDestination(dst string) (netip.Prefix, error) {
 		return netip.Prefix{}, fmt.Errorf("%s is an IPv4-mapped IPv6 address; write it as IPv4", addr)
 	}
 	return netip.PrefixFrom(addr, addr.BitLen()), nil
+}
+
+// parseReplyTo parses a --reply-to network, which must not be every address: the agent's ports
+// would then answer anywhere, and a job that got one of them could send anywhere from it.
+func parseReplyTo(v string) (netip.Prefix, error) {
+	p, err := parseDestination(v)
+	if err == nil && p.Bits() == 0 {
+		return netip.Prefix{}, fmt.Errorf("%s is every address: name the networks the agent's clients connect from (the runner pods', the kubelet's)", p)
+	}
+	return p, err
 }
 
 // hostAllow is one --allow-host before resolution.

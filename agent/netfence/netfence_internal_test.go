@@ -147,7 +147,8 @@ func TestResolveHostsAllowsEveryAddressAndFailsClosed(t *testing.T) {
 }
 
 func TestCommandRefusesBadFlagsBeforeTouchingTheTable(t *testing.T) {
-	for _, args := range [][]string{{"--allow", "10.0.0.0/8"}, {"--allow-dns=maybe"}, {"--deny", "x"}, {"extra"}, {"--allow", "10.0.0.0/8:443"}, {"--reply-to", "10.88.0.1/16"}} {
+	for _, args := range [][]string{{"--allow", "10.0.0.0/8"}, {"--allow-dns=maybe"}, {"--deny", "x"}, {"extra"}, {"--allow", "10.0.0.0/8:443"}, {"--reply-to", "10.88.0.1/16"},
+		{"--reply-to", "0.0.0.0/0"}, {"--reply-to", "10.88.0.0/16", "--reply-to", "::/0"}} {
 		var out bytes.Buffer
 		err := Command(args, &out)
 		if err == nil || !strings.Contains(err.Error(), "see netfence -h") || out.Len() != 0 {

@@ -96,10 +96,18 @@ func TestNetstackFenceRefusesWhatItCannotMirror(t *testing.T) {
 		{"no baked agent", `templates: [{name: duo-gvisor, image: ci:1, bakeAgent: false, netstackFence: true}]`,
 			"templates[duo-gvisor].netstackFence needs bakeAgent"},
 		{"no reply networks", `jobDefaults: {netstackFence: {replyTo: []}}`, "replyTo"},
+		{"every IPv4 address", `jobDefaults: {netstackFence: {replyTo: [10.88.0.0/16, 0.0.0.0/0]}}`, "/jobDefaults/netstackFence/replyTo/1"},
+		{"every IPv6 address", `jobDefaults: {netstackFence: {replyTo: ["::/0"]}}`, "/jobDefaults/netstackFence/replyTo/0"},
+		{"every IPv6 address, written long", `jobDefaults: {netstackFence: {replyTo: ["0:0::0/0"]}}`, "/jobDefaults/netstackFence/replyTo/0"},
 	} {
 		_, err := helmchart.Template(t, "duo", "duo-ci", tc.values+"\n")
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%s: helm template said %v; want an error containing %q", tc.name, err, tc.want)
 		}
+	}
+	// Past the schema, the templates name the fix.
+	_, err := helmchart.Template(t, "duo", "duo-ci", "jobDefaults: {netstackFence: {replyTo: [0.0.0.0/0]}}\n", "--skip-schema-validation")
+	if want := "jobDefaults.netstackFence.replyTo 0.0.0.0/0 is every address: name the networks"; err == nil || !strings.Contains(err.Error(), want) {
+		t.Errorf("replyTo 0.0.0.0/0 without the schema: helm template said %v; want an error containing %q", err, want)
 	}
 }

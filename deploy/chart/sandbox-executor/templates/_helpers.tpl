@@ -208,6 +208,7 @@ templates and the cold-start admission policy (which admits exactly these args) 
 {{- end }}
 {{- $netfenceArgs := list "netfence" }}
 {{- range $.Values.jobDefaults.netstackFence.replyTo }}
+{{- if regexMatch "/0+$" . }}{{ fail (printf "jobDefaults.netstackFence.replyTo %s is every address: name the networks the agent's clients connect from (the runner pods', the kubelet's)" .) }}{{ end }}
 {{- $netfenceArgs = concat $netfenceArgs (list "--reply-to" .) }}
 {{- end }}
 {{- if hasKey $t "egressRules" }}
