@@ -75,16 +75,22 @@ func TestReadJobTakesTheInstanceGitLabListsFirst(t *testing.T) {
 
 func TestCheckInstanceWildcard(t *testing.T) {
 	for url, wantErr := range map[string]string{
-		"https://gitlab.example.com":    "",
-		"https://example.com:8443/path": "",
-		"http://10.99.1.7:8080":         "",
-		"https://[2001:db8::1]":         "",
-		"https://com":                   `"com" has fewer than two labels: egress_instance_wildcard would grant *.com`,
-		"https://com.":                  "fewer than two labels",
-		"http://gitlab":                 "fewer than two labels",
-		"https://.com":                  "fewer than two labels",
-		"":                              "has no host",
-		"not a url":                     "has no host",
+		"https://gitlab.example.com":       "",
+		"https://example.com:8443/path":    "",
+		"http://10.99.1.7:8080":            "",
+		"https://[2001:db8::1]":            "",
+		"https://com":                      `"com" has fewer than two labels: egress_instance_wildcard would grant *.com`,
+		"https://com.":                     "fewer than two labels",
+		"http://gitlab":                    "fewer than two labels",
+		"https://.com":                     "fewer than two labels",
+		"https://co.uk":                    `"co.uk" is a public suffix: egress_instance_wildcard would grant *.co.uk`,
+		"https://CO.UK.":                   `"co.uk" is a public suffix`,
+		"https://github.io":                `"github.io" is a public suffix`,
+		"https://s3.amazonaws.com":         `"s3.amazonaws.com" is a public suffix`,
+		"https://gitlab.co.uk":             "",
+		"https://gitlab.example.github.io": "",
+		"":                                 "has no host",
+		"not a url":                        "has no host",
 	} {
 		err := (&gitlab.Job{ServerURL: url}).CheckInstanceWildcard()
 		if (wantErr == "") != (err == nil) || err != nil && !strings.Contains(err.Error(), wantErr) {
