@@ -19,6 +19,7 @@ import (
 	"math/big"
 	"net/url"
 	"os"
+	"strings"
 	"syscall"
 	"time"
 
@@ -160,6 +161,9 @@ func (c *CA) ClientConfig(job, identity string) (*tls.Config, error) {
 	uri, err := url.Parse(wire.JobURIPrefix + job)
 	if err != nil {
 		return nil, err
+	}
+	if back, _ := strings.CutPrefix(uri.String(), wire.JobURIPrefix); back != job {
+		return nil, fmt.Errorf("agent TLS: job %q would read back as %q from its certificate's URI", job, back)
 	}
 	now := time.Now()
 	notAfter := now.Add(clientValidity)

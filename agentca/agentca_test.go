@@ -44,6 +44,27 @@ func TestClientCertificateNamesTheJob(t *testing.T) {
 	}
 }
 
+// A job whose certificate URI would read back as another job is refused: "x#" reads as "x", "# "
+// as "#%20", as the jobs "x" and "#%20" do, and the agent would take two jobs for one (found by
+// the agent's FuzzJobOf). Bindings ("v1:" and hex) read back as themselves.
+func TestClientConfigRefusesAJobItsURIWouldChange(t *testing.T) {
+	ca, err := agentca.New("test", 24*time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	identity := wire.IdentityOf([]byte("agent key"))
+	for _, job := range []string{"# ", "a#b c", "x#", "#a#b"} {
+		if _, err := ca.ClientConfig(job, identity); err == nil || !strings.Contains(err.Error(), "would read back as") || strings.Contains(err.Error(), "\n") {
+			t.Errorf("ClientConfig(%q) = %v; want a one-line refusal", job, err)
+		}
+	}
+	for _, job := range []string{"v1:" + strings.Repeat("0f", 32), "#%20", "x"} {
+		if _, err := ca.ClientConfig(job, identity); err != nil {
+			t.Errorf("ClientConfig(%q): %v", job, err)
+		}
+	}
+}
+
 // A certificate that is not a CA's, or a key that does not match, is refused with one line.
 func TestParseRefusesWhatIsNotACA(t *testing.T) {
 	certPEM, keyPEM, err := agentca.Generate("a", time.Hour)
