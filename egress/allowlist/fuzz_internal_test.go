@@ -1,6 +1,10 @@
 package allowlist
 
 import (
+	"net/netip"
+	"net/url"
+	"slices"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -56,6 +60,78 @@ func FuzzParseDest(f *testing.F) {
 		again, err := ParseDest(d.String(), 0)
 		if err != nil || again != d {
 			t.Fatalf("ParseDest(%q) = %+v prints as %q, which parses to %+v, %v", hostport, d, d.String(), again, err)
+		}
+	})
+}
+
+// FuzzInstanceRules: a job's instance grant (CI_SERVER_URL, CI_SERVER_HOST) parses as an
+// allowlist and allows nothing but the instance: its host (or address) on 80, 443 and the URL's
+// own port, and with wildcard, for a name, the names below it; never any port, a network, or a
+// wildcard of an address. A refusal is one line.
+func FuzzInstanceRules(f *testing.F) {
+	for _, c := range []struct {
+		url, host string
+		wildcard  bool
+		probe     string
+	}{
+		{"https://gitlab.example.com", "gitlab.example.com", false, "gitlab.example.com:443"},
+		{"https://GitLab.Example.com./", "", true, "x.gitlab.example.com:80"},
+		{"http://10.99.1.7:8080", "10.99.1.7", true, "10.99.1.7:8080"},
+		{"https://[::ffff:10.0.0.1]:8443", "", true, "10.0.0.1:8443"},
+		{"https://[2001:db8::1]", "", true, "[2001:db8::1]:443"},
+		{"https://gitlab.example.com:0443", "", true, "evilgitlab.example.com:443"},
+		{"https://user@gitlab.example.com:1/x?y#z", "GITLAB.example.com", false, "gitlab.example.com:1"},
+		{"https://10.0.0.0/8", "", true, "10.0.0.5:443"},
+	} {
+		f.Add(c.url, c.host, c.wildcard, c.probe)
+	}
+	f.Fuzz(func(t *testing.T, serverURL, serverHost string, wildcard bool, probe string) {
+		rules, err := InstanceRules(serverURL, serverHost, wildcard)
+		if err != nil {
+			if strings.Contains(err.Error(), "\n") {
+				t.Fatalf("InstanceRules(%q, %q): a multi-line error %q", serverURL, serverHost, err)
+			}
+			return
+		}
+		a, err := ParseAllowlist(rules)
+		if err != nil {
+			t.Fatalf("InstanceRules(%q) = %q, which does not parse: %v", serverURL, rules, err)
+		}
+		u, err := url.Parse(serverURL)
+		if err != nil {
+			t.Fatalf("InstanceRules accepted %q, which is no URL: %v", serverURL, err)
+		}
+		host := strings.ToLower(u.Hostname())
+		if serverHost != "" && !strings.EqualFold(serverHost, host) {
+			t.Fatalf("InstanceRules(%q, %q): CI_SERVER_HOST is not the URL's host", serverURL, serverHost)
+		}
+		addr, addrErr := netip.ParseAddr(host)
+		name, _ := NormalizeName(host)
+		ports := []int{80, 443}
+		if p, err := strconv.Atoi(u.Port()); err == nil {
+			ports = append(ports, p)
+		}
+		for _, r := range a.rules {
+			if r.ports == nil || r.Private || r.wildcard && (!wildcard || addrErr == nil) ||
+				r.prefix.IsValid() && (addrErr != nil || r.prefix != netip.PrefixFrom(addr.Unmap(), addr.Unmap().BitLen())) ||
+				!r.prefix.IsValid() && (name == "" || r.host != name && r.host != "."+name) {
+				t.Fatalf("InstanceRules(%q, %t) has %q: not the instance's", serverURL, wildcard, r.Text)
+			}
+		}
+		d, err := ParseDest(probe, 443)
+		if err != nil {
+			return
+		}
+		if _, ok := a.Match(d); !ok {
+			return
+		}
+		switch {
+		case !slices.Contains(ports, d.Port):
+			t.Fatalf("the grant of %q allows %s: another port", serverURL, d)
+		case d.Addr.IsValid() && (addrErr != nil || d.Addr != addr.Unmap()):
+			t.Fatalf("the grant of %q allows %s: another address", serverURL, d)
+		case !d.Addr.IsValid() && d.Host != name && !(wildcard && strings.HasSuffix(d.Host, "."+name)):
+			t.Fatalf("the grant of %q (wildcard %t) allows %s: another name", serverURL, wildcard, d)
 		}
 	})
 }
