@@ -12,6 +12,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -26,11 +27,13 @@ import (
 )
 
 // asAgent marks the test binary re-executed as the agent: start spawns its stage supervisor by
-// running its own binary, which in a test is the test binary.
+// running its own binary, which in a test is the test binary. A fuzz worker, which go test
+// starts from the same binary with the environment set below and -test.fuzzworker first, is
+// not the agent.
 const asAgent = "SANDBOX_EXECUTOR_AGENT_TEST_AS_AGENT"
 
 func TestMain(m *testing.M) {
-	if os.Getenv(asAgent) == "1" {
+	if os.Getenv(asAgent) == "1" && !slices.Contains(os.Args[1:], "-test.fuzzworker") {
 		os.Exit(agent.Main(os.Args[1:], os.Stdin, os.Stdout, os.Stderr))
 	}
 	os.Setenv(asAgent, "1")
