@@ -2,6 +2,7 @@ package netfence
 
 import (
 	"bytes"
+	"fmt"
 	"net"
 	"net/netip"
 	"os"
@@ -9,6 +10,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/sandbox-executor/sandbox-executor/internal/testing/testutil"
 )
 
 // FuzzParseAllow: an --allow that parses is one tcp or udp rule to a masked, zoneless, unmapped
@@ -20,9 +23,7 @@ func FuzzParseAllow(f *testing.F) {
 	f.Fuzz(func(t *testing.T, spec string) {
 		r, err := ParseAllow(spec)
 		if err != nil {
-			if strings.Contains(err.Error(), "\n") {
-				t.Fatalf("ParseAllow(%q): a multi-line error %q", spec, err)
-			}
+			testutil.RequireOneLine(t, err, fmt.Sprintf("ParseAllow(%q)", spec))
 			return
 		}
 		if r.Proto != TCP && r.Proto != UDP {
@@ -52,9 +53,7 @@ func FuzzParseDestination(f *testing.F) {
 	f.Fuzz(func(t *testing.T, dst string) {
 		p, err := parseDestination(dst)
 		if err != nil {
-			if strings.Contains(err.Error(), "\n") {
-				t.Fatalf("parseDestination(%q): a multi-line error %q", dst, err)
-			}
+			testutil.RequireOneLine(t, err, fmt.Sprintf("parseDestination(%q)", dst))
 			return
 		}
 		checkPrefix(t, dst, p)
@@ -92,9 +91,7 @@ func FuzzReadNameservers(f *testing.F) {
 		}
 		servers, err := readNameservers(path)
 		if err != nil {
-			if strings.Contains(err.Error(), "\n") {
-				t.Fatalf("readNameservers(%q): a multi-line error %q", conf, err)
-			}
+			testutil.RequireOneLine(t, err, fmt.Sprintf("readNameservers(%q)", conf))
 			return
 		}
 		named := map[netip.Addr]bool{}

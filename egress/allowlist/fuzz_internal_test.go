@@ -1,12 +1,15 @@
 package allowlist
 
 import (
+	"fmt"
 	"net/netip"
 	"net/url"
 	"slices"
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/sandbox-executor/sandbox-executor/internal/testing/testutil"
 )
 
 // FuzzParseAllowlist: entries (one a line) parse without panicking, and a rule's normalized
@@ -88,9 +91,7 @@ func FuzzInstanceRules(f *testing.F) {
 	f.Fuzz(func(t *testing.T, serverURL, serverHost string, wildcard bool, probe string) {
 		rules, err := InstanceRules(serverURL, serverHost, wildcard)
 		if err != nil {
-			if strings.Contains(err.Error(), "\n") {
-				t.Fatalf("InstanceRules(%q, %q): a multi-line error %q", serverURL, serverHost, err)
-			}
+			testutil.RequireOneLine(t, err, fmt.Sprintf("InstanceRules(%q, %q)", serverURL, serverHost))
 			return
 		}
 		a, err := ParseAllowlist(rules)

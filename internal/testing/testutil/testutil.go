@@ -5,7 +5,9 @@ package testutil
 
 import (
 	"bytes"
+	"strings"
 	"sync"
+	"testing"
 )
 
 // LockedBuffer is a bytes.Buffer that is safe for concurrent writes (a process's stdout and
@@ -32,4 +34,13 @@ func (b *LockedBuffer) String() string {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.buffer.String()
+}
+
+// RequireOneLine fails the test when err, returned by call (its text in the message, e.g.
+// `ParseAllow("x")`), spans more than one line: every refusal the project prints is one line.
+func RequireOneLine(t testing.TB, err error, call string) {
+	t.Helper()
+	if err != nil && strings.Contains(err.Error(), "\n") {
+		t.Fatalf("%s: a multi-line error %q", call, err)
+	}
 }
