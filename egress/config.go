@@ -47,9 +47,11 @@ type Config struct {
 	// PerClient and MaxClients bound the blocked attempts kept in memory.
 	PerClient  int `toml:"per_client"`
 	MaxClients int `toml:"max_clients"`
-	// MaxTunnelsPerClient bounds the CONNECT tunnels one pod holds open (default 256).
+	// MaxTunnelsPerClient bounds the CONNECT tunnels and forwarded requests one pod holds open
+	// (default 256).
 	MaxTunnelsPerClient int `toml:"max_tunnels_per_client"`
-	// TunnelIdleTimeout closes a tunnel idle both ways for that long (default "10m").
+	// TunnelIdleTimeout closes a tunnel or forwarded request idle both ways for that long
+	// (default "10m").
 	TunnelIdleTimeout string `toml:"tunnel_idle_timeout"`
 }
 

@@ -45,11 +45,12 @@ type Proxy struct {
 	Resolver    Resolver
 	DialTimeout time.Duration
 	Now         func() time.Time
-	// MaxTunnelsPerClient bounds the CONNECT tunnels one client (source address) holds open at
-	// once (0: DefaultMaxTunnelsPerClient); more are refused with 429.
+	// MaxTunnelsPerClient bounds the connections one client (source address) holds open through
+	// the proxy at once, CONNECT tunnels and forwarded requests (upgraded or not) alike (0:
+	// DefaultMaxTunnelsPerClient); more are refused with 429.
 	MaxTunnelsPerClient int
-	// TunnelIdleTimeout closes a tunnel that carried nothing either way for that long (0:
-	// DefaultTunnelIdleTimeout).
+	// TunnelIdleTimeout ends a tunnel or a forwarded request that carried nothing either way for
+	// that long (0: DefaultTunnelIdleTimeout).
 	TunnelIdleTimeout time.Duration
 
 	// dialContext connects (nil: a net.Dialer); tests see what is dialled.
@@ -61,7 +62,10 @@ type Proxy struct {
 
 	mu      sync.Mutex
 	tunnels map[net.Conn]struct{}
-	// perClient counts the tunnels open or being opened per client address.
+	// forwards are the forwarded requests being served.
+	forwards map[*forwarding]struct{}
+	// perClient counts the tunnels and forwarded requests open or being opened per client
+	// address.
 	perClient map[string]int
 	closed    bool
 }
@@ -120,6 +124,9 @@ func (p *Proxy) now() time.Time {
 // ServeHTTP implements http.Handler.
 func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	p.init()
+	if r.Method != http.MethodConnect && r.ContentLength != 0 {
+		leaveBody(w) // until forward takes the body on
+	}
 	dec := adminclient.Decision{Time: p.now(), Client: clientIP(r.RemoteAddr), Method: r.Method}
 	var dest allowlist.Dest
 	var err error
@@ -160,6 +167,15 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	p.forward(w, r, dec, how)
+}
+
+// leaveBody makes the server close the connection rather than wait for the rest of a request
+// body that nothing will read: before answering, and after to reuse the connection, http.Server
+// reads what is left of it, for as long as the client takes to send it. The header has no
+// effect once the answer's is written.
+func leaveBody(w http.ResponseWriter) {
+	w.Header().Set("Connection", "close")
+	http.NewResponseController(w).SetReadDeadline(time.Unix(1, 0))
 }
 
 // grantPrefix names a granted rule in decisions.
@@ -246,10 +262,7 @@ func (p *Proxy) splice(a, b net.Conn) {
 		return
 	}
 	defer p.untrack(a, b)
-	idle := p.TunnelIdleTimeout
-	if idle <= 0 {
-		idle = DefaultTunnelIdleTimeout
-	}
+	idle := p.idleTimeout()
 	activity := &lastActivity{}
 	activity.touch()
 	var wg sync.WaitGroup
@@ -329,6 +342,13 @@ func (p *Proxy) releaseTunnel(client string) {
 	}
 }
 
+func (p *Proxy) idleTimeout() time.Duration {
+	if p.TunnelIdleTimeout > 0 {
+		return p.TunnelIdleTimeout
+	}
+	return DefaultTunnelIdleTimeout
+}
+
 func (p *Proxy) maxTunnels() int {
 	if p.MaxTunnelsPerClient > 0 {
 		return p.MaxTunnelsPerClient
@@ -362,14 +382,18 @@ func (p *Proxy) untrack(conns ...net.Conn) {
 	}
 }
 
-// Close cuts every open tunnel and idle upstream connection; http.Server.Shutdown does not
-// know hijacked connections.
+// Close cuts every open tunnel, forwarded request and idle upstream connection, and the proxy
+// forwards nothing after it; http.Server.Shutdown does not know hijacked connections, and waits
+// for requests in flight.
 func (p *Proxy) Close() {
 	p.init()
 	p.mu.Lock()
 	p.closed = true
 	for c := range p.tunnels {
 		c.Close()
+	}
+	for f := range p.forwards {
+		f.end()
 	}
 	p.mu.Unlock()
 	p.transport.CloseIdleConnections()
@@ -386,16 +410,6 @@ type outcomeKey struct{}
 func outcomeFrom(ctx context.Context) *outcome { return ctx.Value(outcomeKey{}).(*outcome) }
 
 func outcomeOf(r *http.Request) *outcome { return outcomeFrom(r.Context()) }
-
-func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, dec adminclient.Decision, how dialing) {
-	out := &outcome{dialing: how}
-	p.forwarder.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), outcomeKey{}, out)))
-	if out.err != nil {
-		p.unreachable(w, dec, out.err)
-		return
-	}
-	p.Recorder.Record(dec)
-}
 
 // dial connects to an allowed destination: an IP literal or a name of Hosts as it is, other
 // names resolved once, as absolute names (a pod's search domains must not turn "gitlab" into

@@ -35,7 +35,7 @@ const (
 	ReasonNotAllowed     = "not in the allowlist"
 	ReasonBadDest        = "not a valid destination"
 	ReasonNonPublicIP    = "its name resolves to a non-public address (private, loopback, link-local, ...) that no rule names"
-	ReasonTooManyTunnels = "the pod has too many tunnels open (max_tunnels_per_client)"
+	ReasonTooManyTunnels = "the pod has too many connections open through the proxy (max_tunnels_per_client)"
 )
 
 // Grant is the body of PUT /v1/grants: allowlist entries (the syntax of allow) for one client
