@@ -3,6 +3,7 @@
 package netfence
 
 import (
+	"bytes"
 	"errors"
 	"net"
 	"net/netip"
@@ -110,11 +111,17 @@ func (ns *netns) connectsFrom(from, addr string, timeout time.Duration) (err err
 	return err
 }
 
-// TestApplyFencesANetworkNamespace writes the fence into a fresh network namespace of the real
-// kernel, joined by a veth pair to a peer namespace: iptables-legacy-save and
-// ip6tables-legacy-save must show exactly the rules, allowed destinations must connect, others
-// must not, and only the agent's ports may answer connections from outside, on IPv4 and IPv6.
-func TestApplyFencesANetworkNamespace(t *testing.T) {
+// fencedPair is a fresh network namespace joined by a veth pair to a peer namespace, with
+// listeners on both sides.
+type fencedPair struct {
+	fenced, peer *netns
+}
+
+// newFencedPair makes the namespaces: the fenced one is 10.201.0.1 and fd00:201::1; the peer is
+// .2 and .3 of each, listening on 8443 and 8444; the fenced one listens on 9000, on the agent's
+// first port and on 9001.
+func newFencedPair(t *testing.T) fencedPair {
+	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("not root: this test makes network namespaces and writes netfilter tables in them")
 	}
@@ -142,78 +149,198 @@ func TestApplyFencesANetworkNamespace(t *testing.T) {
 	fenced.listen(t, ":9000")
 	fenced.listen(t, ":"+strconv.Itoa(int(AgentReplyPorts[0])))
 	fenced.listen(t, ":9001")
+	return fencedPair{fenced, peer}
+}
 
-	allowedAddrs := []string{"10.201.0.2:8443", "[fd00:201::2]:8443", "127.0.0.1:9000", "[::1]:9000"}
-	deniedAddrs := []string{"10.201.0.3:8443", "10.201.0.2:8444", "[fd00:201::3]:8443", "[fd00:201::2]:8444"}
-	unfenced := append(slices.Clone(allowedAddrs), deniedAddrs...)
-	for _, addr := range unfenced {
-		if err := fenced.connects(addr, 5*time.Second); err != nil {
-			t.Fatalf("before the fence, %s: %v (the namespaces' network is not up)", addr, err)
-		}
-	}
-
-	allowed := []Rule{
+var (
+	allowedAddrs = []string{"10.201.0.2:8443", "[fd00:201::2]:8443", "127.0.0.1:9000", "[::1]:9000"}
+	deniedAddrs  = []string{"10.201.0.3:8443", "10.201.0.2:8444", "[fd00:201::3]:8443", "[fd00:201::2]:8444"}
+	pairAllowed  = []Rule{
 		{Dst: netip.MustParsePrefix("10.201.0.2/32"), Proto: TCP, DstPorts: Ports{8443, 8443}},
 		{Dst: netip.MustParsePrefix("fd00:201::2/128"), Proto: TCP, DstPorts: Ports{8443, 8443}},
 	}
-	var families []string
-	var err error
-	replyTo := []netip.Prefix{netip.MustParsePrefix("10.201.0.2/32"), netip.MustParsePrefix("fd00:201::2/128")}
-	fenced.do(func() { families, err = Apply(OutputRules(replyTo, allowed)) })
+	pairReplyTo = []netip.Prefix{netip.MustParsePrefix("10.201.0.2/32"), netip.MustParsePrefix("fd00:201::2/128")}
+	saveHead    = []string{
+		"*filter",
+		":INPUT ACCEPT [0:0]",
+		":FORWARD DROP [0:0]",
+		":OUTPUT DROP [0:0]",
+	}
+)
+
+// unfencedConnects checks that the namespaces' network is up: every address connects, and so
+// does a listener on the witness address.
+func (p fencedPair) unfencedConnects(t *testing.T) {
+	t.Helper()
+	for _, addr := range append(slices.Clone(allowedAddrs), deniedAddrs...) {
+		if err := p.fenced.connects(addr, 5*time.Second); err != nil {
+			t.Fatalf("before the fence, %s: %v (the namespaces' network is not up)", addr, err)
+		}
+	}
+	if err := p.fenced.witness(t, 5*time.Second); !errors.Is(err, ErrWitnessArrived) {
+		t.Fatalf("before the fence, the witness: %v; want it to arrive", err)
+	}
+}
+
+// witness runs ProbeWitness in the namespace.
+func (ns *netns) witness(t *testing.T, timeout time.Duration) (err error) {
+	t.Helper()
+	ns.do(func() { err = ProbeWitness(timeout) })
+	return err
+}
+
+// skipWithoutFilterTable skips when the kernel cannot load ip_tables' filter table.
+func skipWithoutFilterTable(t *testing.T, err error) {
+	t.Helper()
 	if errors.Is(err, syscall.ENOPROTOOPT) || errors.Is(err, syscall.ENOENT) || errors.Is(err, syscall.EAFNOSUPPORT) {
 		t.Skipf("this kernel cannot load ip_tables' filter table: %v", err)
 	}
 	if err != nil {
 		t.Fatal(err)
 	}
-	if strings.Join(families, " ") != "IPv4 IPv6" {
-		t.Errorf("Apply fenced %q, want IPv4 and IPv6", families)
+}
+
+// TestApplyFencesANetworkNamespace writes the fence into a fresh network namespace of the real
+// kernel, joined by a veth pair to a peer namespace: iptables-legacy-save and
+// ip6tables-legacy-save must show exactly the rules, allowed destinations must connect, others
+// must be refused at once (a TCP reset from the table, not a timeout), and so must a datagram to
+// the witness (port unreachable), and only
+// the agent's ports may answer connections from outside, on IPv4 and IPv6.
+func TestApplyFencesANetworkNamespace(t *testing.T) {
+	p := newFencedPair(t)
+	p.unfencedConnects(t)
+
+	var fenced []Fenced
+	var err error
+	p.fenced.do(func() { fenced, err = Apply(OutputRules(pairReplyTo, pairAllowed)) })
+	skipWithoutFilterTable(t, err)
+	if want := []Fenced{{"IPv4", true}, {"IPv6", true}}; !slices.Equal(fenced, want) {
+		t.Errorf("Apply fenced %v, want %v: both families refusing tcp", fenced, want)
 	}
 
-	head := []string{
-		"*filter",
-		":INPUT ACCEPT [0:0]",
-		":FORWARD DROP [0:0]",
-		":OUTPUT DROP [0:0]",
+	p.fenced.checkSave(t, "iptables-legacy-save", slices.Concat(saveHead, []string{
+		"-A OUTPUT -d 127.0.75.44/32 -p udp -j REJECT --reject-with icmp-port-unreachable",
 		"-A OUTPUT -o lo -j ACCEPT",
-	}
-	fenced.checkSave(t, "iptables-legacy-save", append(slices.Clone(head),
 		"-A OUTPUT -d 10.201.0.2/32 -p tcp -m tcp --sport 7543 -j ACCEPT",
 		"-A OUTPUT -d 10.201.0.2/32 -p tcp -m tcp --sport 7544 -j ACCEPT",
 		"-A OUTPUT -d 10.201.0.2/32 -p tcp -m tcp --dport 8443 -j ACCEPT",
-		"COMMIT"))
-	fenced.checkSave(t, "ip6tables-legacy-save", append(slices.Clone(head),
+		"-A OUTPUT -p tcp -j REJECT --reject-with tcp-reset",
+		"COMMIT"}))
+	p.fenced.checkSave(t, "ip6tables-legacy-save", slices.Concat(saveHead, []string{
+		"-A OUTPUT -o lo -j ACCEPT",
 		"-A OUTPUT -d fd00:201::2/128 -p tcp -m tcp --sport 7543 -j ACCEPT",
 		"-A OUTPUT -d fd00:201::2/128 -p tcp -m tcp --sport 7544 -j ACCEPT",
 		"-A OUTPUT -d fd00:201::2/128 -p tcp -m tcp --dport 8443 -j ACCEPT",
 		"-A OUTPUT -d fe80::/10 -p ipv6-icmp -j ACCEPT",
 		"-A OUTPUT -d ff02::/16 -p ipv6-icmp -j ACCEPT",
-		"COMMIT"))
+		"-A OUTPUT -p tcp -j REJECT --reject-with tcp-reset",
+		"COMMIT"}))
 
 	for _, addr := range allowedAddrs {
-		if err := fenced.connects(addr, 5*time.Second); err != nil {
+		if err := p.fenced.connects(addr, 5*time.Second); err != nil {
 			t.Errorf("allowed %s: %v", addr, err)
 		}
 	}
+	// Refused, not timed out: the connect's own bound is far above the reset's way back.
 	for _, addr := range deniedAddrs {
-		if err := fenced.connects(addr, time.Second); err == nil {
-			t.Errorf("denied %s connected", addr)
+		start := time.Now()
+		err := p.fenced.connects(addr, 5*time.Second)
+		if took := time.Since(start); !errors.Is(err, syscall.ECONNREFUSED) || took > time.Second {
+			t.Errorf("denied %s: %v after %s; want refused at once", addr, err, took.Round(time.Millisecond))
 		}
 	}
-	// From a --reply-to address, the agent's port answers; any other port's replies are
-	// dropped, and so are the agent's replies to any other address: the connects time out.
+	start := time.Now()
+	if err := p.fenced.witness(t, 5*time.Second); err != nil || time.Since(start) > time.Second {
+		t.Errorf("the witness: %v after %s; want it stopped at once", err, time.Since(start).Round(time.Millisecond))
+	}
+	// UDP is dropped, not refused: a connected socket hears nothing.
+	p.fenced.do(func() {
+		c, err := net.Dial("udp", "10.201.0.3:8443")
+		if err != nil {
+			t.Errorf("udp: %v", err)
+			return
+		}
+		defer c.Close()
+		_ = c.SetDeadline(time.Now().Add(300 * time.Millisecond))
+		_, _ = c.Write([]byte("x"))
+		var ne net.Error
+		if _, err := c.Read(make([]byte, 1)); !errors.As(err, &ne) || !ne.Timeout() {
+			t.Errorf("udp to a denied address: %v; want no answer", err)
+		}
+	})
+	p.repliesOnlyFromTheAgentsPortsToReplyTo(t)
+}
+
+// TestApplyWithoutRejectDrops: a runtime without the REJECT target (gVisor a81fd9dd382e answers
+// EINVAL to a table that names it) gets the same rules, dropping what the other refuses. Denied
+// connects time out; the witness is stopped all the same.
+func TestApplyWithoutRejectDrops(t *testing.T) {
+	p := newFencedPair(t)
+	p.unfencedConnects(t)
+	var refused int
+	setReplace = func(f family, fd int, req []byte) error {
+		if bytes.Contains(req, []byte("REJECT\x00")) {
+			refused++
+			return syscall.EINVAL
+		}
+		return f.setsockopt(fd, req)
+	}
+	t.Cleanup(func() { setReplace = family.setsockopt })
+	var fenced []Fenced
+	var err error
+	p.fenced.do(func() { fenced, err = Apply(OutputRules(pairReplyTo, pairAllowed)) })
+	skipWithoutFilterTable(t, err)
+	if want := []Fenced{{"IPv4", false}, {"IPv6", false}}; !slices.Equal(fenced, want) || refused != 2 {
+		t.Errorf("Apply fenced %v after %d refused tables, want %v after 2", fenced, refused, want)
+	}
+	p.fenced.checkSave(t, "iptables-legacy-save", slices.Concat(saveHead, []string{
+		"-A OUTPUT -d 127.0.75.44/32 -p udp -j DROP",
+		"-A OUTPUT -o lo -j ACCEPT",
+		"-A OUTPUT -d 10.201.0.2/32 -p tcp -m tcp --sport 7543 -j ACCEPT",
+		"-A OUTPUT -d 10.201.0.2/32 -p tcp -m tcp --sport 7544 -j ACCEPT",
+		"-A OUTPUT -d 10.201.0.2/32 -p tcp -m tcp --dport 8443 -j ACCEPT",
+		"COMMIT"}))
+	for _, addr := range allowedAddrs {
+		if err := p.fenced.connects(addr, 5*time.Second); err != nil {
+			t.Errorf("allowed %s: %v", addr, err)
+		}
+	}
+	var ne net.Error
+	for _, addr := range deniedAddrs {
+		if err := p.fenced.connects(addr, 300*time.Millisecond); !errors.As(err, &ne) || !ne.Timeout() {
+			t.Errorf("denied %s: %v; want no answer", addr, err)
+		}
+	}
+	if err := p.fenced.witness(t, 300*time.Millisecond); err != nil {
+		t.Errorf("the witness: %v; want it stopped", err)
+	}
+	p.repliesOnlyFromTheAgentsPortsToReplyTo(t)
+
+	// A runtime that refuses the dropping table too fails the verb, closed, as before.
+	setReplace = func(family, int, []byte) error { return syscall.EINVAL }
+	p.fenced.do(func() { _, err = Apply(OutputRules(pairReplyTo, pairAllowed)) })
+	if err == nil || !strings.Contains(err.Error(), "can't replace iptables table `filter': invalid argument: this runtime refuses the table") {
+		t.Errorf("Apply on a runtime that refuses both tables: %v", err)
+	}
+}
+
+// repliesOnlyFromTheAgentsPortsToReplyTo: from a --reply-to address, the agent's port answers;
+// any other port's replies are denied, and so are the agent's replies to any other address: the
+// connects from the peer time out (a reset, if any, goes to the fenced namespace itself).
+func (p fencedPair) repliesOnlyFromTheAgentsPortsToReplyTo(t *testing.T) {
+	t.Helper()
 	agentPort := strconv.Itoa(int(AgentReplyPorts[0]))
 	for _, c := range []struct{ host, client, stranger string }{
 		{"10.201.0.1", "10.201.0.2", "10.201.0.3"},
 		{"fd00:201::1", "fd00:201::2", "fd00:201::3"},
 	} {
-		if err := peer.connectsFrom(c.client, net.JoinHostPort(c.host, agentPort), 5*time.Second); err != nil {
+		if err := p.peer.connectsFrom(c.client, net.JoinHostPort(c.host, agentPort), 5*time.Second); err != nil {
 			t.Errorf("the agent's port from %s: %v", c.client, err)
 		}
-		if err := peer.connectsFrom(c.client, net.JoinHostPort(c.host, "9001"), time.Second); err == nil {
+		if err := p.peer.connectsFrom(c.client, net.JoinHostPort(c.host, "9001"), time.Second); err == nil {
 			t.Errorf("another port of %s answered %s", c.host, c.client)
 		}
-		if err := peer.connectsFrom(c.stranger, net.JoinHostPort(c.host, agentPort), time.Second); err == nil {
+		if err := p.peer.connectsFrom(c.stranger, net.JoinHostPort(c.host, agentPort), time.Second); err == nil {
 			t.Errorf("the agent's port answered %s, which is not --reply-to", c.stranger)
 		}
 	}

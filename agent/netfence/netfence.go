@@ -32,8 +32,10 @@ const Usage = `usage: sandbox-executor-agent netfence --reply-to CIDR... [--allo
 
 Replaces the sandbox's IPv4 and IPv6 filter tables: INPUT accepts, FORWARD drops; OUTPUT accepts
 loopback, the replies of the agent's servers (tcp source ports 7543 and 7544) to --reply-to,
-and the destinations allowed below, and drops everything else. Run it as root with CAP_NET_ADMIN and
-CAP_NET_RAW in an init container of a gVisor pod whose runsc has net-raw = true.
+and the destinations allowed below; it refuses all other tcp at once with a reset and udp to
+127.0.75.44 (the fence check's witness) with icmp-port-unreachable, and drops everything else.
+A runtime without the REJECT target gets the same table dropping instead of refusing. Run it as root with CAP_NET_ADMIN
+and CAP_NET_RAW in an init container of a gVisor pod whose runsc has net-raw = true.
 
   --reply-to CIDR                       required: a network the agent's clients connect from
                                         (runner pods, the kubelet); repeat for more
@@ -119,12 +121,20 @@ func Command(args []string, stdout io.Writer) error {
 		allows = append(allows, resolved...)
 	}
 	output := OutputRules(replyTo, allows)
-	families, err := Apply(output)
+	fenced, err := Apply(output)
 	if err != nil {
 		return err
 	}
-	_, err = fmt.Fprintln(stdout, Describe(families, output))
+	_, err = fmt.Fprintln(stdout, Describe(fenced, output))
 	return err
+}
+
+// Fenced is one family's table as Apply wrote it.
+type Fenced struct {
+	Family string // "IPv4", "IPv6"
+	// RefusesTCP: TCP not accepted is refused at once (a reset); without, the runtime has no
+	// REJECT target and the table drops it, as it drops everything else not accepted.
+	RefusesTCP bool
 }
 
 // neighborDiscovery lets IPv6 find its neighbours: ICMPv6 to link-local addresses (answers)
@@ -156,13 +166,31 @@ func OutputRules(replyTo []netip.Prefix, allows []Rule) []Rule {
 	return rules
 }
 
-// Describe is the success line: the families fenced and every rule OUTPUT accepts, in order.
-func Describe(families []string, output []Rule) string {
+// Describe is the success line: the families fenced, every rule OUTPUT accepts, in order, and
+// how it denies the rest.
+func Describe(fenced []Fenced, output []Rule) string {
+	var families, refusing, dropping []string
+	for _, f := range fenced {
+		families = append(families, f.Family)
+		if f.RefusesTCP {
+			refusing = append(refusing, f.Family)
+		} else {
+			dropping = append(dropping, f.Family)
+		}
+	}
 	parts := make([]string, len(output))
 	for i, r := range output {
 		parts[i] = r.String()
 	}
-	return "netfence: " + strings.Join(families, " and ") + " egress allowed only to " + strings.Join(parts, ", ") + "; everything else is dropped"
+	line := "netfence: " + strings.Join(families, " and ") + " egress allowed only to " + strings.Join(parts, ", ") + "; "
+	witness := "udp to the fence check's witness " + Witness.String()
+	switch {
+	case len(dropping) == 0:
+		return line + "other tcp is refused at once (a reset), and " + witness + " (port unreachable); everything else is dropped"
+	case len(refusing) == 0:
+		return line + "everything else is dropped, " + witness + " included (this runtime has no REJECT target: a denied tcp connect waits for its timeout)"
+	}
+	return line + "other " + strings.Join(refusing, " and ") + " tcp is refused at once (a reset); everything else is dropped (" + strings.Join(dropping, " and ") + ": this runtime has no REJECT target)"
 }
 
 func (r Rule) String() string {

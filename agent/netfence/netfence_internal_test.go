@@ -67,9 +67,18 @@ func TestOutputRulesPutLoopbackAndTheAgentsRepliesFirstAndAllowEachOnce(t *testi
 			t.Errorf("rule %d = %+v, want %+v", i, got[i], want[i])
 		}
 	}
-	line := Describe([]string{"IPv4", "IPv6"}, got)
-	if line != "netfence: IPv4 and IPv6 egress allowed only to interface lo, tcp replies from port 7543 to 10.88.0.0/16, tcp replies from port 7544 to 10.88.0.0/16, tcp 10.0.0.0/8 port 443; everything else is dropped" {
-		t.Errorf("Describe = %q", line)
+	allowed := "netfence: IPv4 and IPv6 egress allowed only to interface lo, tcp replies from port 7543 to 10.88.0.0/16, tcp replies from port 7544 to 10.88.0.0/16, tcp 10.0.0.0/8 port 443; "
+	for _, tc := range []struct {
+		fenced []Fenced
+		want   string
+	}{
+		{[]Fenced{{"IPv4", true}, {"IPv6", true}}, "other tcp is refused at once (a reset), and udp to the fence check's witness 127.0.75.44 (port unreachable); everything else is dropped"},
+		{[]Fenced{{"IPv4", false}, {"IPv6", false}}, "everything else is dropped, udp to the fence check's witness 127.0.75.44 included (this runtime has no REJECT target: a denied tcp connect waits for its timeout)"},
+		{[]Fenced{{"IPv4", true}, {"IPv6", false}}, "other IPv4 tcp is refused at once (a reset); everything else is dropped (IPv6: this runtime has no REJECT target)"},
+	} {
+		if line := Describe(tc.fenced, got); line != allowed+tc.want {
+			t.Errorf("Describe(%v) = %q\nwant %q", tc.fenced, line, allowed+tc.want)
+		}
 	}
 }
 

@@ -33,6 +33,7 @@ const (
 	matchHeaderSize            = 32 // struct xt_entry_match: match_size, name[29], revision
 	portMatchSize              = matchHeaderSize + 16
 	standardTargetSize         = 40 // xt_entry_target (32: target_size, name[29], revision) + int verdict, padded to 8
+	rejectTargetSize           = 40 // xt_entry_target + struct ipt_reject_info or ip6t_reject_info (enum with), padded to 8
 	errorTargetSize            = 64 // xt_entry_target + char errorname[30], padded to 8
 	extensionNameAt            = 2  // the name in xt_entry_match and xt_entry_target
 	extensionDataAt            = 32 // a match's data, a standard target's verdict, an error's name
@@ -60,7 +61,16 @@ type family struct {
 	flagsAt              int
 	protoFlag            byte // ip6tables matches the protocol only with IP6T_F_PROTO set
 	domain, level, opt   int  // the raw socket's family and the sockopt level and names
+	// tcpReset is REJECT's --reject-with tcp-reset: IPT_TCP_RESET, IP6T_TCP_RESET
+	// (linux/netfilter_ipv4/ipt_REJECT.h, linux/netfilter_ipv6/ip6t_REJECT.h).
+	tcpReset uint32
+	// witness is the fence check's witness address (Witness) in this family, if it has one.
+	witness netip.Prefix
 }
+
+// ipt_REJECT's --reject-with icmp-port-unreachable (IPT_ICMP_PORT_UNREACHABLE), what the IPv4
+// witness rule answers.
+const iptICMPPortUnreachable = 3
 
 var (
 	// struct ipt_entry: ipt_ip (src, dst, smsk, dmsk, iniface[16], outiface[16],
@@ -68,13 +78,15 @@ var (
 	// target_offset, next_offset, comefrom, counters (8-aligned): 112.
 	ipv4 = family{name: "IPv4", tool: "iptables", is4: true, entrySize: 112, targetOffsetAt: 88, nextOffsetAt: 90,
 		dstAt: 4, dstMaskAt: 12, outIfAt: 32, outIfMaskAt: 64, protoAt: 80, flagsAt: 82,
-		domain: 2 /* AF_INET */, level: 0 /* SOL_IP */, opt: 64 /* IPT_SO_GET_INFO, IPT_SO_SET_REPLACE */}
+		domain: 2 /* AF_INET */, level: 0 /* SOL_IP */, opt: 64, /* IPT_SO_GET_INFO, IPT_SO_SET_REPLACE */
+		tcpReset: 7, witness: netip.PrefixFrom(Witness, 32)}
 	// struct ip6t_entry: ip6t_ip6 (src, dst, smsk, dmsk of 16 bytes, the four interface
 	// fields, proto u16, tos, flags, invflags: 136), nfcache, target_offset, next_offset,
 	// comefrom, counters: 168.
 	ipv6 = family{name: "IPv6", tool: "ip6tables", entrySize: 168, targetOffsetAt: 140, nextOffsetAt: 142,
 		dstAt: 16, dstMaskAt: 48, outIfAt: 80, outIfMaskAt: 112, protoAt: 128, flagsAt: 131, protoFlag: 0x01, /* IP6T_F_PROTO */
-		domain: 10 /* AF_INET6 */, level: 41 /* SOL_IPV6 */, opt: 64 /* IP6T_SO_GET_INFO, IP6T_SO_SET_REPLACE */}
+		domain: 10 /* AF_INET6 */, level: 41 /* SOL_IPV6 */, opt: 64, /* IP6T_SO_GET_INFO, IP6T_SO_SET_REPLACE */
+		tcpReset: 6}
 )
 
 // Proto is an IP protocol number a rule matches; zero matches every protocol.
@@ -104,6 +116,15 @@ type Ports struct{ First, Last uint16 }
 
 // Any reports whether r matches every port.
 func (r Ports) Any() bool { return r.First == 0 && (r.Last == 0 || r.Last == 65535) }
+
+// Witness is the fence check's witness: a loopback address to which the IPv4 table refuses UDP
+// (icmp-port-unreachable; it drops it in a table without REJECT) ahead of the rule that accepts
+// loopback. The agent's fence check listens there on UDP and sends itself a datagram from
+// 127.0.0.1: loopback traffic never leaves the sandbox and a socket is bound there, so a refusal
+// (or silence) can come from this table alone, and the datagram's arrival proves it is not in
+// place (wire.FenceNetstackEnv). UDP, not TCP: gVisor sends no reset for loopback TCP (its
+// loopback leaves TCP checksums to an offload that REJECT's checksum check does not trust).
+var Witness = netip.MustParseAddr("127.0.75.44")
 
 // Rule is one ACCEPT rule of the OUTPUT chain. Its fields are all netstack can match: the output
 // interface, the destination, the protocol and its ports.
@@ -143,12 +164,21 @@ var le = binary.LittleEndian
 //	:INPUT ACCEPT
 //	:FORWARD DROP
 //	:OUTPUT DROP
+//	-A OUTPUT -d 127.0.75.44/32 -p udp -j REJECT --reject-with icmp-port-unreachable   (IPv4: the Witness)
 //	-A OUTPUT <each of output of family f> -j ACCEPT
+//	-A OUTPUT -p tcp -j REJECT --reject-with tcp-reset
 //	COMMIT
 //
 // and returns its entries and their layout; a rule for the other family's destinations is left
-// out.
-func (f family) FilterTable(output []Rule) ([]byte, Layout) {
+// out. Without refuse (a runtime that has no REJECT target), the witness rule is -j DROP and the
+// last rule is left out: everything not accepted is dropped.
+//
+// TCP is refused with a reset, never an ICMP error: gVisor's netstack delivers the ICMP error of
+// a REJECT in OUTPUT synchronously, into the socket that sent the packet, and a TCP connect that
+// meets icmp-port-unreachable there deadlocks on its own endpoint's lock (160fafc42237;
+// docs/security.md#the-netstack-fence). Its UDP sends release that lock first, which is what
+// the witness's ICMP error relies on. Other UDP, and everything else, is dropped.
+func (f family) FilterTable(output []Rule, refuse bool) ([]byte, Layout) {
 	var (
 		buf    []byte
 		layout Layout
@@ -163,13 +193,23 @@ func (f family) FilterTable(output []Rule) ([]byte, Layout) {
 		at := add(f.entry(Rule{}, standardTarget(verdict)))
 		layout.HookEntry[hook], layout.Underflow[hook] = at, at
 	}
+	witness := standardTarget(verdictDrop)
+	if refuse {
+		witness = rejectTarget(iptICMPPortUnreachable)
+	}
 	policy(hookLocalIn, verdictAccept)
 	policy(hookForward, verdictDrop)
 	layout.HookEntry[hookLocalOut] = uint32(len(buf))
+	if f.witness.IsValid() {
+		add(f.entry(Rule{Dst: f.witness, Proto: UDP}, witness))
+	}
 	for _, r := range output {
 		if !r.Dst.IsValid() || r.Dst.Addr().Is4() == f.is4 {
 			add(f.entry(r, standardTarget(verdictAccept)))
 		}
+	}
+	if refuse {
+		add(f.entry(Rule{Proto: TCP}, rejectTarget(f.tcpReset)))
 	}
 	layout.Underflow[hookLocalOut] = add(f.entry(Rule{}, standardTarget(verdictDrop)))
 	add(f.entry(Rule{}, errorTarget("ERROR")))
@@ -243,6 +283,15 @@ func standardTarget(verdict int32) []byte {
 	t := make([]byte, standardTargetSize)
 	le.PutUint16(t, standardTargetSize)
 	le.PutUint32(t[extensionDataAt:], uint32(verdict))
+	return t
+}
+
+// rejectTarget encodes the REJECT target (revision 0) with its reject_info: how to answer.
+func rejectTarget(with uint32) []byte {
+	t := make([]byte, rejectTargetSize)
+	le.PutUint16(t, rejectTargetSize)
+	copy(t[extensionNameAt:], "REJECT")
+	le.PutUint32(t[extensionDataAt:], with)
 	return t
 }
 
