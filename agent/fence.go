@@ -14,6 +14,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/sandbox-executor/sandbox-executor/agent/netfence"
 	"github.com/sandbox-executor/sandbox-executor/agent/wire"
 )
 
@@ -21,6 +22,9 @@ import (
 type Fence struct {
 	Deny, Allow []string
 	Timeout     time.Duration
+	// Netstack: the pod's netstack fence must be in place (wire.FenceNetstackEnv), and the check
+	// proves it through the table's witness.
+	Netstack bool
 	// invalid is what is wrong with the configuration: a fence that cannot be checked does not
 	// hold.
 	invalid string
@@ -39,6 +43,13 @@ func FenceFromEnv(getenv func(string) string) Fence {
 		} else {
 			f.Timeout = d
 		}
+	}
+	switch v := getenv(wire.FenceNetstackEnv); v {
+	case "", "false":
+	case "true":
+		f.Netstack = true
+	default:
+		problems = append(problems, fmt.Sprintf("%s=%q is neither true nor false", wire.FenceNetstackEnv, v))
 	}
 	f.invalid = strings.Join(problems, "; ")
 	return f
@@ -60,12 +71,20 @@ func addresses(name, list string, problems []string) ([]string, []string) {
 }
 
 // Configured reports whether the pod names any address to check.
+// Netstack alone is not: it adds the witness to the check of the addresses.
 func (f Fence) Configured() bool { return len(f.Deny) > 0 || len(f.Allow) > 0 || f.invalid != "" }
 
 // Check connects to every address at once and reports whether the fence holds now: no denied
 // address connects (a refusal, an unreachable network or no answer within Timeout all count as
 // denied: a REJECT-ing and a DROP-ing policy look like that) and every allowed one does. It
 // costs one TCP connect per address, closed at once, and at most Timeout.
+//
+// A denied canary's refusal proves a fence only because the canary accepts whenever it is not
+// fenced off (wire.FenceDenyEnv), as its silence does. With Netstack, the check also proves the
+// netstack fence's table is in place: it sends a datagram to a socket of its own on the table's
+// witness address (netfence.ProbeWitness), which only that table can stop, and the check fails
+// if it arrives. That table refuses all TCP it does not accept with a reset, at once: the
+// refusal a denied canary then meets is the table's.
 func (f Fence) Check() wire.FenceReport {
 	if !f.Configured() {
 		return wire.FenceReport{}
@@ -73,8 +92,12 @@ func (f Fence) Check() wire.FenceReport {
 	if f.invalid != "" {
 		return wire.FenceReport{Configured: true, Problems: []string{f.invalid}}
 	}
-	problems := make([]string, len(f.Deny)+len(f.Allow))
+	// problems[0] is the netstack fence's witness, then one per address.
+	problems := make([]string, 1+len(f.Deny)+len(f.Allow))
 	var wg sync.WaitGroup
+	if f.Netstack {
+		wg.Go(func() { problems[0] = f.witness() })
+	}
 	dialer := net.Dialer{Timeout: f.Timeout}
 	for i, addr := range append(append([]string{}, f.Deny...), f.Allow...) {
 		denied := i < len(f.Deny)
@@ -84,10 +107,10 @@ func (f Fence) Check() wire.FenceReport {
 			case err == nil:
 				conn.Close()
 				if denied {
-					problems[i] = "denied canary " + addr + " is reachable"
+					problems[1+i] = "denied canary " + addr + " is reachable"
 				}
 			case !denied:
-				problems[i] = "allowed " + addr + " is not reachable (" + dialFailure(err, f.Timeout) + ")"
+				problems[1+i] = "allowed " + addr + " is not reachable (" + dialFailure(err, f.Timeout) + ")"
 			}
 		})
 	}
@@ -100,6 +123,19 @@ func (f Fence) Check() wire.FenceReport {
 	}
 	report.Holds = len(report.Problems) == 0
 	return report
+}
+
+// witness proves the netstack fence's table is in place (netfence.ProbeWitness) and returns
+// what does not hold, or "".
+func (f Fence) witness() string {
+	err := netfence.ProbeWitness(f.Timeout)
+	switch {
+	case err == nil:
+		return ""
+	case errors.Is(err, netfence.ErrWitnessArrived):
+		return "the netstack fence is not in place: " + err.Error()
+	}
+	return "cannot check the netstack fence: " + err.Error()
 }
 
 // dialFailure says briefly why a connect failed.

@@ -36,7 +36,7 @@ func accepting(t testing.TB) string {
 }
 
 // refusing is a loopback address where nothing listens: connects are refused at once, as a
-// REJECT-ing policy (kube-router) answers a denied one.
+// REJECT-ing policy (kube-router, the netstack fence) answers a denied one.
 func refusing(t testing.TB) string {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -87,6 +87,39 @@ func TestFenceCheckCountsNoAnswerAsDenied(t *testing.T) {
 	}
 	if bad := fence("", "", "1h").Check(); bad.Holds || !bad.Configured {
 		t.Errorf("a timeout out of range: %v, want a fence that does not hold", bad)
+	}
+}
+
+// SANDBOX_EXECUTOR_FENCE_NETSTACK=true asks the check to prove the netstack fence's table; here,
+// on the host, there is none, so the witness's datagram arrives and the fence does not hold,
+// whatever the canaries say. (With the table: TestFenceCheckProvesTheNetstackFence.)
+func TestFenceCheckRequiresTheNetstackFenceWhenTold(t *testing.T) {
+	open, closed := accepting(t), refusing(t)
+	for _, tc := range []struct {
+		netstack string
+		holds    bool
+		problem  string
+	}{
+		{"", true, ""},
+		{"false", true, ""},
+		{"true", false, "the netstack fence is not in place: a datagram to the witness arrived (127.0.75.44:"},
+		{"yes", false, wire.FenceNetstackEnv + `="yes" is neither true nor false`},
+	} {
+		env := map[string]string{wire.FenceDenyEnv: closed, wire.FenceAllowEnv: open, wire.FenceNetstackEnv: tc.netstack}
+		f := agent.FenceFromEnv(func(k string) string { return env[k] })
+		if f.Netstack != (tc.netstack == "true") {
+			t.Errorf("%s=%q: Netstack %t", wire.FenceNetstackEnv, tc.netstack, f.Netstack)
+		}
+		report := f.Check()
+		if report.Holds != tc.holds || !report.Configured || !strings.HasPrefix(report.String(), tc.problem) || (tc.problem == "") != report.Holds {
+			t.Errorf("%s=%q: %+v; want holds %t, %q", wire.FenceNetstackEnv, tc.netstack, report, tc.holds, tc.problem)
+		}
+	}
+	// The witness adds to a check of addresses; alone, it configures none (require_fence wants
+	// the addresses, and a template without them is never Ready).
+	env := map[string]string{wire.FenceNetstackEnv: "true"}
+	if f := agent.FenceFromEnv(func(k string) string { return env[k] }); f.Configured() || f.Check().Configured {
+		t.Errorf("the witness alone: configured %t, %v; want nothing configured", f.Configured(), f.Check())
 	}
 }
 

@@ -358,12 +358,18 @@ const (
 	FenceAllowEnv = "SANDBOX_EXECUTOR_FENCE_ALLOW"
 	// FenceTimeoutEnv is how long one connect may take (a Go duration, default FenceTimeout).
 	FenceTimeoutEnv = "SANDBOX_EXECUTOR_FENCE_TIMEOUT"
+	// FenceNetstackEnv is "true" in pods whose netstack fence (the netfence init container,
+	// docs/security.md#the-netstack-fence) must be in place: the check then also proves that
+	// table, which refuses UDP to a loopback witness address where the agent itself listens, and
+	// does not hold without it. Agents older than it ignore it; "false" or unset checks no table.
+	FenceNetstackEnv = "SANDBOX_EXECUTOR_FENCE_NETSTACK"
 	// FencePort is where a baked-in agent answers readiness probes (HTTP, any path).
 	FencePort = 7544
 )
 
-// FenceTimeout is one connect's default bound. Under a policy that rejects (kube-router), a
-// denied connect fails at once; under one that drops (Calico, Cilium), it waits this long, and
+// FenceTimeout is one connect's default bound. Under a policy that rejects (kube-router, and the
+// netstack fence on a runsc with the REJECT target), a denied connect fails at once; under one
+// that drops (Calico, Cilium, the netstack fence on an older runsc), it waits this long, and
 // every check, prepare's included, pays it. A reachable canary near the pod answers in a few
 // milliseconds.
 const FenceTimeout = 250 * time.Millisecond

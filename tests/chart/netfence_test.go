@@ -8,6 +8,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	extv1beta1 "sigs.k8s.io/agent-sandbox/extensions/api/v1beta1"
 
+	"github.com/sandbox-executor/sandbox-executor/agent/wire"
 	"github.com/sandbox-executor/sandbox-executor/internal/testing/helmchart"
 )
 
@@ -71,11 +72,20 @@ executor: {defaultPool: p}
 				t.Errorf("template %s: container %s adds %v", name, c.Name, c.SecurityContext.Capabilities.Add)
 			}
 		}
+		// The fence check proves the table too (its witness).
+		if got := envOf(tmpl.Spec.PodTemplate.Spec.Containers[0])[wire.FenceNetstackEnv]; got != "true" {
+			t.Errorf("template %s: %s=%q, want true", name, wire.FenceNetstackEnv, got)
+		}
 	}
-	// Opted out, or an agent copied in at prepare (nothing would hold the reply ports): none.
+	// Opted out, or an agent copied in at prepare (nothing would hold the reply ports): none,
+	// and no check of a table that is not there.
 	for _, name := range []string{"optout", "copied"} {
-		if fence, _ := templateNetfence(t, objs, name); fence != nil {
+		fence, tmpl := templateNetfence(t, objs, name)
+		if fence != nil {
 			t.Errorf("template %s has a netfence init container: %q", name, fence.Args)
+		}
+		if got := envOf(tmpl.Spec.PodTemplate.Spec.Containers[0])[wire.FenceNetstackEnv]; got != "" {
+			t.Errorf("template %s: %s=%q without a netstack fence", name, wire.FenceNetstackEnv, got)
 		}
 	}
 	objs = helmchart.Render(t, "duo", "duo-ci", "jobDefaults: {netstackFence: {enabled: false}}\n")

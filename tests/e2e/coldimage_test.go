@@ -68,7 +68,7 @@ func TestColdImageStartsASandboxFromTheTemplate(t *testing.T) {
 	// The template's only variables are the fence's addresses and the agent CA's certificate
 	// (public, from a ConfigMap): nothing of the job's travels in the pod spec.
 	fenceOnly := func(name string) bool {
-		return name == wire.FenceDenyEnv || name == wire.FenceAllowEnv || name == wire.FenceTimeoutEnv || name == wire.ClientCAEnv
+		return name == wire.FenceDenyEnv || name == wire.FenceAllowEnv || name == wire.FenceTimeoutEnv || name == wire.FenceNetstackEnv || name == wire.ClientCAEnv
 	}
 	if job.Image != localcluster.PosixImage || slices.ContainsFunc(job.Env, func(e corev1.EnvVar) bool { return !fenceOnly(e.Name) }) || len(job.EnvFrom) != 0 {
 		t.Errorf("job container: image %s, env %v %v; want the job's image and no env but the fence's and the agent CA's", job.Image, job.Env, job.EnvFrom)

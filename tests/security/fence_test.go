@@ -176,6 +176,8 @@ func policyOnlyPoolProbed(t *testing.T, c *clusterjobs.Cluster, name string, rep
 	}
 	pod := &tmpl.Spec.PodTemplate.Spec
 	pod.InitContainers = slices.DeleteFunc(pod.InitContainers, func(c corev1.Container) bool { return c.Name == netfenceContainer })
+	// Without the netstack fence, its check has no table to prove (the witness would arrive).
+	pod.Containers[0].Env = slices.DeleteFunc(pod.Containers[0].Env, func(e corev1.EnvVar) bool { return e.Name == wire.FenceNetstackEnv })
 	if !probe {
 		pod.Containers[0].ReadinessProbe = nil
 	}

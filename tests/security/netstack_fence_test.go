@@ -7,12 +7,14 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
+	"regexp"
 	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/sandbox-executor/sandbox-executor/tests/harness/clusterjobs"
@@ -197,6 +199,51 @@ echo loop-done
 	}
 	wg.Wait()
 	return lapse
+}
+
+// TestNetstackFenceRefusesDeniedTCPAtOnce: the fenced pool's table answers a denied TCP connect
+// with a reset from inside the sandbox, so a job's curl to "the internet" fails at once with
+// "connection refused" (exit 7) instead of waiting for its connect timeout, and the packet never
+// leaves the pod. (The agent's fence check meets the same reset for its canary, which is what
+// keeps prepare off the 250 ms timeout.)
+func TestNetstackFenceRefusesDeniedTCPAtOnce(t *testing.T) {
+	t.Parallel()
+	c := clusterjobs.Connect(t)
+	requireNetstackFence(t, c, localcluster.Template)
+	packets := packetcapture.To(t, outsideLink, internet)
+	r := c.NewRunner(t, "sec-nsfence-reject", "")
+	job := prepared(t, r, clusterjobs.JobSpec{})
+	pod := job.PodObject(t)
+	// What the netfence container wrote: a runsc without the REJECT target (gVisor
+	// a81fd9dd382e) gets the dropping table, whose denied connects wait for their timeout.
+	line, err := c.Admin.Kube.CoreV1().Pods(clusterjobs.Namespace).GetLogs(pod.Name, &corev1.PodLogOptions{Container: netfenceContainer}).DoRaw(t.Context())
+	if err != nil {
+		t.Fatalf("the netfence container's log: %v", err)
+	}
+	if strings.Contains(string(line), "no REJECT target") {
+		t.Skipf("this cluster's runsc has no REJECT target (tests/cluster/lib.sh GVISOR_VERSION): %s", line)
+	}
+	if !strings.Contains(string(line), "other tcp is refused at once") {
+		t.Fatalf("the netfence container's log does not say tcp is refused: %q", line)
+	}
+	out := job.MustRun(t, `for i in 1 2 3; do
+  s=$(date +%s%N); curl -s --noproxy '*' --connect-timeout 5 -o /dev/null http://`+internet+`/; rc=$?; e=$(date +%s%N)
+  echo "@curl rc=$rc ms=$(( (e - s) / 1000000 ))"
+done
+`).Output()
+	tries := regexp.MustCompile(`@curl rc=(\d+) ms=(\d+)`).FindAllStringSubmatch(out, -1)
+	if len(tries) != 3 {
+		t.Fatalf("the job's output has %d of 3 tries:\n%s", len(tries), out)
+	}
+	for _, m := range tries {
+		if ms, _ := strconv.Atoi(m[2]); m[1] != "7" || ms > 1000 {
+			t.Errorf("curl to %s: exit %s after %s ms; want 7 (refused) at once, from the pod's own table", internet, m[1], m[2])
+		}
+	}
+	time.Sleep(time.Second) // tcpdump's last lines
+	if n := packets.From(pod.Status.PodIP, time.Time{}, time.Now()); n != 0 {
+		t.Errorf("pod %s (%s) sent %d packets that reached %s", pod.Name, pod.Status.PodIP, n, internet)
+	}
 }
 
 // requireNetstackFence fails the test unless the template's pods set the netstack fence: without
