@@ -127,8 +127,8 @@ func FuzzReadNameservers(f *testing.F) {
 // their offsets inside them, one after another to the table's size, every hook and underflow at
 // an entry, the last entry the ERROR target), INPUT's policy accepts and FORWARD's drops, and
 // OUTPUT, read back as the kernel reads it, accepts exactly the family's rules in order (the
-// others' family left out) and ends in a DROP policy: the encoding never accepts more than it
-// was given. ReplaceRequest carries the layout.
+// others' family left out) and ends in a DROP policy, with the REJECT target or without: the
+// encoding never accepts more than it was given. ReplaceRequest carries the layout.
 func FuzzFilterTable(f *testing.F) {
 	// Each rule is 28 bytes (fuzzRules): family (even: IPv4), address (16), prefix bits,
 	// protocol, the first and last source port, the first and last destination port (big
@@ -140,8 +140,12 @@ func FuzzFilterTable(f *testing.F) {
 		append(append([]byte{1, 0xfe, 0x80}, make([]byte, 14)...), 10, 58, 0, 0, 0, 0, 0, 0, 0, 0, 0)...))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		rules := fuzzRules(data)
-		for _, fam := range []family{ipv4, ipv6} {
-			entries, layout := fam.FilterTable(rules)
+		for _, tc := range []struct {
+			fam    family
+			refuse bool
+		}{{ipv4, false}, {ipv4, true}, {ipv6, false}, {ipv6, true}} {
+			fam := tc.fam
+			entries, layout := fam.FilterTable(rules, tc.refuse)
 			var want []Rule
 			for _, r := range rules {
 				if !r.Dst.IsValid() || r.Dst.Addr().Is4() == fam.is4 {
