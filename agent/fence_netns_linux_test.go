@@ -75,7 +75,7 @@ func TestFenceCheckProvesTheNetstackFence(t *testing.T) {
 
 	allow := netfence.Rule{Dst: netip.MustParsePrefix("10.202.0.2/32"), Proto: netfence.TCP, DstPorts: netfence.Ports{First: 8443, Last: 8443}}
 	replyTo := []netip.Prefix{netip.MustParsePrefix("10.202.0.2/32")}
-	fenced, err := netfence.Apply(netfence.OutputRules(replyTo, []netfence.Rule{allow}))
+	fenced, err := netfence.Apply(netfence.OutputRules(replyTo, netfence.AgentReplyPorts, []netfence.Rule{allow}))
 	if err != nil {
 		t.Skipf("this kernel cannot take the table: %v", err)
 	}
@@ -92,7 +92,7 @@ func TestFenceCheckProvesTheNetstackFence(t *testing.T) {
 
 	// A table that lets the canary through holds its witness, but not the fence.
 	canaryRule := netfence.Rule{Dst: netip.MustParsePrefix("10.202.0.2/32"), Proto: netfence.TCP, DstPorts: netfence.Ports{First: 8080, Last: 8080}}
-	if _, err := netfence.Apply(netfence.OutputRules(replyTo, []netfence.Rule{allow, canaryRule})); err != nil {
+	if _, err := netfence.Apply(netfence.OutputRules(replyTo, netfence.AgentReplyPorts, []netfence.Rule{allow, canaryRule})); err != nil {
 		t.Fatal(err)
 	}
 	if report, _ := check(); report.Holds || report.String() != "denied canary "+canary+" is reachable" {

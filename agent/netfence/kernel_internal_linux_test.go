@@ -17,6 +17,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/sandbox-executor/sandbox-executor/agent/wire"
 )
 
 // netns runs functions on one OS thread that has a network namespace of its own, so that
@@ -97,10 +99,26 @@ func (ns *netns) connects(addr string, timeout time.Duration) error {
 }
 
 // connectsFrom is connects from the local address from (any when empty).
-func (ns *netns) connectsFrom(from, addr string, timeout time.Duration) (err error) {
+func (ns *netns) connectsFrom(from, addr string, timeout time.Duration) error {
+	return ns.connectsFromPort(from, 0, addr, timeout)
+}
+
+// connectsFromPort is connectsFrom with the local port port too (any when 0), bound with
+// SO_REUSEADDR as a job would set it: a listener may then take the port while the connection
+// lingers in TIME_WAIT.
+func (ns *netns) connectsFromPort(from string, port int, addr string, timeout time.Duration) (err error) {
 	d := net.Dialer{Timeout: timeout}
-	if from != "" {
-		d.LocalAddr = &net.TCPAddr{IP: net.ParseIP(from)}
+	if from != "" || port != 0 {
+		d.LocalAddr = &net.TCPAddr{IP: net.ParseIP(from), Port: port}
+	}
+	if port != 0 {
+		d.Control = func(_, _ string, c syscall.RawConn) error {
+			var serr error
+			if err := c.Control(func(fd uintptr) { serr = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_REUSEADDR, 1) }); err != nil {
+				return err
+			}
+			return serr
+		}
 	}
 	ns.do(func() {
 		var c net.Conn
@@ -121,6 +139,15 @@ type fencedPair struct {
 // .2 and .3 of each, listening on 8443 and 8444; the fenced one listens on 9000, on the agent's
 // first port and on 9001.
 func newFencedPair(t *testing.T) fencedPair {
+	t.Helper()
+	p := newPair(t)
+	p.fenced.listen(t, ":"+strconv.Itoa(int(AgentReplyPorts[0])))
+	return p
+}
+
+// newPair is newFencedPair with no listener on the agent's port: the fenced namespace listens on
+// 9000 and 9001 only.
+func newPair(t *testing.T) fencedPair {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("not root: this test makes network namespaces and writes netfilter tables in them")
@@ -147,7 +174,6 @@ func newFencedPair(t *testing.T) fencedPair {
 	peer.listen(t, ":8443")
 	peer.listen(t, ":8444")
 	fenced.listen(t, ":9000")
-	fenced.listen(t, ":"+strconv.Itoa(int(AgentReplyPorts[0])))
 	fenced.listen(t, ":9001")
 	return fencedPair{fenced, peer}
 }
@@ -212,7 +238,7 @@ func TestApplyFencesANetworkNamespace(t *testing.T) {
 
 	var fenced []Fenced
 	var err error
-	p.fenced.do(func() { fenced, err = Apply(OutputRules(pairReplyTo, pairAllowed)) })
+	p.fenced.do(func() { fenced, err = Apply(OutputRules(pairReplyTo, AgentReplyPorts, pairAllowed)) })
 	skipWithoutFilterTable(t, err)
 	if want := []Fenced{{"IPv4", true}, {"IPv6", true}}; !slices.Equal(fenced, want) {
 		t.Errorf("Apply fenced %v, want %v: both families refusing tcp", fenced, want)
@@ -288,7 +314,7 @@ func TestApplyWithoutRejectDrops(t *testing.T) {
 	t.Cleanup(func() { setReplace = family.setsockopt })
 	var fenced []Fenced
 	var err error
-	p.fenced.do(func() { fenced, err = Apply(OutputRules(pairReplyTo, pairAllowed)) })
+	p.fenced.do(func() { fenced, err = Apply(OutputRules(pairReplyTo, AgentReplyPorts, pairAllowed)) })
 	skipWithoutFilterTable(t, err)
 	if want := []Fenced{{"IPv4", false}, {"IPv6", false}}; !slices.Equal(fenced, want) || refused != 2 {
 		t.Errorf("Apply fenced %v after %d refused tables, want %v after 2", fenced, refused, want)
@@ -318,7 +344,7 @@ func TestApplyWithoutRejectDrops(t *testing.T) {
 
 	// A runtime that refuses the dropping table too fails the verb, closed, as before.
 	setReplace = func(family, int, []byte) error { return syscall.EINVAL }
-	p.fenced.do(func() { _, err = Apply(OutputRules(pairReplyTo, pairAllowed)) })
+	p.fenced.do(func() { _, err = Apply(OutputRules(pairReplyTo, AgentReplyPorts, pairAllowed)) })
 	if err == nil || !strings.Contains(err.Error(), "can't replace iptables table `filter': invalid argument: this runtime refuses the table") {
 		t.Errorf("Apply on a runtime that refuses both tables: %v", err)
 	}
@@ -350,6 +376,15 @@ func (p fencedPair) repliesOnlyFromTheAgentsPortsToReplyTo(t *testing.T) {
 // counters aside.
 func (ns *netns) checkSave(t *testing.T, save string, want []string) {
 	t.Helper()
+	if got := ns.save(t, save); !slices.Equal(got, want) {
+		t.Errorf("%s in the fenced namespace:\n%s\nwant:\n%s", save, strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+}
+
+// save runs an iptables-save in the namespace and returns its filter table's lines, comments
+// left out and counters zeroed.
+func (ns *netns) save(t *testing.T, save string) []string {
+	t.Helper()
 	var out []byte
 	var err error
 	ns.do(func() { out, err = exec.Command(save, "-t", "filter").Output() })
@@ -363,9 +398,7 @@ func (ns *netns) checkSave(t *testing.T, save string, want []string) {
 			got = append(got, counters.ReplaceAllString(line, "[0:0]"))
 		}
 	}
-	if !slices.Equal(got, want) {
-		t.Errorf("%s in the fenced namespace:\n%s\nwant:\n%s", save, strings.Join(got, "\n"), strings.Join(want, "\n"))
-	}
+	return got
 }
 
 // A --reply-to of every address would let the agent's ports answer anywhere: refused. The
@@ -381,6 +414,124 @@ func TestCommandRefusesReplyToEveryAddress(t *testing.T) {
 		ns.do(func() { err = Command([]string{"--reply-to", "10.88.0.0/16", "--reply-to", every}, &out) })
 		if err == nil || !strings.Contains(err.Error(), every+" is every address") || strings.Contains(err.Error(), "\n") || out.Len() != 0 {
 			t.Errorf("--reply-to %s: %v, printed %q; want a one-line refusal naming it", every, err, out.String())
+		}
+	}
+}
+
+// TestApplyAcceptsRepliesOnlyFromTheGivenPorts: the table of a pod whose agent serves no network
+// path (no agent CA) has the reply rule of the readiness probe's port alone (--reply-port 7544).
+// Nothing holds 7543 there, so any job process may bind it: from the fenced namespace's own
+// address on 7543, a connect to a --reply-to address on a port the table does not allow must be
+// refused at once, on IPv4 and IPv6, while the same connect from 7544 gets through (the rule
+// that is written is what would have let 7543 out); and once both ports are listened on, a
+// --reply-to client gets an answer from 7544 only. Before issue 39, both ports' rules were
+// written whatever the agent served.
+func TestApplyAcceptsRepliesOnlyFromTheGivenPorts(t *testing.T) {
+	p := newPair(t)
+	p.unfencedConnects(t)
+	var err error
+	p.fenced.do(func() { _, err = Apply(OutputRules(pairReplyTo, []uint16{wire.FencePort}, pairAllowed)) })
+	skipWithoutFilterTable(t, err)
+	p.fenced.checkSave(t, "iptables-legacy-save", slices.Concat(saveHead, []string{
+		"-A OUTPUT -d 127.0.75.44/32 -p udp -j REJECT --reject-with icmp-port-unreachable",
+		"-A OUTPUT -o lo -j ACCEPT",
+		"-A OUTPUT -d 10.201.0.2/32 -p tcp -m tcp --sport 7544 -j ACCEPT",
+		"-A OUTPUT -d 10.201.0.2/32 -p tcp -m tcp --dport 8443 -j ACCEPT",
+		"-A OUTPUT -p tcp -j REJECT --reject-with tcp-reset",
+		"COMMIT"}))
+	p.fenced.checkSave(t, "ip6tables-legacy-save", slices.Concat(saveHead, []string{
+		"-A OUTPUT -o lo -j ACCEPT",
+		"-A OUTPUT -d fd00:201::2/128 -p tcp -m tcp --sport 7544 -j ACCEPT",
+		"-A OUTPUT -d fd00:201::2/128 -p tcp -m tcp --dport 8443 -j ACCEPT",
+		"-A OUTPUT -d fe80::/10 -p ipv6-icmp -j ACCEPT",
+		"-A OUTPUT -d ff02::/16 -p ipv6-icmp -j ACCEPT",
+		"-A OUTPUT -p tcp -j REJECT --reject-with tcp-reset",
+		"COMMIT"}))
+
+	pairs := []struct{ host, client string }{{"10.201.0.1", "10.201.0.2"}, {"fd00:201::1", "fd00:201::2"}}
+	for _, c := range pairs {
+		// The client's 8444: --reply-to, but no --allow; only a reply rule lets a connect out.
+		target := net.JoinHostPort(c.client, "8444")
+		start := time.Now()
+		err := p.fenced.connectsFromPort(c.host, wire.NetworkPort, target, 5*time.Second)
+		if took := time.Since(start); !errors.Is(err, syscall.ECONNREFUSED) || took > time.Second {
+			t.Errorf("from %s port %d, which no --reply-port names, to %s: %v after %s; want refused at once", c.host, wire.NetworkPort, target, err, took.Round(time.Millisecond))
+		}
+		if err := p.fenced.connectsFromPort(c.host, wire.FencePort, target, 5*time.Second); err != nil {
+			t.Errorf("control: from %s port %d, the --reply-port, to %s: %v; want it let out as a reply", c.host, wire.FencePort, target, err)
+		}
+	}
+
+	for _, port := range []int{wire.NetworkPort, wire.FencePort} {
+		p.fenced.listen(t, ":"+strconv.Itoa(port))
+	}
+	for _, c := range pairs {
+		if err := p.peer.connectsFrom(c.client, net.JoinHostPort(c.host, strconv.Itoa(wire.FencePort)), 5*time.Second); err != nil {
+			t.Errorf("the readiness probe's port from %s: %v", c.client, err)
+		}
+		if err := p.peer.connectsFrom(c.client, net.JoinHostPort(c.host, strconv.Itoa(wire.NetworkPort)), time.Second); err == nil {
+			t.Errorf("port %d of %s answered %s, with no --reply-port %d", wire.NetworkPort, c.host, c.client, wire.NetworkPort)
+		}
+	}
+}
+
+// TestCommandWritesReplyRulesOnlyForItsReplyPorts: the verb writes the reply rules of each
+// --reply-port, once, to each --reply-to network, and of no other port: without --reply-port,
+// none (it fails closed). Each case runs in a fresh network namespace.
+func TestCommandWritesReplyRulesOnlyForItsReplyPorts(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("not root: the verb writes netfilter tables")
+	}
+	for _, tool := range []string{"iptables-legacy-save", "ip6tables-legacy-save"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			t.Fatalf("%s: %v (install iptables: it reads the tables back)", tool, err)
+		}
+	}
+	replyTo := []string{"--reply-to", "10.88.0.0/16", "--reply-to", "fd00:88::/64"}
+	for _, tc := range []struct {
+		ports      []string
+		want4      []string
+		want6      []string
+		wantPrint  []string
+		wantAbsent []string
+	}{
+		{nil, nil, nil, nil, []string{"replies"}},
+		{[]string{"7544"},
+			[]string{"-A OUTPUT -d 10.88.0.0/16 -p tcp -m tcp --sport 7544 -j ACCEPT"},
+			[]string{"-A OUTPUT -d fd00:88::/64 -p tcp -m tcp --sport 7544 -j ACCEPT"},
+			[]string{"tcp replies from port 7544 to 10.88.0.0/16, tcp replies from port 7544 to fd00:88::/64"},
+			[]string{"port 7543"}},
+		{[]string{"7543", "7544", "7543"},
+			[]string{"-A OUTPUT -d 10.88.0.0/16 -p tcp -m tcp --sport 7543 -j ACCEPT", "-A OUTPUT -d 10.88.0.0/16 -p tcp -m tcp --sport 7544 -j ACCEPT"},
+			[]string{"-A OUTPUT -d fd00:88::/64 -p tcp -m tcp --sport 7543 -j ACCEPT", "-A OUTPUT -d fd00:88::/64 -p tcp -m tcp --sport 7544 -j ACCEPT"},
+			[]string{"tcp replies from port 7543 to 10.88.0.0/16, tcp replies from port 7543 to fd00:88::/64, tcp replies from port 7544 to 10.88.0.0/16"},
+			nil},
+	} {
+		args := slices.Clone(replyTo)
+		for _, port := range tc.ports {
+			args = append(args, "--reply-port", port)
+		}
+		ns := newNetns(t)
+		ns.sh(t, "ip link set lo up")
+		var out strings.Builder
+		var err error
+		ns.do(func() { err = Command(args, &out) })
+		skipWithoutFilterTable(t, err)
+		for _, want := range tc.wantPrint {
+			if !strings.Contains(out.String(), want) {
+				t.Errorf("--reply-port %v: printed %q, want %q in it", tc.ports, out.String(), want)
+			}
+		}
+		for _, absent := range tc.wantAbsent {
+			if strings.Contains(out.String(), absent) {
+				t.Errorf("--reply-port %v: printed %q, with %q", tc.ports, out.String(), absent)
+			}
+		}
+		for save, want := range map[string][]string{"iptables-legacy-save": tc.want4, "ip6tables-legacy-save": tc.want6} {
+			got := slices.DeleteFunc(ns.save(t, save), func(line string) bool { return !strings.Contains(line, "--sport") })
+			if !slices.Equal(got, want) {
+				t.Errorf("--reply-port %v: %s's source-port rules:\n%s\nwant:\n%s", tc.ports, save, strings.Join(got, "\n"), strings.Join(want, "\n"))
+			}
 		}
 	}
 }

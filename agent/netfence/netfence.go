@@ -28,17 +28,24 @@ import (
 )
 
 // Usage is the verb's help.
-const Usage = `usage: sandbox-executor-agent netfence --reply-to CIDR... [--allow CIDR:PORT[-PORT][/tcp|/udp]]... [--allow-host HOST:PORT[-PORT][/tcp|/udp]]... [--allow-dns]
+const Usage = `usage: sandbox-executor-agent netfence --reply-to CIDR... [--reply-port PORT]... [--allow CIDR:PORT[-PORT][/tcp|/udp]]... [--allow-host HOST:PORT[-PORT][/tcp|/udp]]... [--allow-dns]
 
 Replaces the sandbox's IPv4 and IPv6 filter tables: INPUT accepts, FORWARD drops; OUTPUT accepts
-loopback, the replies of the agent's servers (tcp source ports 7543 and 7544) to --reply-to,
-and the destinations allowed below; it refuses all other tcp at once with a reset and udp to
+loopback, the replies of the agent's servers (tcp from each --reply-port) to --reply-to, and the
+destinations allowed below; it refuses all other tcp at once with a reset and udp to
 127.0.75.44 (the fence check's witness) with icmp-port-unreachable, and drops everything else.
 A runtime without the REJECT target gets the same table dropping instead of refusing. Run it as root with CAP_NET_ADMIN
 and CAP_NET_RAW in an init container of a gVisor pod whose runsc has net-raw = true.
 
   --reply-to CIDR                       required: a network the agent's clients connect from
                                         (runner pods, the kubelet); repeat for more
+  --reply-port PORT                     a port the agent listens on in this pod, whose replies
+                                        go to --reply-to: 7543 (the stage transport, served
+                                        with the agent CA) or 7544 (the readiness probe, served
+                                        with the fence check's addresses); repeat for both.
+                                        Without it no reply is allowed. Name only a port the
+                                        agent serves: a job may bind one it does not, and send
+                                        from it through the rule
   --allow CIDR:PORT[-PORT][/tcp|/udp]   a destination network (or address; [ADDR] for IPv6)
                                         and port range, tcp when no protocol is named;
                                         repeat for more
@@ -57,19 +64,24 @@ const resolveTimeout = 10 * time.Second
 // fixCapabilities names what a failed netfilter call needs, in every failure's one line.
 const fixCapabilities = "runsc needs net-raw = true and this container CAP_NET_ADMIN and CAP_NET_RAW as root, or set the chart's jobDefaults.netstackFence.enabled=false to rely on NetworkPolicy alone"
 
-// AgentReplyPorts are the agent's listening ports whose replies OUTPUT accepts: the stage
-// transport (TLS) and the readiness probe. The agent, the job container's PID 1, holds
-// listeners on them on the wildcard address for the pod's whole life. Under Linux that stops a
-// job from binding either port to originate connections from it (EADDRINUSE even with
-// SO_REUSEADDR; Go's listeners do not set SO_REUSEPORT), but gVisor lets a socket with
-// SO_REUSEADDR bind the pod's own address on that port and connect out through the rule
-// (measured: docs/security.md#the-netstack-fence). So replies are accepted only to the
-// --reply-to networks, never to everywhere.
+// AgentReplyPorts are the agent's listening ports, the only ones --reply-port may name: the
+// stage transport (TLS, served only when the pod has the agent CA) and the readiness probe
+// (served only when the pod names the fence check's addresses). OUTPUT accepts replies from
+// those of them the pod's agent serves, which the template says with --reply-port: the agent,
+// the job container's PID 1, holds listeners on them on the wildcard address for the pod's
+// whole life. Under Linux that stops a job from binding either port to originate connections
+// from it (EADDRINUSE even with SO_REUSEADDR; Go's listeners do not set SO_REUSEPORT), but
+// gVisor lets a socket with SO_REUSEADDR bind the pod's own address on that port and connect
+// out through the rule (measured: docs/security.md#the-netstack-fence). So replies are
+// accepted only to the --reply-to networks, never to everywhere, and only from a port the
+// agent holds: a port it does not listen on is any job's to bind, and a reply rule for it
+// would let the job send from it to every --reply-to network.
 var AgentReplyPorts = []uint16{wire.NetworkPort, wire.FencePort}
 
 // Command runs `netfence` with args and prints one line saying what is allowed.
 func Command(args []string, stdout io.Writer) error {
 	var replyTo []netip.Prefix
+	var replyPorts []uint16
 	var allows []Rule
 	var hosts []hostAllow
 	var allowDNS bool
@@ -78,6 +90,11 @@ func Command(args []string, stdout io.Writer) error {
 	fs.Func("reply-to", "CIDR", func(v string) error {
 		p, err := parseReplyTo(v)
 		replyTo = append(replyTo, p)
+		return err
+	})
+	fs.Func("reply-port", "PORT", func(v string) error {
+		port, err := parseReplyPort(v)
+		replyPorts = append(replyPorts, port)
 		return err
 	})
 	fs.Func("allow", "CIDR:PORT[-PORT][/tcp|/udp]", func(v string) error {
@@ -120,7 +137,7 @@ func Command(args []string, stdout io.Writer) error {
 		}
 		allows = append(allows, resolved...)
 	}
-	output := OutputRules(replyTo, allows)
+	output := OutputRules(replyTo, replyPorts, allows)
 	fenced, err := Apply(output)
 	if err != nil {
 		return err
@@ -145,14 +162,16 @@ var neighborDiscovery = []Rule{
 	{Dst: netip.MustParsePrefix("ff02::/16"), Proto: ICMPv6},
 }
 
-// OutputRules is the OUTPUT chain before its DROP policy: loopback, the agent's replies to
-// each replyTo network, then allows in order, each once, and neighbour discovery if any
-// allowed destination is IPv6.
-func OutputRules(replyTo []netip.Prefix, allows []Rule) []Rule {
+// OutputRules is the OUTPUT chain before its DROP policy: loopback, the agent's replies from
+// each of replyPorts to each replyTo network (none without replyPorts), then allows in order,
+// each once, and neighbour discovery if any allowed destination is IPv6.
+func OutputRules(replyTo []netip.Prefix, replyPorts []uint16, allows []Rule) []Rule {
 	rules := []Rule{{OutInterface: "lo"}}
-	for _, port := range AgentReplyPorts {
+	for _, port := range replyPorts {
 		for _, dst := range replyTo {
-			rules = append(rules, Rule{Dst: dst, Proto: TCP, SrcPorts: Ports{port, port}})
+			if r := (Rule{Dst: dst, Proto: TCP, SrcPorts: Ports{port, port}}); !slices.Contains(rules, r) {
+				rules = append(rules, r)
+			}
 		}
 	}
 	for _, r := range allows {
@@ -270,6 +289,20 @@ func parseReplyTo(v string) (netip.Prefix, error) {
 		return netip.Prefix{}, fmt.Errorf("%s is every address: name the networks the agent's clients connect from (the runner pods', the kubelet's)", p)
 	}
 	return p, err
+}
+
+// parseReplyPort parses a --reply-port, which must be one of the agent's own ports
+// (AgentReplyPorts): replies from any other port would be a job's, sent wherever --reply-to
+// reaches.
+func parseReplyPort(v string) (uint16, error) {
+	port, err := strconv.ParseUint(v, 10, 16)
+	if err != nil || port == 0 {
+		return 0, fmt.Errorf("%q is not a port from 1 to 65535", v)
+	}
+	if !slices.Contains(AgentReplyPorts, uint16(port)) {
+		return 0, fmt.Errorf("%d is not a port of the agent's: name %d (the stage transport) or %d (the readiness probe), the ports the agent listens on", port, wire.NetworkPort, wire.FencePort)
+	}
+	return uint16(port), nil
 }
 
 // hostAllow is one --allow-host before resolution.

@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -57,7 +58,7 @@ func TestParseAllowRefusesWhatIsNotOneRuleInOneLine(t *testing.T) {
 func TestOutputRulesPutLoopbackAndTheAgentsRepliesFirstAndAllowEachOnce(t *testing.T) {
 	allow := Rule{Dst: netip.MustParsePrefix("10.0.0.0/8"), Proto: TCP, DstPorts: Ports{443, 443}}
 	runners := netip.MustParsePrefix("10.88.0.0/16")
-	got := OutputRules([]netip.Prefix{runners}, []Rule{allow, allow})
+	got := OutputRules([]netip.Prefix{runners}, AgentReplyPorts, []Rule{allow, allow})
 	want := []Rule{{OutInterface: "lo"}, {Dst: runners, Proto: TCP, SrcPorts: Ports{7543, 7543}}, {Dst: runners, Proto: TCP, SrcPorts: Ports{7544, 7544}}, allow}
 	if len(got) != len(want) {
 		t.Fatalf("OutputRules = %+v, want %+v", got, want)
@@ -82,15 +83,36 @@ func TestOutputRulesPutLoopbackAndTheAgentsRepliesFirstAndAllowEachOnce(t *testi
 	}
 }
 
+// Replies are accepted only from the ports given, each once, to each reply-to network; with no
+// port none is (issue 39: without the agent CA nothing holds 7543, and a job could send from it).
+func TestOutputRulesAcceptRepliesOnlyFromTheGivenPorts(t *testing.T) {
+	replyTo := []netip.Prefix{netip.MustParsePrefix("10.88.0.0/16"), netip.MustParsePrefix("fd00:88::/64")}
+	allow := Rule{Dst: netip.MustParsePrefix("10.0.0.0/8"), Proto: TCP, DstPorts: Ports{443, 443}}
+	for _, tc := range []struct {
+		ports []uint16
+		want  []Rule
+	}{
+		{nil, []Rule{{OutInterface: "lo"}, allow}},
+		{[]uint16{7544}, []Rule{{OutInterface: "lo"}, {Dst: replyTo[0], Proto: TCP, SrcPorts: Ports{7544, 7544}}, {Dst: replyTo[1], Proto: TCP, SrcPorts: Ports{7544, 7544}}, allow}},
+		{[]uint16{7544, 7543, 7544}, []Rule{{OutInterface: "lo"},
+			{Dst: replyTo[0], Proto: TCP, SrcPorts: Ports{7544, 7544}}, {Dst: replyTo[1], Proto: TCP, SrcPorts: Ports{7544, 7544}},
+			{Dst: replyTo[0], Proto: TCP, SrcPorts: Ports{7543, 7543}}, {Dst: replyTo[1], Proto: TCP, SrcPorts: Ports{7543, 7543}}, allow}},
+	} {
+		if got := OutputRules(replyTo, tc.ports, []Rule{allow}); !slices.Equal(got, tc.want) {
+			t.Errorf("OutputRules with reply ports %v = %v\nwant %v", tc.ports, got, tc.want)
+		}
+	}
+}
+
 func TestOutputRulesAllowNeighborDiscoveryOnlyForIPv6Destinations(t *testing.T) {
 	v4 := Rule{Dst: netip.MustParsePrefix("10.0.0.0/8"), Proto: TCP, DstPorts: Ports{443, 443}}
 	v6 := Rule{Dst: netip.MustParsePrefix("2001:db8::/32"), Proto: TCP, DstPorts: Ports{443, 443}}
-	for _, r := range OutputRules(nil, []Rule{v4}) {
+	for _, r := range OutputRules(nil, nil, []Rule{v4}) {
 		if r.Proto == ICMPv6 {
 			t.Errorf("IPv4 destinations only, yet %s", r)
 		}
 	}
-	if got := OutputRules(nil, []Rule{v4, v6}); !slices.Equal(got[len(got)-2:], neighborDiscovery) {
+	if got := OutputRules(nil, nil, []Rule{v4, v6}); !slices.Equal(got[len(got)-2:], neighborDiscovery) {
 		t.Errorf("an IPv6 destination, yet OUTPUT ends %v", got[len(got)-2:])
 	}
 }
@@ -157,7 +179,8 @@ func TestResolveHostsAllowsEveryAddressAndFailsClosed(t *testing.T) {
 
 func TestCommandRefusesBadFlagsBeforeTouchingTheTable(t *testing.T) {
 	for _, args := range [][]string{{"--allow", "10.0.0.0/8"}, {"--allow-dns=maybe"}, {"--deny", "x"}, {"extra"}, {"--allow", "10.0.0.0/8:443"}, {"--reply-to", "10.88.0.1/16"},
-		{"--reply-to", "0.0.0.0/0"}, {"--reply-to", "10.88.0.0/16", "--reply-to", "::/0"}} {
+		{"--reply-to", "0.0.0.0/0"}, {"--reply-to", "10.88.0.0/16", "--reply-to", "::/0"},
+		{"--reply-to", "10.88.0.0/16", "--reply-port", "8080"}, {"--reply-to", "10.88.0.0/16", "--reply-port", "0"}, {"--reply-port"}} {
 		var out bytes.Buffer
 		err := Command(args, &out)
 		if err == nil || !strings.Contains(err.Error(), "see netfence -h") || out.Len() != 0 {
@@ -165,7 +188,35 @@ func TestCommandRefusesBadFlagsBeforeTouchingTheTable(t *testing.T) {
 		}
 	}
 	var out bytes.Buffer
-	if err := Command([]string{"-h"}, &out); err != nil || !strings.HasPrefix(out.String(), "usage: sandbox-executor-agent netfence") {
-		t.Errorf("Command(-h) = %v, printed %q", err, out.String())
+	if err := Command([]string{"-h"}, &out); err != nil || !strings.HasPrefix(out.String(), "usage: sandbox-executor-agent netfence") || !strings.Contains(out.String(), "--reply-port PORT") {
+		t.Errorf("Command(-h) = %v, printed %q; want the usage, --reply-port in it", err, out.String())
+	}
+}
+
+// --reply-port names a port the agent listens on, and nothing else: a reply rule for any other
+// port would let a job send from it to every --reply-to network. Refused in one line, before the
+// table is touched (the verb would otherwise need root here).
+func TestCommandRefusesReplyPortsTheAgentDoesNotHold(t *testing.T) {
+	for port, want := range map[string]string{
+		"0":     `"0" is not a port from 1 to 65535`,
+		"65536": `"65536" is not a port from 1 to 65535`,
+		"-1":    `"-1" is not a port from 1 to 65535`,
+		"":      `"" is not a port from 1 to 65535`,
+		"http":  `"http" is not a port from 1 to 65535`,
+		"7545":  "7545 is not a port of the agent's: name 7543 (the stage transport) or 7544 (the readiness probe)",
+		"22":    "22 is not a port of the agent's",
+		"443":   "443 is not a port of the agent's",
+	} {
+		var out bytes.Buffer
+		err := Command([]string{"--reply-to", "10.88.0.0/16", "--reply-port", "7544", "--reply-port", port}, &out)
+		if err == nil || !strings.Contains(err.Error(), "invalid value") || !strings.Contains(err.Error(), "-reply-port: "+want) ||
+			!strings.HasSuffix(err.Error(), "(see netfence -h)") || strings.Contains(err.Error(), "\n") || out.Len() != 0 {
+			t.Errorf("--reply-port %q: %v, printed %q; want one line with %q", port, err, out.String(), want)
+		}
+	}
+	for _, port := range []string{"7543", "7544"} {
+		if got, err := parseReplyPort(port); err != nil || strconv.Itoa(int(got)) != port {
+			t.Errorf("parseReplyPort(%s) = %d, %v", port, got, err)
+		}
 	}
 }

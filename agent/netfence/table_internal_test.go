@@ -13,9 +13,10 @@ import (
 
 var update = flag.Bool("update", false, "rewrite testdata/*.golden")
 
-// goldenRules: loopback, the agent's replies to the runners' network and one destination.
+// goldenRules: loopback, the agent's replies from both its ports to the runners' network and one
+// destination.
 func goldenRules() []Rule {
-	return OutputRules([]netip.Prefix{netip.MustParsePrefix("10.88.0.0/16")}, []Rule{{Dst: netip.MustParsePrefix("10.1.0.0/16"), Proto: TCP, DstPorts: Ports{443, 443}}})
+	return OutputRules([]netip.Prefix{netip.MustParsePrefix("10.88.0.0/16")}, AgentReplyPorts, []Rule{{Dst: netip.MustParsePrefix("10.1.0.0/16"), Proto: TCP, DstPorts: Ports{443, 443}}})
 }
 
 func TestFilterTableLayout(t *testing.T) {
@@ -148,7 +149,7 @@ func checkOffsets(t *testing.T, entries []byte, f family, want []offsets) {
 
 func TestFilterTableIPv6Layout(t *testing.T) {
 	replyTo := []netip.Prefix{netip.MustParsePrefix("10.88.0.0/16"), netip.MustParsePrefix("fd00:88::/64")}
-	rules := OutputRules(replyTo, []Rule{
+	rules := OutputRules(replyTo, AgentReplyPorts, []Rule{
 		{Dst: netip.MustParsePrefix("10.1.0.0/16"), Proto: TCP, DstPorts: Ports{443, 443}},
 		{Dst: netip.MustParsePrefix("2001:db8::/32"), Proto: UDP, DstPorts: Ports{53, 53}},
 	})
