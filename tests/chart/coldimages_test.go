@@ -20,10 +20,16 @@ import (
 func coldPolicy(t *testing.T, values string) (*admissionv1.ValidatingAdmissionPolicy, *extv1beta1.SandboxTemplate) {
 	t.Helper()
 	objs := helmchart.Render(t, "duo", "duo-ci", "coldStart: {enabled: true, template: duo-gvisor}\nexecutor: {unknownImage: cold}\n"+values)
+	return coldPolicyOf(t, objs, "duo-gvisor")
+}
+
+// coldPolicyOf is coldPolicy of a rendered release whose cold template is template.
+func coldPolicyOf(t *testing.T, objs *helmchart.Objects, template string) (*admissionv1.ValidatingAdmissionPolicy, *extv1beta1.SandboxTemplate) {
+	t.Helper()
 	var vap admissionv1.ValidatingAdmissionPolicy
 	objs.Decode(t, "ValidatingAdmissionPolicy", "duo-ci-duo-sandbox-executor-cold-images", &vap)
 	var tmpl extv1beta1.SandboxTemplate
-	objs.Decode(t, "SandboxTemplate", "duo-gvisor", &tmpl)
+	objs.Decode(t, "SandboxTemplate", template, &tmpl)
 	return &vap, &tmpl
 }
 

@@ -1,7 +1,9 @@
 package chart_test
 
 import (
+	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -43,7 +45,7 @@ pools:
   - {name: p, template: proxied, replicas: 1, images: ["ci:1"]}
 executor: {defaultPool: p}
 `)
-	replyTo := []string{"--reply-to", "10.244.0.0/16"}
+	replyTo := []string{"--reply-to", "10.244.0.0/16", "--reply-port", "7543", "--reply-port", "7544"}
 	for name, want := range map[string][]string{
 		"proxied": {"--allow-dns", "--allow-host", "duo-sandbox-executor-egress-proxy.duo-ci.svc:3128"},
 		"direct":  {"--allow-dns", "--allow", "10.20.0.5/32:443", "--allow", "10.20.0.5/32:22", "--allow", "2001:db8::5/128:443", "--allow", "2001:db8::5/128:22"},
@@ -119,5 +121,69 @@ func TestNetstackFenceRefusesWhatItCannotMirror(t *testing.T) {
 	_, err := helmchart.Template(t, "duo", "duo-ci", "jobDefaults: {netstackFence: {replyTo: [0.0.0.0/0]}}\n", "--skip-schema-validation")
 	if want := "jobDefaults.netstackFence.replyTo 0.0.0.0/0 is every address: name the networks"; err == nil || !strings.Contains(err.Error(), want) {
 		t.Errorf("replyTo 0.0.0.0/0 without the schema: helm template said %v; want an error containing %q", err, want)
+	}
+}
+
+// The netstack fence lets replies out only from the ports the baked agent listens on (issue 39):
+// the readiness probe's 7544 always, the network transport's 7543 only with agentTLS, which alone
+// gives the pod the agent CA the agent needs to listen there. With agentTLS off, a reply rule for
+// 7543 would let any job process bind the free port and connect to every replyTo network. The
+// cold-start policy holds a cold-started pod to the same args: one that adds 7543 is refused.
+func TestNetstackFenceRepliesOnlyFromTheAgentsListeningPorts(t *testing.T) {
+	for _, tls := range []bool{true, false} {
+		values := fmt.Sprintf(`agentTLS: {enabled: %t}
+gitlab: {cidrs: [10.20.0.5/32], ports: [443]}
+jobDefaults: {netstackFence: {replyTo: [10.244.0.0/16, "fd00:244::/64"]}}
+coldStart: {enabled: true, template: direct}
+executor: {unknownImage: cold, defaultPool: p}
+templates:
+  - {name: direct, image: ci:1, egress: direct}
+  - {name: proxied, image: ci:1, egress: proxied}
+  - {name: closed, image: ci:1, egress: none}
+  - {name: nonroot, image: ci:1, egress: none, nonRoot: true}
+pools:
+  - {name: p, template: direct, replicas: 1, images: ["ci:1"]}
+`, tls)
+		objs := helmchart.Render(t, "duo", "duo-ci", values)
+		replyTo := []string{"netfence", "--reply-to", "10.244.0.0/16", "--reply-to", "fd00:244::/64"}
+		wantPorts := []string{"--reply-port", "7544"}
+		if tls {
+			wantPorts = []string{"--reply-port", "7543", "--reply-port", "7544"}
+		}
+		for _, name := range []string{"direct", "proxied", "closed", "nonroot"} {
+			fence, tmpl := templateNetfence(t, objs, name)
+			if fence == nil {
+				t.Errorf("agentTLS %t: template %s has no netfence init container", tls, name)
+				continue
+			}
+			// The reply args follow --reply-to: every --reply-port, and nothing else between.
+			want := slices.Concat(replyTo, wantPorts)
+			if len(fence.Args) < len(want) || !slices.Equal(fence.Args[:len(want)], want) || slices.Contains(fence.Args[len(want):], "--reply-port") {
+				t.Errorf("agentTLS %t: template %s: netfence args %q, want them to begin %q and name no other --reply-port", tls, name, fence.Args, want)
+			}
+			// What the agent serves: 7543 with the agent CA in its environment, 7544 for the
+			// readiness probe.
+			job := tmpl.Spec.PodTemplate.Spec.Containers[0]
+			hasCA := slices.ContainsFunc(job.Env, func(e corev1.EnvVar) bool { return e.Name == wire.ClientCAEnv })
+			if hasCA != tls || hasCA != slices.Contains(fence.Args, strconv.Itoa(wire.NetworkPort)) {
+				t.Errorf("agentTLS %t: template %s: the job container has %s: %t, the fence replies from %d: %t; want both %t",
+					tls, name, wire.ClientCAEnv, hasCA, wire.NetworkPort, slices.Contains(fence.Args, strconv.Itoa(wire.NetworkPort)), tls)
+			}
+			if probe := job.ReadinessProbe; probe == nil || probe.HTTPGet == nil || probe.HTTPGet.Port.IntValue() != wire.FencePort {
+				t.Errorf("agentTLS %t: template %s: readiness probe %+v, want httpGet on %d, the fence's other reply port", tls, name, probe, wire.FencePort)
+			}
+		}
+		vap, tmpl := coldPolicyOf(t, objs, "direct")
+		if denied := admit(t, vap, coldSandbox(tmpl)); len(denied) > 0 {
+			t.Fatalf("agentTLS %t: the executor's own cold start is refused: %q", tls, denied)
+		}
+		if !tls {
+			sbx := coldSandbox(tmpl)
+			fence := netfenceOf(t, sbx)
+			fence.Args = slices.Insert(fence.Args, len(replyTo), "--reply-port", "7543")
+			if denied := admit(t, vap, sbx); !strings.Contains(strings.Join(denied, "\n"), "netfence init container") {
+				t.Errorf("agentTLS false: a cold start whose fence replies from 7543 (%q) is denied by %q; want the netfence denial", fence.Args, denied)
+			}
+		}
 	}
 }

@@ -188,6 +188,16 @@ priorityClassName: {{ . | quote }}
 {{- if .Values.clusterScoped.create }}true{{ end -}}
 {{- end -}}
 
+{{- /* agentNetworkPath (list $ TEMPLATE): "true" when the template's agent serves the network
+transport on 7543, "" otherwise. The agent listens there only when its pod has the agent CA in
+SANDBOX_EXECUTOR_AGENT_CLIENT_CA, which the template sets only for a baked agent with agentTLS; the
+netstack fence allows replies from 7543 on the same condition. */ -}}
+{{- define "sandbox-executor.agentNetworkPath" -}}
+{{- $ := index . 0 }}
+{{- $t := index . 1 }}
+{{- if and (ternary $t.bakeAgent true (hasKey $t "bakeAgent")) $.Values.agentTLS.enabled }}true{{ end }}
+{{- end -}}
+
 {{- /* netfenceArgs (list $ TEMPLATE): the netfence init container's args for a template, as JSON,
 [] when it has none. The netstack fence (docs/security.md#the-netstack-fence) writes the same
 egress as the template's NetworkPolicy into the gVisor sandbox's own iptables, so it holds while
@@ -211,6 +221,15 @@ templates and the cold-start admission policy (which admits exactly these args) 
 {{- if regexMatch "/0+$" . }}{{ fail (printf "jobDefaults.netstackFence.replyTo %s is every address: name the networks the agent's clients connect from (the runner pods', the kubelet's)" .) }}{{ end }}
 {{- $netfenceArgs = concat $netfenceArgs (list "--reply-to" .) }}
 {{- end }}
+{{- /* Replies only from the ports the baked agent listens on: 7543, the network transport, only
+when the pod has the agent CA (agentNetworkPath); 7544, the readiness probe's, always (a template
+without the fence check's addresses gets no listener there, and its pods never turn Ready). A
+reply rule for a port nothing holds lets any job process bind it and send from it to every
+replyTo network. */}}
+{{- if include "sandbox-executor.agentNetworkPath" (list $ $t) }}
+{{- $netfenceArgs = concat $netfenceArgs (list "--reply-port" "7543") }}
+{{- end }}
+{{- $netfenceArgs = concat $netfenceArgs (list "--reply-port" "7544") }}
 {{- if hasKey $t "egressRules" }}
 {{- range $i, $rule := $t.egressRules }}
 {{- if or (not $rule.to) (not $rule.ports) }}
