@@ -181,6 +181,17 @@ func policyOnlyPoolProbed(t *testing.T, c *clusterjobs.Cluster, name string, rep
 	if !probe {
 		pod.Containers[0].ReadinessProbe = nil
 	}
+	return warmPool(t, c, tmpl, replicas)
+}
+
+// warmPool creates tmpl (in clusterjobs.Namespace, replacing one of its name) and a warm pool of
+// replicas of the same name on it, and waits until they are Ready; both go when the test ends.
+// It returns the pool's name.
+func warmPool(t *testing.T, c *clusterjobs.Cluster, tmpl *extv1beta1.SandboxTemplate, replicas int32) string {
+	t.Helper()
+	ctx := t.Context()
+	name := tmpl.Name
+	templates := c.Admin.Extensions.ExtensionsV1beta1().SandboxTemplates(clusterjobs.Namespace)
 	_ = templates.Delete(ctx, name, metav1.DeleteOptions{})
 	if _, err := templates.Create(ctx, tmpl, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
