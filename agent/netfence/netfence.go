@@ -80,6 +80,9 @@ var AgentReplyPorts = []uint16{wire.NetworkPort, wire.FencePort}
 
 // Command runs `netfence` with args and prints one line saying what is allowed.
 func Command(args []string, stdout io.Writer) error {
+	if role := os.Getenv(ProbeRoleEnv); role != "" {
+		return runProbeRole(role, stdout) // a child of ProveRuntime
+	}
 	var replyTo []netip.Prefix
 	var replyPorts []uint16
 	var allows []Rule
@@ -138,6 +141,9 @@ func Command(args []string, stdout io.Writer) error {
 		allows = append(allows, resolved...)
 	}
 	output := OutputRules(replyTo, replyPorts, allows)
+	if err := ProveRuntime(); err != nil {
+		return err
+	}
 	fenced, err := Apply(output)
 	if err != nil {
 		return err
