@@ -103,6 +103,15 @@ func (c *Clients) NetworkPolicies(ctx context.Context, namespace string) ([]netw
 	return list.Items, nil
 }
 
+// Pods lists the pods of a namespace that selector (a label selector's string form) selects.
+func (c *Clients) Pods(ctx context.Context, namespace, selector string) ([]corev1.Pod, error) {
+	list, err := c.Kube.CoreV1().Pods(namespace).List(ctx, metav1.ListOptions{LabelSelector: selector})
+	if err != nil {
+		return nil, err
+	}
+	return list.Items, nil
+}
+
 // AdmissionPolicies lists the cluster's ValidatingAdmissionPolicies and their bindings.
 func (c *Clients) AdmissionPolicies(ctx context.Context) ([]admissionv1.ValidatingAdmissionPolicy, []admissionv1.ValidatingAdmissionPolicyBinding, error) {
 	policies, err := c.Kube.AdmissionregistrationV1().ValidatingAdmissionPolicies().List(ctx, metav1.ListOptions{})

@@ -57,9 +57,11 @@ var ColdStartPermissions = []Permission{
 }
 
 // DoctorPermissions is what doctor reads in the namespace beyond RequiredPermissions. Jobs never
-// need it; without it doctor says it cannot verify the pools' NetworkPolicies.
+// need it; without it doctor says it cannot verify the pools' NetworkPolicies, nor what their
+// pods' netfence init containers found.
 var DoctorPermissions = []Permission{
 	{NetworkPolicies.Group, NetworkPolicies.Resource, "list", "doctor: each pool's template has its NetworkPolicy (NetworkPolicies)"},
+	{Pods.Group, Pods.Resource, "list", "doctor: what the netfence init container of each pool's pods said of the runtime (Pods)"},
 }
 
 // ClusterPermissions is what doctor reads outside the namespace. Jobs never need it; without it

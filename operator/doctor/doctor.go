@@ -52,7 +52,7 @@ func (r Result) String() string {
 func Command(setup stages.Setup) *cli.Command {
 	return &cli.Command{
 		Name:  "doctor",
-		Usage: "check the cluster before use: CRDs, RBAC, RuntimeClasses, pools, their templates and NetworkPolicies, the cold-start admission policy, egress proxies (exit 1 on any FAIL; 2, as every verb, when the API server cannot be reached)",
+		Usage: "check the cluster before use: CRDs, RBAC, RuntimeClasses, pools, their templates and NetworkPolicies, what their pods' netfence found of runsc, the cold-start admission policy, egress proxies (exit 1 on any FAIL; 2, as every verb, when the API server cannot be reached)",
 		Flags: []cli.Flag{
 			&cli.BoolFlag{Name: "kubelet", Usage: "also read every node's kubelet podPidsLimit (needs cluster-admin credentials)"},
 		},
@@ -88,6 +88,8 @@ type Checker struct {
 	tolerations []corev1.Toleration
 	// templates found by the pool checks, for the NetworkPolicy check.
 	templates []*extv1beta1.SandboxTemplate
+	// pools found by the pool checks, for the netfence check.
+	pools []*extv1beta1.SandboxWarmPool
 }
 
 // Run prints every check's line and fails when any check FAILs.
@@ -118,7 +120,7 @@ func Run(ctx context.Context, env *stages.Env, opts Options) error {
 
 // Run runs the checks in order. Nothing else is worth asking an API server that does not answer.
 func (c *Checker) Run(ctx context.Context) []Result {
-	c.tolerations, c.templates = nil, nil
+	c.tolerations, c.templates, c.pools = nil, nil, nil
 	api := c.checkAPI()
 	if api.Status == Fail {
 		return []Result{api}
@@ -129,6 +131,7 @@ func (c *Checker) Run(ctx context.Context) []Result {
 	out = append(out, c.checkRuntimeClasses(ctx)...)
 	out = append(out, c.checkPools(ctx)...)
 	out = append(out, c.checkNetworkPolicies(ctx)...)
+	out = append(out, c.checkNetfence(ctx)...)
 	if c.Config.UnknownImage == config.UnknownImageCold {
 		out = append(out, c.checkColdStartPolicy(ctx))
 	}

@@ -43,6 +43,7 @@ func (c *Checker) checkPools(ctx context.Context) []Result {
 			continue
 		}
 		out = append(out, poolResult(pool))
+		c.pools = append(c.pools, pool)
 		useTemplate(pool.Spec.TemplateRef.Name, "pool "+p.Name)
 		poolTemplates[p.Name] = pool.Spec.TemplateRef.Name
 	}

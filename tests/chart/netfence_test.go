@@ -65,6 +65,10 @@ executor: {defaultPool: p}
 			!slices.Equal(sc.Capabilities.Drop, []corev1.Capability{"ALL"}) || !slices.Equal(sc.Capabilities.Add, []corev1.Capability{"NET_ADMIN", "NET_RAW"}) {
 			t.Errorf("template %s: netfence securityContext %+v: want root with exactly NET_ADMIN and NET_RAW, all else dropped, no escalation", name, sc)
 		}
+		// Its one-line failure (an old runsc, a missing capability) is what doctor reads.
+		if fence.TerminationMessagePolicy != corev1.TerminationMessageFallbackToLogsOnError {
+			t.Errorf("template %s: netfence terminationMessagePolicy %q, want FallbackToLogsOnError", name, fence.TerminationMessagePolicy)
+		}
 		if tmpl.Spec.PodTemplate.Spec.InitContainers[0].Name != "netfence" {
 			t.Errorf("template %s: netfence is not the first init container", name)
 		}
