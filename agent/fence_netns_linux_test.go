@@ -3,11 +3,9 @@
 package agent_test
 
 import (
-	"net"
 	"net/netip"
 	"os"
 	"os/exec"
-	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -18,6 +16,7 @@ import (
 	"github.com/sandbox-executor/sandbox-executor/agent"
 	"github.com/sandbox-executor/sandbox-executor/agent/netfence"
 	"github.com/sandbox-executor/sandbox-executor/agent/wire"
+	"github.com/sandbox-executor/sandbox-executor/internal/testing/netnstest"
 )
 
 // inNetns marks the test binary re-executed in a network namespace of its own.
@@ -48,15 +47,15 @@ func TestFenceCheckProvesTheNetstackFence(t *testing.T) {
 		return
 	}
 
-	peer := peerNamespace(t)
-	sh(t, "ip link set lo up",
-		"ip link add fence0 type veth peer name peer0 netns "+strconv.Itoa(peer.tid),
+	peer := netnstest.New(t)
+	netnstest.Sh(t, "ip link set lo up",
+		"ip link add fence0 type veth peer name peer0 netns "+strconv.Itoa(peer.Tid),
 		"ip addr add 10.202.0.1/24 dev fence0",
 		"ip link set fence0 up")
-	peer.sh(t, "ip link set lo up", "ip addr add 10.202.0.2/24 dev peer0", "ip link set peer0 up")
+	peer.Sh(t, "ip link set lo up", "ip addr add 10.202.0.2/24 dev peer0", "ip link set peer0 up")
 	canary, allowed := "10.202.0.2:8080", "10.202.0.2:8443"
-	peer.listen(t, canary)
-	peer.listen(t, allowed)
+	peer.Listen(t, canary)
+	peer.Listen(t, allowed)
 	check := func() (wire.FenceReport, time.Duration) {
 		env := map[string]string{wire.FenceDenyEnv: canary, wire.FenceAllowEnv: allowed, wire.FenceTimeoutEnv: "5s", wire.FenceNetstackEnv: "true"}
 		start := time.Now()
@@ -97,77 +96,5 @@ func TestFenceCheckProvesTheNetstackFence(t *testing.T) {
 	}
 	if report, _ := check(); report.Holds || report.String() != "denied canary "+canary+" is reachable" {
 		t.Errorf("with the canary allowed: %s; want it reachable, the witness stopped", report)
-	}
-}
-
-// netnsThread is an OS thread in a network namespace of its own (the peer): sockets made and
-// commands started on it live there. It is never unlocked, so the runtime discards it at the end.
-type netnsThread struct {
-	tid  int
-	work chan func()
-}
-
-func peerNamespace(t *testing.T) *netnsThread {
-	t.Helper()
-	ns := &netnsThread{work: make(chan func())}
-	started := make(chan error)
-	go func() {
-		runtime.LockOSThread()
-		if err := syscall.Unshare(syscall.CLONE_NEWNET); err != nil {
-			started <- err
-			return
-		}
-		ns.tid = syscall.Gettid()
-		started <- nil
-		for f := range ns.work {
-			f()
-		}
-	}()
-	if err := <-started; err != nil {
-		t.Skipf("cannot make a network namespace: %v", err)
-	}
-	t.Cleanup(func() { close(ns.work) })
-	return ns
-}
-
-func (ns *netnsThread) do(f func()) {
-	done := make(chan struct{})
-	ns.work <- func() { defer close(done); f() }
-	<-done
-}
-
-func (ns *netnsThread) sh(t *testing.T, commands ...string) {
-	t.Helper()
-	ns.do(func() { sh(t, commands...) })
-}
-
-// listen accepts and closes connections on addr in the namespace until the test ends.
-func (ns *netnsThread) listen(t *testing.T, addr string) {
-	t.Helper()
-	var l net.Listener
-	var err error
-	ns.do(func() { l, err = net.Listen("tcp", addr) })
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { l.Close() })
-	go func() {
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			c.Close()
-		}
-	}()
-}
-
-// sh runs commands, failing the test on the first that fails.
-func sh(t *testing.T, commands ...string) {
-	t.Helper()
-	for _, c := range commands {
-		if out, err := exec.Command("sh", "-c", c).CombinedOutput(); err != nil {
-			t.Fatalf("%s: %v: %s", c, err, out)
-		}
 	}
 }

@@ -10,7 +10,6 @@ import (
 	"os"
 	"os/exec"
 	"regexp"
-	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -19,79 +18,14 @@ import (
 	"time"
 
 	"github.com/sandbox-executor/sandbox-executor/agent/wire"
+	"github.com/sandbox-executor/sandbox-executor/internal/testing/netnstest"
 )
 
-// netns runs functions on one OS thread that has a network namespace of its own, so that
-// nothing here reaches the host's namespace: sockets, netfilter calls and commands started from
-// that thread all live in the new namespace. The thread is never unlocked, so the runtime
-// discards it when the test ends.
-type netns struct {
-	tid  int
-	work chan func()
-}
+// netns is a thread in a network namespace of its own (netnstest.Thread), with the probes
+// these tests make from it.
+type netns struct{ *netnstest.Thread }
 
-func newNetns(t *testing.T) *netns {
-	t.Helper()
-	ns := &netns{work: make(chan func())}
-	started := make(chan error)
-	go func() {
-		runtime.LockOSThread()
-		if err := syscall.Unshare(syscall.CLONE_NEWNET); err != nil {
-			started <- err
-			return
-		}
-		ns.tid = syscall.Gettid()
-		started <- nil
-		for f := range ns.work {
-			f()
-		}
-	}()
-	if err := <-started; err != nil {
-		t.Skipf("cannot make a network namespace: %v", err)
-	}
-	t.Cleanup(func() { close(ns.work) })
-	return ns
-}
-
-// do runs f on the namespace's thread.
-func (ns *netns) do(f func()) {
-	done := make(chan struct{})
-	ns.work <- func() { defer close(done); f() }
-	<-done
-}
-
-// sh runs commands in the namespace, failing the test on the first that fails.
-func (ns *netns) sh(t *testing.T, commands ...string) {
-	t.Helper()
-	ns.do(func() {
-		for _, c := range commands {
-			if out, err := exec.Command("sh", "-c", c).CombinedOutput(); err != nil {
-				t.Fatalf("%s: %v: %s", c, err, out)
-			}
-		}
-	})
-}
-
-// listen accepts and closes TCP connections on addr in the namespace until the test ends.
-func (ns *netns) listen(t *testing.T, addr string) {
-	t.Helper()
-	var l net.Listener
-	var err error
-	ns.do(func() { l, err = net.Listen("tcp", addr) })
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { l.Close() })
-	go func() {
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			c.Close()
-		}
-	}()
-}
+func newNetns(t *testing.T) *netns { return &netns{netnstest.New(t)} }
 
 // connects reports whether a TCP connect from the namespace to addr succeeds.
 func (ns *netns) connects(addr string, timeout time.Duration) error {
@@ -120,7 +54,7 @@ func (ns *netns) connectsFromPort(from string, port int, addr string, timeout ti
 			return serr
 		}
 	}
-	ns.do(func() {
+	ns.Do(func() {
 		var c net.Conn
 		if c, err = d.Dial("tcp", addr); err == nil {
 			c.Close()
@@ -141,7 +75,7 @@ type fencedPair struct {
 func newFencedPair(t *testing.T) fencedPair {
 	t.Helper()
 	p := newPair(t)
-	p.fenced.listen(t, ":"+strconv.Itoa(int(AgentReplyPorts[0])))
+	p.fenced.Listen(t, ":"+strconv.Itoa(int(AgentReplyPorts[0])))
 	return p
 }
 
@@ -158,23 +92,23 @@ func newPair(t *testing.T) fencedPair {
 		}
 	}
 	fenced, peer := newNetns(t), newNetns(t)
-	fenced.sh(t,
+	fenced.Sh(t,
 		"ip link set lo up",
-		"ip link add fence0 type veth peer name peer0 netns "+strconv.Itoa(peer.tid),
+		"ip link add fence0 type veth peer name peer0 netns "+strconv.Itoa(peer.Tid),
 		"ip addr add 10.201.0.1/24 dev fence0",
 		"ip addr add fd00:201::1/64 dev fence0 nodad",
 		"ip link set fence0 up")
-	peer.sh(t,
+	peer.Sh(t,
 		"ip link set lo up",
 		"ip addr add 10.201.0.2/24 dev peer0",
 		"ip addr add 10.201.0.3/24 dev peer0",
 		"ip addr add fd00:201::2/64 dev peer0 nodad",
 		"ip addr add fd00:201::3/64 dev peer0 nodad",
 		"ip link set peer0 up")
-	peer.listen(t, ":8443")
-	peer.listen(t, ":8444")
-	fenced.listen(t, ":9000")
-	fenced.listen(t, ":9001")
+	peer.Listen(t, ":8443")
+	peer.Listen(t, ":8444")
+	fenced.Listen(t, ":9000")
+	fenced.Listen(t, ":9001")
 	return fencedPair{fenced, peer}
 }
 
@@ -211,7 +145,7 @@ func (p fencedPair) unfencedConnects(t *testing.T) {
 // witness runs ProbeWitness in the namespace.
 func (ns *netns) witness(t *testing.T, timeout time.Duration) (err error) {
 	t.Helper()
-	ns.do(func() { err = ProbeWitness(timeout) })
+	ns.Do(func() { err = ProbeWitness(timeout) })
 	return err
 }
 
@@ -238,7 +172,7 @@ func TestApplyFencesANetworkNamespace(t *testing.T) {
 
 	var fenced []Fenced
 	var err error
-	p.fenced.do(func() { fenced, err = Apply(OutputRules(pairReplyTo, AgentReplyPorts, pairAllowed)) })
+	p.fenced.Do(func() { fenced, err = Apply(OutputRules(pairReplyTo, AgentReplyPorts, pairAllowed)) })
 	skipWithoutFilterTable(t, err)
 	if want := []Fenced{{"IPv4", true}, {"IPv6", true}}; !slices.Equal(fenced, want) {
 		t.Errorf("Apply fenced %v, want %v: both families refusing tcp", fenced, want)
@@ -280,7 +214,7 @@ func TestApplyFencesANetworkNamespace(t *testing.T) {
 		t.Errorf("the witness: %v after %s; want it stopped at once", err, time.Since(start).Round(time.Millisecond))
 	}
 	// UDP is dropped, not refused: a connected socket hears nothing.
-	p.fenced.do(func() {
+	p.fenced.Do(func() {
 		c, err := net.Dial("udp", "10.201.0.3:8443")
 		if err != nil {
 			t.Errorf("udp: %v", err)
@@ -314,7 +248,7 @@ func TestApplyWithoutRejectDrops(t *testing.T) {
 	t.Cleanup(func() { setReplace = family.setsockopt })
 	var fenced []Fenced
 	var err error
-	p.fenced.do(func() { fenced, err = Apply(OutputRules(pairReplyTo, AgentReplyPorts, pairAllowed)) })
+	p.fenced.Do(func() { fenced, err = Apply(OutputRules(pairReplyTo, AgentReplyPorts, pairAllowed)) })
 	skipWithoutFilterTable(t, err)
 	if want := []Fenced{{"IPv4", false}, {"IPv6", false}}; !slices.Equal(fenced, want) || refused != 2 {
 		t.Errorf("Apply fenced %v after %d refused tables, want %v after 2", fenced, refused, want)
@@ -344,7 +278,7 @@ func TestApplyWithoutRejectDrops(t *testing.T) {
 
 	// A runtime that refuses the dropping table too fails the verb, closed, as before.
 	setReplace = func(family, int, []byte) error { return syscall.EINVAL }
-	p.fenced.do(func() { _, err = Apply(OutputRules(pairReplyTo, AgentReplyPorts, pairAllowed)) })
+	p.fenced.Do(func() { _, err = Apply(OutputRules(pairReplyTo, AgentReplyPorts, pairAllowed)) })
 	if err == nil || !strings.Contains(err.Error(), "can't replace iptables table `filter': invalid argument: this runtime refuses the table") {
 		t.Errorf("Apply on a runtime that refuses both tables: %v", err)
 	}
@@ -387,7 +321,7 @@ func (ns *netns) save(t *testing.T, save string) []string {
 	t.Helper()
 	var out []byte
 	var err error
-	ns.do(func() { out, err = exec.Command(save, "-t", "filter").Output() })
+	ns.Do(func() { out, err = exec.Command(save, "-t", "filter").Output() })
 	if err != nil {
 		t.Fatalf("%s: %v", save, err)
 	}
@@ -411,7 +345,7 @@ func TestCommandRefusesReplyToEveryAddress(t *testing.T) {
 	for _, every := range []string{"0.0.0.0/0", "::/0"} {
 		var out strings.Builder
 		var err error
-		ns.do(func() { err = Command([]string{"--reply-to", "10.88.0.0/16", "--reply-to", every}, &out) })
+		ns.Do(func() { err = Command([]string{"--reply-to", "10.88.0.0/16", "--reply-to", every}, &out) })
 		if err == nil || !strings.Contains(err.Error(), every+" is every address") || strings.Contains(err.Error(), "\n") || out.Len() != 0 {
 			t.Errorf("--reply-to %s: %v, printed %q; want a one-line refusal naming it", every, err, out.String())
 		}
@@ -430,7 +364,7 @@ func TestApplyAcceptsRepliesOnlyFromTheGivenPorts(t *testing.T) {
 	p := newPair(t)
 	p.unfencedConnects(t)
 	var err error
-	p.fenced.do(func() { _, err = Apply(OutputRules(pairReplyTo, []uint16{wire.FencePort}, pairAllowed)) })
+	p.fenced.Do(func() { _, err = Apply(OutputRules(pairReplyTo, []uint16{wire.FencePort}, pairAllowed)) })
 	skipWithoutFilterTable(t, err)
 	p.fenced.checkSave(t, "iptables-legacy-save", slices.Concat(saveHead, []string{
 		"-A OUTPUT -d 127.0.75.44/32 -p udp -j REJECT --reject-with icmp-port-unreachable",
@@ -463,7 +397,7 @@ func TestApplyAcceptsRepliesOnlyFromTheGivenPorts(t *testing.T) {
 	}
 
 	for _, port := range []int{wire.NetworkPort, wire.FencePort} {
-		p.fenced.listen(t, ":"+strconv.Itoa(port))
+		p.fenced.Listen(t, ":"+strconv.Itoa(port))
 	}
 	for _, c := range pairs {
 		if err := p.peer.connectsFrom(c.client, net.JoinHostPort(c.host, strconv.Itoa(wire.FencePort)), 5*time.Second); err != nil {
@@ -512,10 +446,10 @@ func TestCommandWritesReplyRulesOnlyForItsReplyPorts(t *testing.T) {
 			args = append(args, "--reply-port", port)
 		}
 		ns := newNetns(t)
-		ns.sh(t, "ip link set lo up")
+		ns.Sh(t, "ip link set lo up")
 		var out strings.Builder
 		var err error
-		ns.do(func() { err = Command(args, &out) })
+		ns.Do(func() { err = Command(args, &out) })
 		skipWithoutFilterTable(t, err)
 		for _, want := range tc.wantPrint {
 			if !strings.Contains(out.String(), want) {

@@ -29,7 +29,7 @@ func TestProveRuntimeProvesTheLinuxKernel(t *testing.T) {
 	ns := newNetns(t)
 	var report probeReport
 	var err error
-	ns.do(func() {
+	ns.Do(func() {
 		report = runtimeProbes()
 		err = ProveRuntime()
 	})
@@ -51,7 +51,7 @@ func TestProbesTellARuntimeThatGrants(t *testing.T) {
 	ns := newNetns(t)
 	var sockets, replaces []probeResult
 	var err error
-	ns.do(func() {
+	ns.Do(func() {
 		sockets = socketProbes()
 		replaces, err = replaceProbes(false)
 	})
@@ -97,7 +97,7 @@ func TestNetfenceWithTheProbesVariableFails(t *testing.T) {
 	t.Setenv(ProbeRoleEnv, roleNoAdmin)
 	var out strings.Builder
 	var err error
-	ns.do(func() { err = Command([]string{"--reply-to", "10.88.0.0/16"}, &out) })
+	ns.Do(func() { err = Command([]string{"--reply-to", "10.88.0.0/16"}, &out) })
 	if !errors.Is(err, errProbeChild) || !strings.Contains(out.String(), `{"probe":"IPT_SO_SET_REPLACE","errno":1}`) {
 		t.Errorf("netfence with %s=%s: %v, printed %q; want the probe's answers and errProbeChild", ProbeRoleEnv, roleNoAdmin, err, out.String())
 	}
@@ -117,7 +117,7 @@ func TestCommandProvesTheRuntimeBeforeWritingTheTable(t *testing.T) {
 	t.Cleanup(func() { setReplace = family.setsockopt })
 	var out strings.Builder
 	var err error
-	ns.do(func() { err = Command([]string{"--reply-to", "10.88.0.0/16", "--allow", "10.0.0.0/8:443"}, &out) })
+	ns.Do(func() { err = Command([]string{"--reply-to", "10.88.0.0/16", "--allow", "10.0.0.0/8:443"}, &out) })
 	var re *RuntimeError
 	if !errors.As(err, &re) || strings.Contains(err.Error(), "\n") || !strings.Contains(err.Error(), "runsc "+MinRunsc+" or later") || out.Len() != 0 || replaced != 0 {
 		t.Errorf("netfence on a runtime that grants the replace: %v, printed %q, %d replaces; want one line naming %s and no table written", err, out.String(), replaced, MinRunsc)
