@@ -1,19 +1,29 @@
 package chart_test
 
 import (
+	"context"
+	"errors"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/cel-go/cel"
+	"github.com/google/cel-go/common/types"
 	admissionv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	kubefake "k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
+	"k8s.io/utils/clock"
 	"k8s.io/utils/ptr"
 	sandboxv1beta1 "sigs.k8s.io/agent-sandbox/api/v1beta1"
+	sandboxfake "sigs.k8s.io/agent-sandbox/clients/k8s/clientset/versioned/fake"
+	extfake "sigs.k8s.io/agent-sandbox/clients/k8s/extensions/clientset/versioned/fake"
 	extv1beta1 "sigs.k8s.io/agent-sandbox/extensions/api/v1beta1"
 
 	"github.com/sandbox-executor/sandbox-executor/internal/testing/helmchart"
+	"github.com/sandbox-executor/sandbox-executor/kube"
 )
 
 // coldPolicy renders the cold-start policy and the cold template it holds Sandboxes to.
@@ -33,15 +43,32 @@ func coldPolicyOf(t *testing.T, objs *helmchart.Objects, template string) (*admi
 	return &vap, &tmpl
 }
 
-// coldSandbox is what the executor creates for a cold start (kube.ColdStart): the template's
-// pod, the job's image, no token.
-func coldSandbox(tmpl *extv1beta1.SandboxTemplate) *sandboxv1beta1.Sandbox {
-	sbx := &sandboxv1beta1.Sandbox{Spec: sandboxv1beta1.SandboxSpec{SandboxBlueprint: *tmpl.Spec.SandboxBlueprint.DeepCopy()}}
-	pod := &sbx.Spec.PodTemplate.Spec
-	pod.Containers[0].Image = "registry.example.com/duo/tools/node:22"
-	pod.AutomountServiceAccountToken = ptr.To(false)
-	sbx.Spec.PodTemplate.ObjectMeta.Labels = map[string]string{sandboxv1beta1.SandboxTemplateRefHashLabel: "0123abcd"}
-	return sbx
+// coldSandbox is the Sandbox the executor creates for a cold start from tmpl, the rendered cold
+// template: kube.ColdStart's own code (its labels, owner, pod template, the job's image), run
+// against fake clientsets that hold the template with a UID, and stopped at the create, which is
+// where the API server's admission, these tests' subject, would run.
+func coldSandbox(t *testing.T, tmpl *extv1beta1.SandboxTemplate) *sandboxv1beta1.Sandbox {
+	t.Helper()
+	stored := tmpl.DeepCopy()
+	stored.UID = "6a1f0c2e-3b4d-4e5f-8a9b-0c1d2e3f4a5b"
+	sandboxes := sandboxfake.NewSimpleClientset()
+	var created *sandboxv1beta1.Sandbox
+	sandboxes.PrependReactor("create", "sandboxes", func(action k8stesting.Action) (bool, runtime.Object, error) {
+		created = action.(k8stesting.CreateAction).GetObject().(*sandboxv1beta1.Sandbox).DeepCopy()
+		return true, nil, errors.New("stopped at the create: the test admits what the executor sent")
+	})
+	clients := &kube.Clients{Kube: kubefake.NewSimpleClientset(), Sandboxes: sandboxes, Extensions: extfake.NewSimpleClientset(stored)}
+	name := kube.ClaimName("glcbt-job-a-token", "duo-runner", 4242)
+	req := kube.ClaimRequest{
+		Namespace: stored.Namespace, Name: name, Runner: "duo-runner",
+		Job:   kube.Job{ID: 4242, ProjectID: 7, PipelineID: 99, Timeout: time.Hour, Image: "registry.example.com/duo/tools/node:22"},
+		Grace: 10 * time.Minute, ReadyTimeout: time.Second, RuntimeClasses: []string{"gvisor"},
+		Binding: kube.JobBinding("glcbt-job-a-token", stored.Namespace, name),
+	}
+	if _, err := kube.NewClaimer(clients, clock.RealClock{}).ColdStart(context.Background(), req, stored.Name); created == nil {
+		t.Fatalf("the executor created no Sandbox from cold template %s: %v", stored.Name, err)
+	}
+	return created
 }
 
 // admit evaluates the policy's own CEL expressions as the API server does for a create by
@@ -49,11 +76,29 @@ func coldSandbox(tmpl *extv1beta1.SandboxTemplate) *sandboxv1beta1.Sandbox {
 // that errors denies (failurePolicy Fail). It returns the messages of the validations that deny.
 func admit(t *testing.T, vap *admissionv1.ValidatingAdmissionPolicy, sbx *sandboxv1beta1.Sandbox) []string {
 	t.Helper()
+	return review(t, vap, nil, sbx)
+}
+
+// review is admit for an update of old to sbx (old nil: a create, whose oldObject is null).
+func review(t *testing.T, vap *admissionv1.ValidatingAdmissionPolicy, old, sbx *sandboxv1beta1.Sandbox) []string {
+	t.Helper()
 	object, err := runtime.DefaultUnstructuredConverter.ToUnstructured(sbx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	env, err := cel.NewEnv(cel.Variable("object", cel.DynType), cel.Variable("variables", cel.MapType(cel.StringType, cel.DynType)))
+	var oldObject any = types.NullValue
+	if old != nil {
+		if oldObject, err = runtime.DefaultUnstructuredConverter.ToUnstructured(old); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The API server's base environment (k8s.io/apiserver/pkg/cel/environment) takes only
+	// homogeneous aggregate literals and compares numbers across types: an expression it would
+	// not compile must not compile here either.
+	env, err := cel.NewEnv(cel.Variable("object", cel.DynType), cel.Variable("oldObject", cel.DynType),
+		cel.Variable("variables", cel.MapType(cel.StringType, cel.DynType)),
+		cel.HomogeneousAggregateLiterals(), cel.ASTValidators(cel.ValidateHomogeneousAggregateLiterals()),
+		cel.CrossTypeNumericComparisons(true), cel.OptionalTypes(), cel.DefaultUTCTimeZone(true))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -66,7 +111,7 @@ func admit(t *testing.T, vap *admissionv1.ValidatingAdmissionPolicy, sbx *sandbo
 		if err != nil {
 			t.Fatal(err)
 		}
-		out, _, err := prg.Eval(map[string]any{"object": object, "variables": variables})
+		out, _, err := prg.Eval(map[string]any{"object": object, "oldObject": oldObject, "variables": variables})
 		if err != nil {
 			return nil, err
 		}
@@ -99,13 +144,13 @@ func TestColdStartPolicyAdmitsOnlyTheColdTemplatesShape(t *testing.T) {
 			values = "jobDefaults: {nonRoot: true}\n"
 		}
 		vap, tmpl := coldPolicy(t, values)
-		if denied := admit(t, vap, coldSandbox(tmpl)); len(denied) > 0 {
+		if denied := admit(t, vap, coldSandbox(t, tmpl)); len(denied) > 0 {
 			t.Fatalf("nonRoot %t: the executor's own cold start is refused: %q", nonRoot, denied)
 		}
 		// That shape includes the runner's helper, copied from the agent image by install-agent
 		// into the agent's emptyDir: the policy admits it as the rest of that init container.
 		bakesHelper := false
-		for _, c := range coldSandbox(tmpl).Spec.PodTemplate.Spec.InitContainers {
+		for _, c := range coldSandbox(t, tmpl).Spec.PodTemplate.Spec.InitContainers {
 			bakesHelper = bakesHelper || (c.Name == "install-agent" && slices.Contains(c.Command, "/opt/sandbox-executor/gitlab-runner-helper"))
 		}
 		if !bakesHelper {
@@ -193,7 +238,7 @@ func TestColdStartPolicyAdmitsOnlyTheColdTemplatesShape(t *testing.T) {
 				s.Spec.PodTemplate.ObjectMeta.Annotations = map[string]string{"container.apparmor.security.beta.kubernetes.io/job": "unconfined"}
 			}},
 		} {
-			sbx := coldSandbox(tmpl)
+			sbx := coldSandbox(t, tmpl)
 			tc.widen(sbx)
 			denied := admit(t, vap, sbx)
 			if !strings.Contains(strings.Join(denied, "\n"), tc.want) {
@@ -201,12 +246,12 @@ func TestColdStartPolicyAdmitsOnlyTheColdTemplatesShape(t *testing.T) {
 			}
 		}
 		if nonRoot {
-			sbx := coldSandbox(tmpl)
+			sbx := coldSandbox(t, tmpl)
 			sbx.Spec.PodTemplate.Spec.SecurityContext.RunAsNonRoot = nil
 			if denied := admit(t, vap, sbx); !strings.Contains(strings.Join(denied, "\n"), "runAsNonRoot") {
 				t.Errorf("a root pod from a non-root cold template: denied by %q", denied)
 			}
-			sbx = coldSandbox(tmpl)
+			sbx = coldSandbox(t, tmpl)
 			sbx.Spec.PodTemplate.Spec.Containers[0].SecurityContext.Capabilities.Add = []corev1.Capability{"CHOWN"}
 			if denied := admit(t, vap, sbx); len(denied) == 0 {
 				t.Error("a non-root cold template's pod adding CHOWN is admitted; its template adds none")

@@ -178,11 +178,11 @@ pools:
 			}
 		}
 		vap, tmpl := coldPolicyOf(t, objs, "direct")
-		if denied := admit(t, vap, coldSandbox(tmpl)); len(denied) > 0 {
+		if denied := admit(t, vap, coldSandbox(t, tmpl)); len(denied) > 0 {
 			t.Fatalf("agentTLS %t: the executor's own cold start is refused: %q", tls, denied)
 		}
 		if !tls {
-			sbx := coldSandbox(tmpl)
+			sbx := coldSandbox(t, tmpl)
 			fence := netfenceOf(t, sbx)
 			fence.Args = slices.Insert(fence.Args, len(replyTo), "--reply-port", "7543")
 			if denied := admit(t, vap, sbx); !strings.Contains(strings.Join(denied, "\n"), "netfence init container") {
