@@ -260,3 +260,47 @@ replyTo network. */}}
 {{- end }}
 {{- if $netfence }}{{ toJson $netfenceArgs }}{{ else }}[]{{ end }}
 {{- end -}}
+
+{{- /* templateRefHash NAME: agent-sandbox's SandboxTemplateRefHash of a template's name, the
+FNV-1a hash of its bytes in 8 hex digits (kube.TemplateRefHash; tests/chart checks they agree).
+It is the value of the agents.x-k8s.io/sandbox-template-ref-hash label the template's managed
+NetworkPolicy selects pods by. Sprig has no FNV and no XOR: the XOR of each byte into the low
+byte of the hash is done bit by bit. Names are ASCII (a template's is a DNS subdomain). */ -}}
+{{- define "sandbox-executor.templateRefHash" -}}
+{{- $codes := dict }}
+{{- range $c := until 128 }}{{ $_ := set $codes (printf "%c" $c) $c }}{{ end }}
+{{- $h := 2166136261 }}
+{{- range $ch := splitList "" . }}
+{{- if not (hasKey $codes $ch) }}{{ fail (printf "SandboxTemplate name %q is not ASCII" $) }}{{ end }}
+{{- $b := get $codes $ch }}
+{{- $low := mod $h 256 }}
+{{- $x := 0 }}
+{{- range $p := list 1 2 4 8 16 32 64 128 }}
+{{- if ne (mod (div $low $p) 2) (mod (div $b $p) 2) }}{{ $x = add $x $p }}{{ end }}
+{{- end }}
+{{- $h = mod (mul (add (sub $h $low) $x) 16777619) 4294967296 }}
+{{- end }}
+{{- printf "%08x" $h }}
+{{- end -}}
+
+{{- /* celLiteral VALUE: a CEL literal of a value read from YAML (maps, lists, scalars), each map
+value and list element wrapped in dyn(): the API server's CEL environment takes only homogeneous
+aggregate literals, and a container's env or an init container's fields are not (strings beside
+maps and lists). dyn() changes no value, so the literal equals the object it was read from. */ -}}
+{{- define "sandbox-executor.celLiteral" -}}
+{{- if kindIs "map" . -}}
+{{- $parts := list -}}
+{{- range $k := keys . | sortAlpha -}}
+{{- $parts = append $parts (printf "%s: dyn(%s)" (toJson $k) (include "sandbox-executor.celLiteral" (get $ $k))) -}}
+{{- end -}}
+{{- printf "{%s}" (join ", " $parts) -}}
+{{- else if kindIs "slice" . -}}
+{{- $parts := list -}}
+{{- range . -}}
+{{- $parts = append $parts (printf "dyn(%s)" (include "sandbox-executor.celLiteral" .)) -}}
+{{- end -}}
+{{- printf "[%s]" (join ", " $parts) -}}
+{{- else -}}
+{{- toJson . -}}
+{{- end -}}
+{{- end -}}
