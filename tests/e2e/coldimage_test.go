@@ -14,6 +14,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	sandboxv1beta1 "sigs.k8s.io/agent-sandbox/api/v1beta1"
 	sandboxclient "sigs.k8s.io/agent-sandbox/clients/k8s/clientset/versioned"
+	extv1beta1 "sigs.k8s.io/agent-sandbox/extensions/api/v1beta1"
 
 	"github.com/sandbox-executor/sandbox-executor/agent/wire"
 	"github.com/sandbox-executor/sandbox-executor/kube"
@@ -143,8 +144,18 @@ func TestColdImageAdmissionPolicy(t *testing.T) {
 		t.Fatal(err)
 	}
 	create := func(edit func(*corev1.PodSpec)) error {
-		sbx := &sandboxv1beta1.Sandbox{ObjectMeta: metav1.ObjectMeta{GenerateName: "e2e-cold-policy-", Namespace: clusterjobs.Namespace}}
+		// Owned and labelled as kube.ColdStart makes it: the policy holds both (issue 39).
+		hash, controller := kube.TemplateRefHash(tmpl.Name), true
+		sbx := &sandboxv1beta1.Sandbox{ObjectMeta: metav1.ObjectMeta{GenerateName: "e2e-cold-policy-", Namespace: clusterjobs.Namespace,
+			Labels: map[string]string{kube.LabelManagedBy: kube.ManagedByValue, kube.LabelRunner: kube.RunnerLabel("e2e-cold-policy"), kube.LabelJobID: "1",
+				sandboxv1beta1.SandboxTemplateRefHashLabel: hash, sandboxv1beta1.SandboxLaunchTypeLabel: sandboxv1beta1.SandboxLaunchTypeCold},
+			OwnerReferences: []metav1.OwnerReference{{APIVersion: extv1beta1.GroupVersion.String(), Kind: extv1beta1.SandboxTemplateKind,
+				Name: tmpl.Name, UID: tmpl.UID, Controller: &controller}}}}
 		sbx.Spec.SandboxBlueprint = *tmpl.Spec.SandboxBlueprint.DeepCopy()
+		if sbx.Spec.PodTemplate.ObjectMeta.Labels == nil {
+			sbx.Spec.PodTemplate.ObjectMeta.Labels = map[string]string{}
+		}
+		sbx.Spec.PodTemplate.ObjectMeta.Labels[sandboxv1beta1.SandboxTemplateRefHashLabel] = hash
 		edit(&sbx.Spec.PodTemplate.Spec)
 		_, err := sandboxes.AgentsV1beta1().Sandboxes(clusterjobs.Namespace).Create(ctx, sbx, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
 		return err
