@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -39,6 +40,31 @@ func FuzzParseAllow(f *testing.F) {
 		again := r.Dst.String() + ":" + r.DstPorts.String() + "/" + r.Proto.String()
 		if back, err := ParseAllow(again); err != nil || back != r {
 			t.Fatalf("ParseAllow(%q) = %+v prints as %q, which parses to %+v, %v", spec, r, again, back, err)
+		}
+	})
+}
+
+// FuzzParseReplyPort: a --reply-port that parses is one of the agent's own ports
+// (AgentReplyPorts), never a port a job could listen on, and its decimal parses back to it;
+// each agent port's decimal parses. A refusal is one line.
+func FuzzParseReplyPort(f *testing.F) {
+	for _, s := range []string{"7543", "7544", "0", "22", "65535", "65536", "-7543", "+7543", "07543", "7543 ", "0x1d77", ""} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, v string) {
+		port, err := parseReplyPort(v)
+		if err != nil {
+			testutil.RequireOneLine(t, err, fmt.Sprintf("parseReplyPort(%q)", v))
+			if n, convErr := strconv.ParseUint(v, 10, 16); convErr == nil && v == strconv.FormatUint(n, 10) && slices.Contains(AgentReplyPorts, uint16(n)) {
+				t.Fatalf("parseReplyPort(%q) refused the agent's port %d: %v", v, n, err)
+			}
+			return
+		}
+		if !slices.Contains(AgentReplyPorts, port) {
+			t.Fatalf("parseReplyPort(%q) = %d, not one of the agent's ports %v", v, port, AgentReplyPorts)
+		}
+		if back, err := parseReplyPort(strconv.Itoa(int(port))); err != nil || back != port {
+			t.Fatalf("parseReplyPort(%q) = %d, whose decimal parses to %d, %v", v, port, back, err)
 		}
 	})
 }
