@@ -28,6 +28,9 @@ func flowImageSRT(image string) string {
 	return ""
 }
 
+// IsFlowImage tells whether image is one of GitLab's default flow images (any registry, any tag).
+func IsFlowImage(image string) bool { return flowImageSRT(image) != "" }
+
 // FlowImageIsolation is the job-log line that says where a flow's isolation comes from when
 // its pod runs one of GitLab's default flow images, and "" for any other image. The default
 // image wraps the flow in SRT, whose sandbox needs privileges that a gVisor pod does not give

@@ -1,6 +1,7 @@
 package gitlab
 
 import (
+	"bytes"
 	"fmt"
 	"strings"
 	"testing"
@@ -69,6 +70,43 @@ func FuzzCheckInstanceWildcard(f *testing.F) {
 			if _, err := publicsuffix.EffectiveTLDPlusOne(domain); err != nil {
 				t.Fatalf("CheckInstanceWildcard passed %q, whose grant has %q: %v", serverURL, r, err)
 			}
+		}
+	})
+}
+
+// FuzzNonoWatch: however a stage's output is split into writes, a NonoWatch passes it through
+// unchanged and hears what reading it whole, a line at a time, hears: the first complete line
+// that starts with one of GitLab's nono refusals.
+func FuzzNonoWatch(f *testing.F) {
+	f.Add([]byte("nono found, testing Landlock sandbox capabilities...\nError: nono found but the sandbox pre-check failed, refusing to run without a sandbox\nexit\n"), uint16(60))
+	f.Add([]byte("Error: nono not found on PATH (image must ship it)\r\n"), uint16(7))
+	f.Add([]byte("$ echo \"Error: nono not found on PATH\"\nError: nono not found on PATH"), uint16(0))
+	f.Fuzz(func(t *testing.T, output []byte, split uint16) {
+		at := 0
+		if len(output) > 0 {
+			at = int(split) % (len(output) + 1)
+		}
+		var passed bytes.Buffer
+		w := &NonoWatch{W: &passed}
+		for _, chunk := range [][]byte{output[:at], output[at:]} {
+			if n, err := w.Write(chunk); err != nil || n != len(chunk) {
+				t.Fatalf("Write = %d, %v", n, err)
+			}
+		}
+		if !bytes.Equal(passed.Bytes(), output) {
+			t.Fatalf("passed %q, want %q", passed.Bytes(), output)
+		}
+		want := ""
+		lines := bytes.Split(output, []byte("\n"))
+		for _, line := range lines[:len(lines)-1] { // the last is unterminated
+			for _, r := range nonoRefusals {
+				if want == "" && bytes.HasPrefix(bytes.TrimRight(line, "\r"), []byte(r.line)) {
+					want = r.cause
+				}
+			}
+		}
+		if w.Refused() != want {
+			t.Fatalf("Refused() = %q after %q split at %d, want %q", w.Refused(), output, at, want)
 		}
 	})
 }

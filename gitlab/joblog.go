@@ -30,6 +30,7 @@ const (
 	ansiBold   = "\x1b[1m"
 	ansiGreen  = "\x1b[32;1m"
 	ansiYellow = "\x1b[0;33m"
+	ansiRed    = "\x1b[31;1m"
 	ansiClear  = "\x1b[0K"
 )
 
@@ -45,6 +46,9 @@ func (l *JobLog) Infof(format string, args ...any) { l.printf(ansiGreen, format,
 
 // Warnf prints a problem the job survived.
 func (l *JobLog) Warnf(format string, args ...any) { l.printf(ansiYellow, "WARNING: "+format, args...) }
+
+// Errorf prints why the job failed, when the executor knows more than the job's own output says.
+func (l *JobLog) Errorf(format string, args ...any) { l.printf(ansiRed, "ERROR: "+format, args...) }
 
 // Debugf prints only with debug = true.
 func (l *JobLog) Debugf(format string, args ...any) {

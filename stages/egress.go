@@ -9,6 +9,14 @@ import (
 	"github.com/sandbox-executor/sandbox-executor/kube"
 )
 
+// FencedBy names what fences the egress of a pool's pods, for the job log.
+func FencedBy(pool *config.Pool) string {
+	if pool != nil && pool.EgressProxy != "" {
+		return "its NetworkPolicy and the egress proxy"
+	}
+	return "its NetworkPolicy"
+}
+
 // EgressAdmin is the admin client of pool's egress proxy, sending the token of
 // egress_admin_token_file if set, and verifying an https proxy's certificate with
 // egress_admin_ca_file if set.

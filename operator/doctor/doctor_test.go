@@ -390,6 +390,21 @@ func TestPools(t *testing.T) {
 		f.cfg.Pools[0].ServeOtherTags = true
 		expect(t, f.checker(t, nil).Run(context.Background()), "pool duo-default images", doctor.OK, "and other tags of it")
 	})
+	t.Run("GitLab's flow image: nono", func(t *testing.T) {
+		f := newFixture(t)
+		flowImage := "registry.gitlab.com/gitlab-org/duo-workflow/default-docker-image/workflow-generic-image:v0.0.21"
+		f.tmpl.Spec.PodTemplate.Spec.Containers[0].Image = flowImage
+		f.cfg.Pools[0].Images = []string{flowImage}
+		expect(t, f.checker(t, nil).Run(context.Background()), "pool duo-default nono", doctor.OK,
+			"under gVisor (RuntimeClass gvisor), which implements no Landlock (google/gvisor#13439)", "duo_workflow_nono_sandbox", "keep that flag off", "docs/agent-config.md#nono")
+		f = newFixture(t)
+		f.cfg.Pools[0].Images = []string{"ci:bookworm"}
+		for _, r := range f.checker(t, nil).Run(context.Background()) {
+			if strings.HasSuffix(r.Check, " nono") {
+				t.Errorf("a line about nono for a pool of another image: %s", r)
+			}
+		}
+	})
 	t.Run("an image its template does not run", func(t *testing.T) {
 		f := newFixture(t)
 		f.cfg.Pools[0].Images = []string{"ci:bookworm", "ci:trixie"}

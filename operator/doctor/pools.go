@@ -8,10 +8,12 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/utils/ptr"
 	extv1beta1 "sigs.k8s.io/agent-sandbox/extensions/api/v1beta1"
 
 	"github.com/sandbox-executor/sandbox-executor/agent/wire"
 	"github.com/sandbox-executor/sandbox-executor/config"
+	"github.com/sandbox-executor/sandbox-executor/gitlab"
 )
 
 // The warm pools and their SandboxTemplates.
@@ -77,8 +79,20 @@ func (c *Checker) checkPoolImages(poolTemplates map[string]string) []Result {
 		default:
 			out = append(out, Result{OK, check, runs + ", exactly", ""})
 		}
+		if gitlab.IsFlowImage(runs) {
+			out = append(out, nonoResult(p.Name, c.templates[i]))
+		}
 	}
 	return out
+}
+
+// nonoResult says what becomes of GitLab's nono sandbox in a pool of one of GitLab's flow
+// images: nothing doctor can check on the instance (its feature flag), but what its admin must
+// know before turning it on.
+func nonoResult(pool string, t *extv1beta1.SandboxTemplate) Result {
+	runtime := ptr.Deref(t.Spec.PodTemplate.Spec.RuntimeClassName, "")
+	return Result{OK, "pool " + pool + " nono", fmt.Sprintf("flows run in GitLab's flow image under gVisor (RuntimeClass %s), which implements no Landlock (google/gvisor#13439): "+
+		"a flow GitLab wraps in nono (its feature flag duo_workflow_nono_sandbox) fails closed here with a job-log line saying so; keep that flag off on the instances these runners serve (docs/agent-config.md#nono)", runtime), ""}
 }
 
 func poolResult(pool *extv1beta1.SandboxWarmPool) Result {

@@ -6,7 +6,6 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/sandbox-executor/sandbox-executor/config"
 	"github.com/sandbox-executor/sandbox-executor/egress/adminclient"
 	"github.com/sandbox-executor/sandbox-executor/egress/allowlist"
 	"github.com/sandbox-executor/sandbox-executor/failure"
@@ -60,12 +59,4 @@ func grantEgress(ctx context.Context, env *stages.Env, cluster stages.Cluster, j
 	}
 	env.Log().Infof("Egress of this job through the egress proxy of pool %s: %s (until the job ends); anything else is refused and named in this log", pool.Name, strings.Join(slices.Concat(grant.Instance, grant.Allow), ", "))
 	return nil
-}
-
-// egressOf names what fences a pool's pods, for the job log.
-func egressOf(pool *config.Pool) string {
-	if pool != nil && pool.EgressProxy != "" {
-		return "its NetworkPolicy and the egress proxy"
-	}
-	return "its NetworkPolicy"
 }

@@ -73,7 +73,7 @@ func Run(ctx context.Context, env *stages.Env) error {
 		origin, sbx.Namespace, sbx.Pod, sbx.RuntimeClass, probe.KernelRelease, probe.Shell, transport,
 		acquired, gitlab.Millis(claimed), gitlab.Millis(env.Clock.Since(start)))
 	pool := env.Config.Pool(sbx.Pool)
-	if line := gitlab.FlowImageIsolation(sbx.Image, sbx.RuntimeClass, sbx.Pool, egressOf(pool)); line != "" {
+	if line := gitlab.FlowImageIsolation(sbx.Image, sbx.RuntimeClass, sbx.Pool, stages.FencedBy(pool)); line != "" {
 		log.Infof("%s", line)
 		log.Infof("%s", gitlab.FlowNetworkPolicy(sbx.Image, sbx.Pool, pool != nil && pool.EgressProxy != ""))
 	}

@@ -58,8 +58,14 @@ func Run(ctx context.Context, env *stages.Env, scriptPath, stageName string) err
 		Backoff:    kube.RetryBackoff(),
 		KillGrace:  killGrace,
 	}
+	stdout := env.Stdout
+	var nono *gitlab.NonoWatch
+	if gitlab.WrapsNono(script) {
+		nono = &gitlab.NonoWatch{W: stdout}
+		stdout = nono
+	}
 	started := env.Clock.Now()
-	code, err := runner.Run(ctx, stageName, script, env.Stdout, env.Stderr)
+	code, err := runner.Run(ctx, stageName, script, stdout, env.Stderr)
 	reportBlocked(ctx, env, env.Log(), env.Config.Pool(sbx.Pool), sbx.PodIP, started)
 	if err != nil {
 		why := err
@@ -72,6 +78,9 @@ func Run(ctx context.Context, env *stages.Env, scriptPath, stageName string) err
 	}
 	if code != 0 {
 		state.RecordFailure(stageName, failure.BuildError(code))
+		if nono != nil && nono.Refused() != "" {
+			env.Log().Errorf("%s", gitlab.NonoRefusal(nono.Refused(), sbx.RuntimeClass, sbx.Pool, stages.FencedBy(env.Config.Pool(sbx.Pool))))
+		}
 	}
 	accountOverhead(env, state, stageName, env.Elapsed(started), runner.ScriptTime)
 	if code != 0 {

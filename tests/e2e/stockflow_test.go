@@ -4,11 +4,8 @@ package e2e
 
 import (
 	"context"
-	"crypto/rand"
 	"crypto/sha256"
-	"encoding/base64"
 	"encoding/hex"
-	"encoding/json"
 	"regexp"
 	"strconv"
 	"strings"
@@ -222,7 +219,10 @@ func TestStockDuoFlowHardenedImage(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	idToken := oidcToken(t, inst.GitLab.URL(), "https://vault.example.com")
+	idToken, err := fakegitlab.NewIDToken(inst.GitLab.URL(), "https://vault.example.com", "project_path:"+duoflow.Project+":ref_type:branch:ref:main", time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
 	job := inst.StockJob(base, "http://registry.invalid/", jobEgressAdmin,
 		`echo "setup_script: running as $(id -un) (uid $(id -u))"`,
 		// What a setup_script does with an ID token (a Vault login, say), short of the login.
@@ -275,29 +275,6 @@ func TestStockDuoFlowHardenedImage(t *testing.T) {
 	assertNotRecorded(t, c, records, job, pod, map[string]string{"id token": idToken, "id token's signature": idToken[strings.LastIndex(idToken, ".")+1:]},
 		map[string]string{"executor output": executorOutput, "runner log": runnerLog(), "trace": trace})
 	t.Logf("job %d: %s in %s (handed out -> final state)", job.ID, res.State, res.Duration())
-}
-
-// oidcToken is an ID token shaped as GitLab makes one for an id_tokens entry with aud: a JWT
-// with GitLab's claims and a random signature.
-func oidcToken(t *testing.T, issuer, aud string) string {
-	t.Helper()
-	jti := make([]byte, 16)
-	signature := make([]byte, 256)
-	if _, err := rand.Read(jti); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := rand.Read(signature); err != nil {
-		t.Fatal(err)
-	}
-	claims, err := json.Marshal(map[string]any{
-		"iss": issuer, "aud": aud, "sub": "project_path:" + duoflow.Project + ":ref_type:branch:ref:main",
-		"jti": hex.EncodeToString(jti), "iat": time.Now().Unix(), "exp": time.Now().Add(time.Hour).Unix(),
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	enc := base64.RawURLEncoding
-	return enc.EncodeToString([]byte(`{"kid":"e2e","typ":"JWT","alg":"RS256"}`)) + "." + enc.EncodeToString(claims) + "." + enc.EncodeToString(signature)
 }
 
 func sha256Hex(s string) string {

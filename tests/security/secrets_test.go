@@ -16,6 +16,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/sandbox-executor/sandbox-executor/tests/fakes/fakegitlab"
 	"github.com/sandbox-executor/sandbox-executor/tests/harness/clusterjobs"
 )
 
@@ -28,8 +29,10 @@ func randomSecret(t *testing.T, prefix string) string {
 	return prefix + hex.EncodeToString(b)
 }
 
-// TestJobSecretsStayOutOfClusterRecords: the job token, the Duo workflow token and GitLab tokens
-// (as job variables and in the runner's own environment) reach the job's scripts, yet appear in
+// TestJobSecretsStayOutOfClusterRecords: the job token, the Duo workflow token, GitLab tokens
+// (as job variables and in the runner's own environment) and an ID token (a flow's id_tokens
+// entry: a JWT, as a masked variable; its signature alone counts as a leak too) reach the job's
+// scripts, yet appear in
 // none of the pod, the SandboxClaim, the Sandbox, any object's annotations or any Event of the
 // namespace, the pod's container log, nor in anything our binary printed in any stage.
 func TestJobSecretsStayOutOfClusterRecords(t *testing.T) {
@@ -41,10 +44,16 @@ func TestJobSecretsStayOutOfClusterRecords(t *testing.T) {
 		"DUO_WORKFLOW_SERVICE_TOKEN": randomSecret(t, "duo-"),
 		"GITLAB_TOKEN":               randomSecret(t, "glpat-"),
 	}
+	idToken, err := fakegitlab.NewIDToken("https://gitlab.example.com", "https://vault.example.com", "project_path:group/project:ref_type:branch:ref:main", time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	secrets["GITLAB_OIDC_TOKEN"] = idToken
 	runnerToken := randomSecret(t, "glpat-runner-") // GITLAB_TOKEN of the runner host itself
 	j := r.NewJob(t, clusterjobs.JobSpec{
-		Token:     secrets["CI_JOB_TOKEN"],
-		Variables: map[string]string{"DUO_WORKFLOW_SERVICE_TOKEN": secrets["DUO_WORKFLOW_SERVICE_TOKEN"], "GITLAB_TOKEN": secrets["GITLAB_TOKEN"]},
+		Token: secrets["CI_JOB_TOKEN"],
+		Variables: map[string]string{"DUO_WORKFLOW_SERVICE_TOKEN": secrets["DUO_WORKFLOW_SERVICE_TOKEN"], "GITLAB_TOKEN": secrets["GITLAB_TOKEN"],
+			"GITLAB_OIDC_TOKEN": idToken},
 		RunnerEnv: []string{"GITLAB_TOKEN=" + runnerToken},
 	})
 	j.Prepare(t)
@@ -113,7 +122,7 @@ func TestJobSecretsStayOutOfClusterRecords(t *testing.T) {
 		t.Errorf("stages run: %q, want config, prepare, run and cleanup", stages)
 	}
 
-	all := []string{runnerToken}
+	all := []string{runnerToken, idToken[strings.LastIndex(idToken, ".")+1:]}
 	for _, v := range secrets {
 		all = append(all, v)
 	}

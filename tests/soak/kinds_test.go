@@ -9,6 +9,7 @@ import (
 	"io"
 	"math/rand/v2"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -27,8 +28,13 @@ const jobTimeout = 6 * time.Minute
 const shortTimeout = 25 * time.Second
 
 // sentinelVariable is a masked variable every job carries (and some print): its value must
-// never be found in a trace, a cluster record or a log.
-const sentinelVariable = "SOAK_SENTINEL"
+// never be found in a trace, a cluster record or a log. idTokenVariable is another, an ID
+// token as a flow's id_tokens entry brings it (a JWT; fakegitlab.NewIDToken): neither it nor
+// its signature may be found either.
+const (
+	sentinelVariable = "SOAK_SENTINEL"
+	idTokenVariable  = "GITLAB_OIDC_TOKEN"
+)
 
 // outcome is what a job must end as when no fault touched it.
 type outcome struct {
@@ -92,13 +98,13 @@ type soakJob struct {
 	ended bool
 }
 
-// kinds are the job kinds, with their weights in the mix. Every job carries the sentinel as a
-// masked variable.
-func kinds(inst *duoflow.Instance, base, image, sentinel string) []*kind {
-	masked := fakegitlab.Variable{Key: sentinelVariable, Value: sentinel, Masked: true}
+// kinds are the job kinds, with their weights in the mix. Every job carries the sentinel and the
+// ID token as masked variables.
+func kinds(inst *duoflow.Instance, base, image, sentinel, idToken string) []*kind {
+	masked := []fakegitlab.Variable{{Key: sentinelVariable, Value: sentinel, Masked: true}, {Key: idTokenVariable, Value: idToken, Masked: true}}
 	withTimeout := func(timeout time.Duration, script ...string) fakegitlab.Job {
 		return inst.GitLab.NewJob(fakegitlab.JobSpec{Image: image, GitStrategy: "none", Timeout: timeout, Script: script,
-			Variables: []fakegitlab.Variable{masked}})
+			Variables: slices.Clone(masked)})
 	}
 	plain := func(_ *soakJob, script ...string) fakegitlab.Job { return withTimeout(jobTimeout, script...) }
 	success := func(*soakJob) outcome { return outcome{state: fakegitlab.StateSuccess} }
@@ -189,7 +195,7 @@ func kinds(inst *duoflow.Instance, base, image, sentinel string) []*kind {
 			name: "flow", weight: 8,
 			build: func(s *soakJob) fakegitlab.Job {
 				job := inst.Job(base, image)
-				job.Variables = append(job.Variables, masked)
+				job.Variables = append(job.Variables, masked...)
 				return job
 			},
 			want: success,

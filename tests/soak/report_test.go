@@ -19,7 +19,7 @@ const (
 	invFaulted   = "a job a fault touched ends as its kind must, or as a system failure"
 	invLeftovers = "after the run and one gc, no claim, claimed sandbox or job pod is left"
 	invGrants    = "no egress grant is left"
-	invSentinel  = "the masked sentinel is in no record, event, log or trace"
+	invSentinel  = "the masked sentinel and ID token are in no record, event, log or trace"
 	invInternet  = "no job reaches the internet"
 	invHealthy   = "the cluster, the runner and its stage server are healthy at the end"
 	invExporter  = "the exporter's job counters agree with GitLab's outcomes"

@@ -169,6 +169,11 @@ func TestSoak(t *testing.T) {
 		sentinelBytes[i] = byte(rng.IntN(256))
 	}
 	sentinel := "soak-sentinel-" + hex.EncodeToString(sentinelBytes)
+	// Not from rng: a run's schedule stays what its seed says.
+	idToken, err := fakegitlab.NewIDToken(inst.GitLab.URL(), "https://vault.example.com", "project_path:"+duoflow.Project+":ref_type:branch:ref:main", time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
 
 	suffix := strconv.Itoa(os.Getpid())
 	image := localcluster.CIImage
@@ -195,7 +200,7 @@ func TestSoak(t *testing.T) {
 	packets := packetcapture.To(t, outsideLink, internet)
 
 	// The install works before any fault: one hello job.
-	all := kinds(inst, base, image, sentinel)
+	all := kinds(inst, base, image, sentinel, idToken)
 	warmup := all[0].build(&soakJob{salt: 1})
 	inst.GitLab.Enqueue(warmup)
 	if res := waitJob(t, inst, r, warmup.ID); res.State != fakegitlab.StateSuccess {
@@ -242,7 +247,7 @@ func TestSoak(t *testing.T) {
 	ru.checkHealthy(v, r)
 	ru.checkNothingLeft(v, r, c.Admin)
 	ru.checkExporter(v, r)
-	ru.checkSentinel(v, r, c.Admin, recorder, sentinel)
+	ru.checkSecrets(v, r, c.Admin, recorder, map[string]string{"the masked sentinel": sentinel, "the ID token": idToken, "the ID token's signature": idToken[strings.LastIndex(idToken, ".")+1:]})
 	for src, n := range packets.Sources(ru.start, runEnd) {
 		// This machine's own checks (networkpolicy.sh's positive control after a policy fault)
 		// come from its side of the link; pods' packets keep their pod address.
@@ -689,10 +694,10 @@ func (ru *run) checkExporter(v *violations, r *chartinstall.Release) {
 	ru.t.Logf("exporter: %v and %d failed prepare attempts (by outcome and reason: %v); GitLab: %v (%d jobs touched by faults, %d abandoned without a final state)", counted, retried, byReason, gitlab, faulted, unreported)
 }
 
-// checkSentinel searches every record of the run for the masked sentinel: the namespace's
-// objects and events in every version, the logs of every pod left, the controller's, and
-// every trace.
-func (ru *run) checkSentinel(v *violations, r *chartinstall.Release, admin *kube.Clients, recorder *records.Recorder, sentinel string) {
+// checkSecrets searches every record of the run for each of secrets (by what they are): the
+// namespace's objects and events in every version, the logs of every pod left, the
+// controller's, and every trace.
+func (ru *run) checkSecrets(v *violations, r *chartinstall.Release, admin *kube.Clients, recorder *records.Recorder, secrets map[string]string) {
 	ctx := context.Background()
 	for _, ns := range []string{r.Namespace, "agent-sandbox-system"} {
 		pods, err := admin.Kube.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{})
@@ -715,11 +720,13 @@ func (ru *run) checkSentinel(v *violations, r *chartinstall.Release, admin *kube
 		recorder.Add(fmt.Sprintf("trace of job %d", s.id), s.result.Trace)
 	}
 	recorder.Stop()
-	for _, found := range recorder.Containing(sentinel) {
-		v.add(invSentinel, "the masked sentinel is in %s", found)
+	for what, secret := range secrets {
+		for _, found := range recorder.Containing(secret) {
+			v.add(invSentinel, "%s is in %s", what, found)
+		}
 	}
 	n, versions := recorder.Count()
-	ru.t.Logf("searched %d records (%d versions) for the sentinel", n, versions)
+	ru.t.Logf("searched %d records (%d versions) for the sentinel and the ID token", n, versions)
 }
 
 // portForward forwards a local port to target's port; it returns the base URL.
