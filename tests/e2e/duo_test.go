@@ -32,6 +32,18 @@ func runDuoJob(t *testing.T, c *clusterjobs.Runner, inst *duoflow.Instance, job 
 // executor that holds cleanup_exec, it looks into the job's pod after the job's last stage.
 func runDuoJobWith(t *testing.T, def runner.CustomExecutor, inst *duoflow.Instance, job fakegitlab.Job, atCleanup func(*runner.Process)) fakegitlab.Result {
 	t.Helper()
+	res, runnerLog := runJobToItsEnd(t, def, inst, job, atCleanup)
+	if res.State != fakegitlab.StateSuccess {
+		t.Fatalf("job %d: %s (%s); trace:\n%s\nrunner log:\n%s", job.ID, res.State, res.FailureReason, res.Trace, runnerLog)
+	}
+	return res
+}
+
+// runJobToItsEnd runs job through the real gitlab-runner with def as its executor until GitLab
+// has the job's final state, whatever it is, and the runner has ended its own work; it returns
+// that state and the runner's log.
+func runJobToItsEnd(t *testing.T, def runner.CustomExecutor, inst *duoflow.Instance, job fakegitlab.Job, atCleanup func(*runner.Process)) (fakegitlab.Result, string) {
+	t.Helper()
 	inst.GitLab.Enqueue(job)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
@@ -55,14 +67,11 @@ func runDuoJobWith(t *testing.T, def runner.CustomExecutor, inst *duoflow.Instan
 	if err != nil {
 		t.Fatalf("%v; runner log:\n%s", err, proc.Log())
 	}
-	if res.State != fakegitlab.StateSuccess {
-		t.Fatalf("job %d: %s (%s); trace:\n%s\nrunner log:\n%s", job.ID, res.State, res.FailureReason, res.Trace, proc.Log())
-	}
 	// The runner has sent the final state; it exits once it has also ended its own work.
 	if _, err := proc.Wait(ctx); err != nil {
 		t.Errorf("job %d: %v", job.ID, err)
 	}
-	return res
+	return res, proc.Log()
 }
 
 var (

@@ -60,7 +60,7 @@ func TestFlowUnderNonoSaysWhyItCannotRun(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			job := inst.NonoJob(base, tc.image, tc.setup...)
-			res := runDuoJob(t, c, inst, job)
+			res, _ := runJobToItsEnd(t, c.Definition(), inst, job, nil)
 			if res.State != fakegitlab.StateFailed || res.FailureReason != fakegitlab.FailureScript {
 				t.Fatalf("job %d: %s (%s), want failed (%s):\n%s", job.ID, res.State, res.FailureReason, fakegitlab.FailureScript, res.Trace)
 			}
