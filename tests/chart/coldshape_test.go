@@ -1,6 +1,7 @@
 package chart_test
 
 import (
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -26,7 +27,7 @@ import (
 // holds the whole shape: that Sandbox is refused, and so is each widening on its own, while the
 // Sandbox the executor's own code makes (coldSandbox) is admitted.
 func TestColdStartPolicyHoldsThePodTheNetworkPolicySelects(t *testing.T) {
-	for _, values := range []string{"", "jobDefaults: {nonRoot: true}\n", "agentTLS: {enabled: false}\n"} {
+	for _, values := range []string{"", "jobDefaults: {nonRoot: true}\n", "agentTLS: {enabled: false}\n", "images: {agentVolume: image}\n"} {
 		vap, tmpl := coldPolicy(t, values)
 		own := coldSandbox(t, tmpl)
 		if denied := admit(t, vap, own); len(denied) > 0 {
@@ -112,24 +113,47 @@ func TestColdStartPolicyHoldsThePodTheNetworkPolicySelects(t *testing.T) {
 				s.Spec.PodTemplate.Spec.DNSConfig = &corev1.PodDNSConfig{Searches: []string{"kube-system.svc.cluster.local"}}
 			}},
 			{"a sidecar of the agent image", inits, func(s *sandboxv1beta1.Sandbox) {
-				sidecar := *initNamed(s, "install-agent").DeepCopy()
-				sidecar.Name, sidecar.Command, sidecar.RestartPolicy = "sidecar", []string{"/sandbox-executor-agent", "serve"}, ptr.To(corev1.ContainerRestartPolicyAlways)
+				sidecar := *netfenceOf(t, s).DeepCopy()
+				sidecar.Name, sidecar.Command, sidecar.Args, sidecar.RestartPolicy = "sidecar", []string{"/sandbox-executor-agent", "serve"}, nil, ptr.To(corev1.ContainerRestartPolicyAlways)
 				s.Spec.PodTemplate.Spec.InitContainers = append(s.Spec.PodTemplate.Spec.InitContainers, sidecar)
-			}},
-			{"install-agent as a sidecar", inits, func(s *sandboxv1beta1.Sandbox) {
-				initNamed(s, "install-agent").RestartPolicy = ptr.To(corev1.ContainerRestartPolicyAlways)
-			}},
-			{"install-agent running another command", inits, func(s *sandboxv1beta1.Sandbox) {
-				initNamed(s, "install-agent").Command = []string{"/sandbox-executor-agent", "serve"}
 			}},
 			{"a netfence told it is a probe child (it writes no fence)", inits, func(s *sandboxv1beta1.Sandbox) {
 				fence := netfenceOf(t, s)
 				fence.Env = append(fence.Env, corev1.EnvVar{Name: netfence.ProbeRoleEnv, Value: "listen"})
 			}},
-			{"the fence after install-agent", inits, func(s *sandboxv1beta1.Sandbox) {
-				ic := s.Spec.PodTemplate.Spec.InitContainers
-				ic[0], ic[len(ic)-1] = ic[len(ic)-1], ic[0]
-			}},
+		}
+		if slices.ContainsFunc(own.Spec.PodTemplate.Spec.Volumes, func(v corev1.Volume) bool { return v.Image != nil }) {
+			// images.agentVolume image: the agent comes from an image volume, not install-agent.
+			volumes := "may have emptyDir volumes only, beside the agent image's"
+			agentVolume := func(s *sandboxv1beta1.Sandbox) *corev1.ImageVolumeSource {
+				i := slices.IndexFunc(s.Spec.PodTemplate.Spec.Volumes, func(v corev1.Volume) bool { return v.Image != nil })
+				return s.Spec.PodTemplate.Spec.Volumes[i].Image
+			}
+			cases = append(cases,
+				widening{"another image as the agent's volume", volumes, func(s *sandboxv1beta1.Sandbox) {
+					agentVolume(s).Reference = "registry.example.com/tools/busybox:1"
+				}},
+				widening{"a second image volume", volumes, func(s *sandboxv1beta1.Sandbox) {
+					s.Spec.PodTemplate.Spec.Volumes = append(s.Spec.PodTemplate.Spec.Volumes,
+						corev1.Volume{Name: "tools", VolumeSource: corev1.VolumeSource{Image: &corev1.ImageVolumeSource{Reference: "registry.example.com/tools/busybox:1"}}})
+				}},
+				widening{"an init container added to the image volume's pod", inits, func(s *sandboxv1beta1.Sandbox) {
+					extra := *netfenceOf(t, s).DeepCopy()
+					extra.Name, extra.Command, extra.Args = "install-agent", []string{"/sandbox-executor-agent", "install", "/opt/sandbox-executor/agent"}, nil
+					s.Spec.PodTemplate.Spec.InitContainers = append(s.Spec.PodTemplate.Spec.InitContainers, extra)
+				}})
+		} else {
+			cases = append(cases,
+				widening{"install-agent as a sidecar", inits, func(s *sandboxv1beta1.Sandbox) {
+					initNamed(s, "install-agent").RestartPolicy = ptr.To(corev1.ContainerRestartPolicyAlways)
+				}},
+				widening{"install-agent running another command", inits, func(s *sandboxv1beta1.Sandbox) {
+					initNamed(s, "install-agent").Command = []string{"/sandbox-executor-agent", "serve"}
+				}},
+				widening{"the fence after install-agent", inits, func(s *sandboxv1beta1.Sandbox) {
+					ic := s.Spec.PodTemplate.Spec.InitContainers
+					ic[0], ic[len(ic)-1] = ic[len(ic)-1], ic[0]
+				}})
 		}
 		if strings.Contains(values, "agentTLS: {enabled: false}") {
 			// Without the agent CA the agent does not listen on 7543 and the fence does not reply from it.

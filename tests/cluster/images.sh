@@ -139,8 +139,8 @@ C
   strip "$dir/pause"
 }
 
-# The agent is rebuilt from this checkout each time (a second with a warm Go cache); its hash,
-# not a recipe, says whether the image is current. The image is made by the project's own image
+# The agent is rebuilt from this checkout each time (a second with a warm Go cache); its hash
+# and the image tool's source, not a recipe, say whether the image is current. The image is made by the project's own image
 # tool (tools/images, the one `make images` uses), so the local cluster runs the image users get.
 build_agent_image() {
   local dir=$ROOTFS/agent bin hash ref digest archive
@@ -148,7 +148,7 @@ build_agent_image() {
   bin=$dir/sandbox-executor-agent.new
   (cd "$REPO_ROOT" && CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$bin" ./cmd/sandbox-executor-agent) >>"$CLUSTER_LOG/build-agent.log" 2>&1 ||
     { tail -n 20 "$CLUSTER_LOG/build-agent.log" >&2; die "building the stage agent failed (log: $CLUSTER_LOG/build-agent.log)"; }
-  hash=$(sha256sum "$bin" | cut -c1-12)
+  hash=$(cat "$bin" "$REPO_ROOT/tools/images/main.go" | sha256sum | cut -c1-12)
   ref=${AGENT_IMAGE_REPO%/*}/sandbox-executor-agent:$hash
   if [[ -f $CLUSTER_IMAGES/agent.tar && "$(cat "$CLUSTER_IMAGES/agent.ref" 2>/dev/null)" == "$ref" ]]; then
     rm -f "$bin"

@@ -15,14 +15,17 @@ NETWORKPOLICY=$D/networkpolicy.sh
 # The chart users install (deploy/chart), with the local cluster's values (deploy/local/values.yaml).
 apply_deploy() {
   [[ -f $DEPLOY_DIR/values.yaml ]] || die "no values.yaml in $DEPLOY_DIR (the local cluster's chart values)"
-  local agent_ref helm
+  local agent_ref helm version
   agent_ref=$(cat "$CLUSTER_IMAGES/agent.ref") || die "no agent image built"
   make -s --no-print-directory -C "$REPO_ROOT" helm >&2
   helm=$(make -s --no-print-directory -C "$REPO_ROOT" helm-path)
   # The agent image's tag is its content hash: a new agent changes the template, and the warm
-  # pools (updateStrategy Recreate) replace their unclaimed pods.
+  # pools (updateStrategy Recreate) replace their unclaimed pods. The server's version is what
+  # helm install would see (images.agentVolume auto reads it).
+  version=$(kubectl_admin version -o json | sed -n 's/^ *"gitVersion": "\(v[^"]*\)".*/\1/p' | tail -n 1)
+  [[ -n $version ]] || die "cannot read the API server's version"
   "$helm" template "$EXECUTOR_NAMESPACE" "$REPO_ROOT/deploy/chart/sandbox-executor" --namespace "$EXECUTOR_NAMESPACE" \
-    -f "$DEPLOY_DIR/values.yaml" --set "images.agent=$agent_ref" | kubectl_admin apply -f -
+    -f "$DEPLOY_DIR/values.yaml" --set "images.agent=$agent_ref" --kube-version "$version" | kubectl_admin apply -f -
 }
 
 # apply_agent_ca: the job pods' trust in the executors (ConfigMap sandbox-executor-agent-ca,

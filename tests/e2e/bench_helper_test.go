@@ -168,15 +168,23 @@ func bakedHelperTemplate(b *testing.B, c *clusterjobs.Cluster, name, helper stri
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: namespace, Labels: base.Labels},
 		Spec:       *base.Spec.DeepCopy(),
 	}
-	installers := 0
+	// The chart's (templates/_sandboxtemplate.tpl): the agent image mounted as a volume
+	// (images.agentVolume image), or copied from by install-agent.
+	sources := 0
 	for i, init := range tmpl.Spec.PodTemplate.Spec.InitContainers {
-		if init.Name == "install-agent" { // the chart's (templates/sandboxtemplates.yaml)
+		if init.Name == "install-agent" {
 			tmpl.Spec.PodTemplate.Spec.InitContainers[i].Image = ref
-			installers++
+			sources++
 		}
 	}
-	if installers != 1 {
-		b.Fatalf("SandboxTemplate %s has %d install-agent init containers, want 1", localcluster.Template, installers)
+	for i, v := range tmpl.Spec.PodTemplate.Spec.Volumes {
+		if v.Name == "sandbox-executor-agent" && v.Image != nil {
+			tmpl.Spec.PodTemplate.Spec.Volumes[i].Image.Reference = ref
+			sources++
+		}
+	}
+	if sources != 1 {
+		b.Fatalf("SandboxTemplate %s takes the agent from %d places (install-agent, image volume), want 1", localcluster.Template, sources)
 	}
 	_ = templates.Delete(ctx, name, metav1.DeleteOptions{})
 	if _, err := templates.Create(ctx, tmpl, metav1.CreateOptions{}); err != nil {

@@ -154,13 +154,12 @@ cold_images = ["`+localcluster.PosixImage+`"]`,
 			spec.DNSConfig = &corev1.PodDNSConfig{Nameservers: []string{"203.0.113.53"}}
 		}, nil},
 		{"sidecar", "must have the cold template's init containers as they are", func(t *testing.T, spec *corev1.PodSpec) {
-			i := slices.IndexFunc(spec.InitContainers, func(c corev1.Container) bool { return c.Name == "install-agent" })
-			if i < 0 {
-				t.Fatal("the executor's cold Sandbox has no install-agent init container to copy")
+			if len(spec.InitContainers) == 0 {
+				t.Fatal("the executor's cold Sandbox has no init container (netfence) to copy")
 			}
-			sidecar := *spec.InitContainers[i].DeepCopy()
+			sidecar := *spec.InitContainers[0].DeepCopy()
 			always := corev1.ContainerRestartPolicyAlways
-			sidecar.Name, sidecar.Command, sidecar.RestartPolicy = "sidecar", []string{"/sandbox-executor-agent", "serve"}, &always
+			sidecar.Name, sidecar.Command, sidecar.Args, sidecar.RestartPolicy = "sidecar", []string{"/sandbox-executor-agent", "serve"}, nil, &always
 			spec.InitContainers = append(spec.InitContainers, sidecar)
 		}, nil},
 	} {

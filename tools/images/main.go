@@ -12,12 +12,15 @@ package main
 import (
 	"archive/tar"
 	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"os"
+	"path"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -29,17 +32,20 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 	"github.com/google/go-containerregistry/pkg/v1/types"
+
+	"github.com/sandbox-executor/sandbox-executor/agent/wire"
 )
 
 // nonRootUID is the user every image runs as (the same number distroless uses).
 const nonRootUID = 65532
 
-// file is one entry of a layer: Src on the build machine, or Data; a directory when both are
-// empty.
+// file is one entry of a layer: Src on the build machine, or Data, or a symbolic link to Link;
+// a directory when all three are empty.
 type file struct {
 	Path string
 	Src  string
 	Data []byte
+	Link string
 	Mode int64
 	UID  int
 }
@@ -96,18 +102,30 @@ func validate(o options) error {
 }
 
 // images lists the project's images for the options' directories.
-func images(o options) []image {
+func images(o options) ([]image, error) {
 	bin := func(name string) string { return filepath.Join(o.binDir, name) }
 	runner := func(name string) string { return filepath.Join(o.runnerDir, name) }
-	agentFiles := []file{{Path: "/sandbox-executor-agent", Src: bin("sandbox-executor-agent"), Mode: 0o755}}
-	if _, err := os.Stat(runner("gitlab-runner-helper")); err == nil {
+	// /agent is where job pods that mount this image as a volume at wire.BakedDir run the agent
+	// from (wire.PodAgentPath), the same path install-agent copies it to.
+	agentFiles := []file{
+		{Path: "/sandbox-executor-agent", Src: bin("sandbox-executor-agent"), Mode: 0o755},
+		{Path: "/" + path.Base(wire.PodAgentPath), Link: "sandbox-executor-agent", Mode: 0o777},
+	}
+	if digest, err := fileSHA256(runner("gitlab-runner-helper")); err == nil {
 		// Without it (no make runner) the agent image is built all the same: prepare then
-		// copies the helper into the jobs that need it, as before.
-		agentFiles = append(agentFiles, file{Path: "/gitlab-runner-helper", Src: runner("gitlab-runner-helper"), Mode: 0o755})
+		// copies the helper into the jobs that need it, as before. Its sha256 beside it is what
+		// install-agent records as it copies (wire.HelperDigestSuffix), so a pod that mounts
+		// the image links the helper without hashing 46 MB at prepare.
+		agentFiles = append(agentFiles,
+			file{Path: "/gitlab-runner-helper", Src: runner("gitlab-runner-helper"), Mode: 0o755},
+			file{Path: "/gitlab-runner-helper" + wire.HelperDigestSuffix, Data: []byte(digest + "\n"), Mode: 0o644})
+	} else if !errors.Is(err, os.ErrNotExist) {
+		return nil, err
 	}
 	return []image{
 		{
-			// The SandboxTemplate's init container runs "/sandbox-executor-agent install DIR/agent
+			// Job pods mount this image read-only at wire.BakedDir (images.agentVolume image), or
+			// the SandboxTemplate's init container runs "/sandbox-executor-agent install DIR/agent
 			// /gitlab-runner-helper DIR/gitlab-runner-helper" to copy the agent and the runner's
 			// helper (the same file as the runner image's: prepare links it for jobs with cache
 			// or artifacts when its sha256 is the runner's, instead of copying it) into a volume
@@ -153,7 +171,7 @@ func images(o options) []image {
 			Entrypoint: []string{"/usr/local/bin/sandbox-executor", "start-runner"},
 			Needs:      []string{runner("gitlab-runner"), runner("gitlab-runner-helper"), bin("sandbox-executor"), bin("sandbox-executor-stage"), bin("sandbox-executor-agent")},
 		},
-	}
+	}, nil
 }
 
 // built is one line of images.json.
@@ -177,7 +195,10 @@ func run(o options, stdout io.Writer) error {
 	if err := validate(o); err != nil {
 		return err
 	}
-	all := images(o)
+	all, err := images(o)
+	if err != nil {
+		return err
+	}
 	for _, name := range o.only {
 		if !slices.ContainsFunc(all, func(i image) bool { return i.Name == name }) {
 			return fmt.Errorf("-only: no image %q (images: %s)", name, imageNames(all))
@@ -349,10 +370,13 @@ func layerOf(files []file) (v1.Layer, error) {
 				return nil, err
 			}
 		}
-		if f.Src == "" && f.Data == nil {
+		switch {
+		case f.Link != "":
+			hdr.Typeflag, hdr.Linkname = tar.TypeSymlink, f.Link
+		case f.Src == "" && f.Data == nil:
 			hdr.Typeflag, hdr.Name = tar.TypeDir, hdr.Name+"/"
 			seen[f.Path] = true
-		} else {
+		default:
 			hdr.Typeflag, hdr.Size = tar.TypeReg, int64(len(data))
 		}
 		if err := tw.WriteHeader(hdr); err != nil {
@@ -423,4 +447,18 @@ func tarDir(dir, out string) error {
 		return err
 	}
 	return os.Rename(tmp, out)
+}
+
+// fileSHA256 is the hex sha256 of the file at name.
+func fileSHA256(name string) (string, error) {
+	f, err := os.Open(name)
+	if err != nil {
+		return "", err
+	}
+	defer f.Close()
+	h := sha256.New()
+	if _, err := io.Copy(h, f); err != nil {
+		return "", err
+	}
+	return hex.EncodeToString(h.Sum(nil)), nil
 }

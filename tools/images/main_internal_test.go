@@ -3,6 +3,8 @@ package main
 import (
 	"archive/tar"
 	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"io"
@@ -128,6 +130,10 @@ func TestBuildsReproducibleOCIArchives(t *testing.T) {
 	if err != nil || h.Name != "sandbox-executor-agent" || h.Mode != 0o755 {
 		t.Errorf("agent layer: first entry %+v, %v", h, err)
 	}
+	// Pods that mount the image at wire.BakedDir run wire.PodAgentPath.
+	if h, err := tr.Next(); err != nil || h.Name != "agent" || h.Typeflag != tar.TypeSymlink || h.Linkname != "sandbox-executor-agent" {
+		t.Errorf("agent layer: second entry %+v, %v; want agent -> sandbox-executor-agent", h, err)
+	}
 
 	again := o
 	again.out = filepath.Join(t.TempDir(), "again")
@@ -136,6 +142,34 @@ func TestBuildsReproducibleOCIArchives(t *testing.T) {
 	}
 	if m2 := readManifest(t, again.out); m2.Images[0].Digest != agent.Digest || m2.BaseDigest != m.BaseDigest {
 		t.Errorf("a second build gave %s (base %s), want the same %s (base %s)", m2.Images[0].Digest, m2.BaseDigest, agent.Digest, m.BaseDigest)
+	}
+}
+
+// With the runner's helper, the agent image carries it and its sha256 beside it, as install-agent
+// records it, so that pods mounting the image link it without hashing it.
+func TestAgentImageCarriesTheHelperAndItsDigest(t *testing.T) {
+	o := fakeInputs(t)
+	o.runnerDir = t.TempDir()
+	helper := []byte("#!static gitlab-runner-helper")
+	if err := os.WriteFile(filepath.Join(o.runnerDir, "gitlab-runner-helper"), helper, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	all, err := images(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum := sha256.Sum256(helper)
+	want := map[string]string{"/gitlab-runner-helper": "", "/gitlab-runner-helper.sha256": hex.EncodeToString(sum[:]) + "\n"}
+	for _, f := range all[0].Files {
+		if w, ok := want[f.Path]; ok {
+			if w != "" && string(f.Data) != w {
+				t.Errorf("%s holds %q, want %q", f.Path, f.Data, w)
+			}
+			delete(want, f.Path)
+		}
+	}
+	if len(want) > 0 {
+		t.Errorf("the agent image lacks %v", want)
 	}
 }
 

@@ -53,6 +53,16 @@ app.kubernetes.io/name: sandbox-egress-proxy
 app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end -}}
 
+{{/* agentFromImage: "true" when job pods mount the agent image as an image volume
+(images.agentVolume; auto: Kubernetes 1.36+, where ImageVolume is GA), else "" (the
+install-agent init container copies it). */}}
+{{- define "sandbox-executor.agentFromImage" -}}
+{{- $mode := .Values.images.agentVolume | default "auto" -}}
+{{- if or (eq $mode "image") (and (eq $mode "auto") (semverCompare ">=1.36.0-0" .Capabilities.KubeVersion.Version)) -}}
+true
+{{- end -}}
+{{- end -}}
+
 {{/* image NAME OVERRIDE: OVERRIDE, else images.repository/NAME:(images.tag or appVersion). */}}
 {{- define "sandbox-executor.image" -}}
 {{- $ctx := index . 0 -}}

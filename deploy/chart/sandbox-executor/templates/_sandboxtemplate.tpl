@@ -30,6 +30,7 @@ pod from the same rendering, so what it admits is the template's shape by constr
 {{- $allow = list (printf (ternary "[%s]:%v" "%s:%v" (contains ":" $addr)) $addr (first $.Values.gitlab.ports)) }}
 {{- end }}
 {{- $netfenceArgs := include "sandbox-executor.netfenceArgs" (list $ $t) | fromJsonArray }}
+{{- $fromImage := include "sandbox-executor.agentFromImage" $ }}
 {{- if and (eq $egress "direct") (not (hasKey $t "egressRules")) (not $.Values.gitlab.cidrs) }}
 {{- fail (printf "templates[%s].egress direct needs gitlab.cidrs: the instance's addresses the pods may reach" $t.name) }}
 {{- end }}
@@ -124,8 +125,9 @@ spec:
         # The image's user owns what it writes to the scratch volumes.
         fsGroup: {{ . }}
         {{- end }}
-      {{- if $bake }}
-      # The stage agent is baked in: the init container copies it from the agent image into a
+      {{- if and $bake (or $netfenceArgs (not $fromImage)) }}
+      # The stage agent is baked in: the agent image is mounted as a read-only image volume
+      # (images.agentVolume), or the install-agent init container copies it from there into a
       # volume, and it runs as the job container's command, so its stage daemon is up before the
       # pod is claimed. Its first log line is its key's hash, which the executor pins (over the
       # API server) before it talks TLS to it. Any image with /bin/sh works: the agent is static.
@@ -153,6 +155,7 @@ spec:
             requests: {cpu: 10m, memory: 16Mi, ephemeral-storage: 16Mi}
             limits: {cpu: 100m, memory: 32Mi, ephemeral-storage: 16Mi}
         {{- end }}
+        {{- if not $fromImage }}
         # With it, the runner's helper (gitlab-runner-helper, about 46 MB) when the agent image
         # carries it: prepare links it for jobs with cache or artifacts if its sha256 is the
         # runner's own helper's, instead of copying it over exec.
@@ -167,10 +170,18 @@ spec:
           resources:
             requests: {cpu: 10m, memory: 16Mi, ephemeral-storage: 16Mi}
             limits: {cpu: 100m, memory: 96Mi, ephemeral-storage: 16Mi}
+        {{- end }}
       {{- end }}
       {{- if or $bake $t.scratchVolumes }}
       volumes:
-        {{- if $bake }}
+        {{- if and $bake $fromImage }}
+        # The agent image's files (/agent, and the runner's helper with its sha256 when the
+        # image carries it), read-only: what install-agent would copy, with nothing to copy.
+        - name: sandbox-executor-agent
+          image:
+            reference: {{ include "sandbox-executor.image" (list $ "sandbox-executor-agent" $.Values.images.agent) }}
+            pullPolicy: {{ $.Values.images.pullPolicy }}
+        {{- else if $bake }}
         - name: sandbox-executor-agent
           emptyDir: {sizeLimit: 80Mi}
         {{- end }}
