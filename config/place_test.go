@@ -24,7 +24,7 @@ name = "node"
 images = ["node:22", "registry.example.com/duo/node:22@sha256:0123"]
 [[pool]]
 name = "flow"
-images = ["registry.gitlab.com/gitlab-org/duo-workflow/default-docker-image/workflow-generic-image:v0.0.6"]
+images = ["registry.gitlab.com/gitlab-org/duo-workflow/default-docker-image/workflow-generic-image:v0.0.21"]
 serve_other_tags = true
 [[pool]]
 name = "base"
@@ -47,13 +47,13 @@ func TestPlace(t *testing.T) {
 		{"exact", "node:22", false, config.Placement{Pool: "node"}},
 		{"exact, as the runtime resolves it", "docker.io/library/node:22", false, config.Placement{Pool: "node"}},
 		{"exact with its digest", "registry.example.com/duo/node:22@sha256:0123", false, config.Placement{Pool: "node"}},
-		{"exact flow image: no warning", flow + ":v0.0.6", false, config.Placement{Pool: "flow"}},
-		{"another tag, served explicitly", flow + ":v0.0.20", false, config.Placement{Pool: "flow", OtherTag: true}},
+		{"exact flow image: no warning", flow + ":v0.0.21", false, config.Placement{Pool: "flow"}},
+		{"another tag, served explicitly", flow + ":v0.0.22", false, config.Placement{Pool: "flow", OtherTag: true}},
 		{"a digest, served explicitly", flow + "@sha256:abcd", false, config.Placement{Pool: "flow", OtherTag: true}},
 		{"no tag is latest, another tag", flow, false, config.Placement{Pool: "flow", OtherTag: true}},
 		{"another tag of an exact pool: cold start of the image asked for", "node:20", true, config.Placement{ColdTemplate: "duo-gvisor"}},
 		{"a pool's exact image beats the cold start", "node:22", true, config.Placement{Pool: "node"}},
-		{"other tags beat the cold start", flow + ":v0.0.20", true, config.Placement{Pool: "flow", OtherTag: true}},
+		{"other tags beat the cold start", flow + ":v0.0.22", true, config.Placement{Pool: "flow", OtherTag: true}},
 		{"cold start", "registry.example.com/tools/jq:1", true, config.Placement{ColdTemplate: "duo-gvisor"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -69,7 +69,7 @@ func TestPlace(t *testing.T) {
 // the cold-start patterns if any, and how to reach default_pool.
 func TestPlaceRefusesNamingPoolsAndImages(t *testing.T) {
 	pools := `no pool runs it (pool node serves node:22, registry.example.com/duo/node:22@sha256:0123; ` +
-		`pool flow serves registry.gitlab.com/gitlab-org/duo-workflow/default-docker-image/workflow-generic-image:v0.0.6 and other tags of it)`
+		`pool flow serves registry.gitlab.com/gitlab-org/duo-workflow/default-docker-image/workflow-generic-image:v0.0.21 and other tags of it)`
 	for _, tc := range []struct {
 		name, image string
 		cold        bool
@@ -78,7 +78,7 @@ func TestPlaceRefusesNamingPoolsAndImages(t *testing.T) {
 		{"another tag of an exact pool", "node:20", false, `image not allowed: "node:20": ` + pools + "; remove image: from the job to run in default_pool base"},
 		{"another repository", "evil/node:22", false, `image not allowed: "evil/node:22": ` + pools},
 		{"another tag of the same name elsewhere", "registry.example.com/duo/node:23", false, pools},
-		{"a repository beside the flow image's", "registry.gitlab.com/gitlab-org/duo-workflow/default-docker-image/workflow-generic-image-evil:v0.0.6", false, pools},
+		{"a repository beside the flow image's", "registry.gitlab.com/gitlab-org/duo-workflow/default-docker-image/workflow-generic-image-evil:v0.0.21", false, pools},
 		// "*" does not cross "/": a cold pattern never widens to another registry path.
 		{"neither pool nor cold pattern", "registry.example.com/tools/evil/jq:1", true,
 			pools + `; cold starts (unknown_image = "cold") allow alpine:3.*, node:*, registry.example.com/tools/*:*; remove image: from the job to run in default_pool base`},

@@ -8,10 +8,10 @@ import (
 func TestFlowImageIsolation(t *testing.T) {
 	const repo = "registry.gitlab.com/gitlab-org/duo-workflow/default-docker-image/"
 	for _, c := range []struct{ image, want string }{
-		{repo + "workflow-generic-image:v0.0.6", "SRT in this image cannot build its own sandbox"},
+		{repo + "workflow-generic-image:v0.0.21", "SRT in this image cannot build its own sandbox"},
 		{repo + "workflow-generic-image:v0.0.15@sha256:0123", "SRT in this image cannot build its own sandbox"},
 		{"registry.internal.example:5000/gitlab-org/duo-workflow/default-docker-image/workflow-generic-image", "SRT in this image"},
-		{repo + "workflow-generic-image-hardened:v0.0.7", "this image has no SRT"},
+		{repo + "workflow-generic-image-hardened:v0.0.21", "this image has no SRT"},
 		{repo + "workflow-generic-image-other:v1", ""},
 		{"registry.example.com/duo/ci:bookworm", ""},
 		{"", ""},
@@ -39,7 +39,7 @@ func TestFlowNetworkPolicy(t *testing.T) {
 			t.Errorf("proxied pool: %q lacks %q", proxied, want)
 		}
 	}
-	if fenced := FlowNetworkPolicy(image+"-hardened:v0.0.7", "duo-flow-hardened", false); !strings.Contains(fenced, "only what the NetworkPolicy of pool duo-flow-hardened allows") ||
+	if fenced := FlowNetworkPolicy(image+"-hardened:v0.0.21", "duo-flow-hardened", false); !strings.Contains(fenced, "only what the NetworkPolicy of pool duo-flow-hardened allows") ||
 		!strings.HasSuffix(fenced, "anything else is dropped") {
 		t.Errorf("NetworkPolicy-only pool: %q", fenced)
 	}

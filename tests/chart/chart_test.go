@@ -585,25 +585,32 @@ func fullname(release string) string {
 	return release + "-sandbox-executor"
 }
 
+// gitlabFlowImageTag is the tag of GitLab's flow images that GitLab's flows name today, which
+// values-duo-flow.yaml pins for both (docs/agent-config.md#following-gitlabs-next-flow-image-tag).
+const gitlabFlowImageTag = "v0.0.21"
+
 // values-duo-flow.yaml serves GitLab's default flow image and its hardened variant: each pool
 // lists the image its template runs, and serves the jobs naming another tag of it (GitLab's
-// default moving on) with a warning; each grants its jobs their own instance on the egress proxy
-// (and npm for the default image only), and the hardened image runs as its own UID with builds
-// and cache it can write.
+// default moving on) with a warning; both pin the tag GitLab's flows name today, the same for
+// both images; each grants its jobs their own instance on the egress proxy and no npm registry
+// (both images ship the duo CLI), and the hardened image runs as its own UID with builds and
+// cache it can write.
 func TestDuoFlowValues(t *testing.T) {
 	const release = "duo"
 	objs := helmchart.Render(t, release, "duo-flows", chartFile("values-duo-flow.yaml"))
 	cfg := executorConfig(t, objs, release)
 	for _, want := range []struct {
 		pool, template, repository string
-		npm                        bool
 	}{
-		{"duo-flow", "duo-gvisor-flow", "registry.gitlab.com/gitlab-org/duo-workflow/default-docker-image/workflow-generic-image", true},
-		{"duo-flow-hardened", "duo-gvisor-flow-hardened", "registry.gitlab.com/gitlab-org/duo-workflow/default-docker-image/workflow-generic-image-hardened", false},
+		{"duo-flow", "duo-gvisor-flow", "registry.gitlab.com/gitlab-org/duo-workflow/default-docker-image/workflow-generic-image"},
+		{"duo-flow-hardened", "duo-gvisor-flow-hardened", "registry.gitlab.com/gitlab-org/duo-workflow/default-docker-image/workflow-generic-image-hardened"},
 	} {
 		var template extv1beta1.SandboxTemplate
 		objs.Decode(t, "SandboxTemplate", want.template, &template)
 		runs := template.Spec.PodTemplate.Spec.Containers[0].Image
+		if runs != want.repository+":"+gitlabFlowImageTag {
+			t.Errorf("template %s runs %s, want %s:%s", want.template, runs, want.repository, gitlabFlowImageTag)
+		}
 		for image, otherTag := range map[string]bool{runs: false, want.repository + ":v0.0.99": true} {
 			placement, err := cfg.Place(image)
 			if err != nil || placement != (config.Placement{Pool: want.pool, OtherTag: otherTag}) {
@@ -611,7 +618,7 @@ func TestDuoFlowValues(t *testing.T) {
 			}
 		}
 		p := cfg.Pool(want.pool)
-		if p.EgressProxy == "" || !p.EgressInstance || !p.EgressInstanceWildcard || slices.Contains(p.EgressAllow, "registry.npmjs.org:443") != want.npm {
+		if p.EgressProxy == "" || !p.EgressInstance || !p.EgressInstanceWildcard || len(p.EgressAllow) != 0 {
 			t.Errorf("pool %s: egress_proxy %q, egress_instance %t, wildcard %t, egress_allow %v", want.pool, p.EgressProxy, p.EgressInstance, p.EgressInstanceWildcard, p.EgressAllow)
 		}
 	}

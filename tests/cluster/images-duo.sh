@@ -3,26 +3,32 @@
 # run the stock flow on images built here under the real images' names (imported into
 # containerd; pods use imagePullPolicy: Never), with the same toolset as far as GitLab documents it:
 #
-#   registry.gitlab.com/gitlab-org/duo-workflow/default-docker-image/workflow-generic-image:v0.0.6
-#       GitLab's default flow image at the tag its docs build on: runs as root; bash, git, git-lfs,
-#       curl, Node.js and npm; SRT (@anthropic-ai/sandbox-runtime from the npm registry, with
-#       what it needs on Linux: bubblewrap, socat, ripgrep). No duo CLI (images from v0.0.11
-#       ship one): the flow installs it with npm, as it does with this tag.
+#   registry.gitlab.com/gitlab-org/duo-workflow/default-docker-image/workflow-generic-image:v0.0.21
+#       GitLab's default flow image at the tag GitLab's flows name today (IMAGE_PATH in GitLab's
+#       ee/app/services/ai/duo_workflows/start_workflow_service.rb): runs as root; bash, git,
+#       git-lfs, curl, Node.js and npm; SRT (@anthropic-ai/sandbox-runtime from the npm registry,
+#       with what it needs on Linux: bubblewrap, socat, ripgrep); the duo CLI pre-installed (images
+#       from v0.0.11 ship one; here: the stand-in of tests/duocli), so the flow skips its install.
 #       The real image is Debian-based too, but its exact package list is not public here.
-#   .../workflow-generic-image-hardened:v0.0.7
-#       The hardened variant (the real one is UBI 9 minimal; this one is Debian bookworm): runs
-#       as UID 1001 (duo-runner), git, git-lfs, Node.js, npm and the duo CLI pre-installed
-#       (here: the stand-in of tests/duocli), no SRT.
+#   .../workflow-generic-image-hardened:v0.0.21
+#       The hardened variant at the same release tag (GitLab builds both from one repository and
+#       tags both per release; its HARDENED_IMAGE_PATH names the same tag as IMAGE_PATH). The real
+#       one is UBI 9 minimal; this one is Debian bookworm: runs as UID 1001 (duo-runner, $HOME
+#       /home/duo-runner), git, git-lfs, Node.js, npm and the duo CLI pre-installed, no SRT.
 #
 # The duo CLI stand-in (tests/duocli/duo.js) is what `duo run` does as far as a runner can
 # see: a WebSocket session with the workflow service through the instance, then the agent's
-# work (edit, test, commit, push, merge request). The same file is served by the npm stand-in
-# (tests/fakenpm) as @gitlab/duo-cli, so the default image installs it the way GitLab's does.
+# work (edit, test, commit, push, merge request); like duo CLI 9.29.0, `duo run` first writes its
+# ripgrep into $HOME and fails if it cannot. The same file is served by the npm stand-in
+# (tests/fakenpm) as @gitlab/duo-cli, for images without it that install it the way GitLab does.
 # shellcheck shell=bash
 
 DUO_IMAGE_REPO=registry.gitlab.com/gitlab-org/duo-workflow/default-docker-image
-DUO_DEFAULT_IMAGE=$DUO_IMAGE_REPO/workflow-generic-image:v0.0.6
-DUO_HARDENED_IMAGE=$DUO_IMAGE_REPO/workflow-generic-image-hardened:v0.0.7
+# GitLab's tag of today: both images carry the same release tag (docs/agent-config.md says how to
+# follow GitLab's next one).
+DUO_FLOW_IMAGE_TAG=v0.0.21
+DUO_DEFAULT_IMAGE=$DUO_IMAGE_REPO/workflow-generic-image:$DUO_FLOW_IMAGE_TAG
+DUO_HARDENED_IMAGE=$DUO_IMAGE_REPO/workflow-generic-image-hardened:$DUO_FLOW_IMAGE_TAG
 DUO_PACKAGES=(bash git git-lfs ca-certificates curl procps nodejs npm)
 # What SRT needs on Linux (its dependency check): bubblewrap, socat, ripgrep.
 DUO_SRT_PACKAGES=(bubblewrap socat ripgrep)
@@ -66,7 +72,8 @@ build_rootfs_duo_default() {
     npm install -g "@anthropic-ai/sandbox-runtime@$DUO_SRT_VERSION" >>"$log" 2>&1 ||
     { tail -n 20 "$log" >&2; die "duo default rootfs: npm install of SRT failed"; }
   rm -rf "$dir/tmp/host-ca.crt" "$dir/root/.npm"
-  chroot "$dir" /bin/bash -c 'git --version && node --version && npm --version && srt --version && bwrap --version && socat -V | head -n2 && rg --version | head -n1' >>"$log" 2>&1 ||
+  install_duo_cli "$dir"
+  chroot "$dir" /bin/bash -c 'git --version && node --version && npm --version && duo --version && srt --version && bwrap --version && socat -V | head -n2 && rg --version | head -n1' >>"$log" 2>&1 ||
     { tail -n 20 "$log" >&2; die "duo default rootfs: a required tool does not run"; }
   slim_rootfs "$dir"
 }

@@ -10,12 +10,19 @@
 // {"id", "ok", "output"}. Actions: run_command {command}, edit_file {path, old, new},
 // create_merge_request {source_branch, target_branch, title}, finish {}. Node.js 18 or later,
 // standard library only.
+//
+// Like duo CLI 9.29.0, `duo run` writes into $HOME before anything else: its ripgrep
+// (writeRipgrepIntoHome). GitLab's image v0.0.22 shipped that CLI and was reverted because
+// GitLab's own sandbox mounted $HOME read-only, so a job pod whose $HOME its user cannot write
+// fails every flow; the stand-in fails the same way, in one line that says why.
 'use strict'
 
 const crypto = require('crypto')
 const fs = require('fs')
 const http = require('http')
 const net = require('net')
+const os = require('os')
+const path = require('path')
 const { execSync } = require('child_process')
 
 const VERSION = '0.0.0-standin'
@@ -202,7 +209,42 @@ async function perform(msg) {
   }
 }
 
+// RIPGREP_IN_HOME is where the stand-in writes its ripgrep, under $HOME. 9.29.0 writes its own
+// rg into $HOME; its exact path is not public here, so this one is the stand-in's choice.
+const RIPGREP_IN_HOME = path.join('.duo', 'bin', 'rg')
+
+// writeRipgrepIntoHome does what duo CLI 9.29.0 does at start: it puts an rg into $HOME (the
+// image's ripgrep when it has one on PATH, else a placeholder that says so), or ends the CLI
+// with one line naming $HOME, the error and why it must be writable.
+function writeRipgrepIntoHome() {
+  const home = process.env.HOME || os.homedir()
+  const dest = path.join(home, RIPGREP_IN_HOME)
+  let source = ''
+  for (const dir of (process.env.PATH || '').split(':')) {
+    const candidate = dir && path.join(dir, 'rg')
+    if (candidate && candidate !== dest && fs.existsSync(candidate)) { source = candidate; break }
+  }
+  try {
+    // One level at a time: Node's recursive mkdir never returns where mkdir fails with ENOENT
+    // under an existing directory (/proc, say).
+    for (const dir of [path.join(home, '.duo'), path.dirname(dest)]) {
+      try { fs.mkdirSync(dir) } catch (e) { if (e.code !== 'EEXIST') throw e }
+    }
+    if (source) {
+      fs.copyFileSync(source, dest)
+    } else {
+      fs.writeFileSync(dest, '#!/bin/sh\necho "rg: no ripgrep in this image (duo CLI stand-in placeholder)" >&2\nexit 127\n')
+    }
+    fs.chmodSync(dest, 0o755)
+  } catch (e) {
+    fail('$HOME (' + home + ') is not writable: ' + e.message + ': the duo CLI writes its ripgrep into $HOME at start ' +
+      '(as 9.29.0 does), so the job\'s user must be able to write to $HOME')
+  }
+  console.log('duo: $HOME is writable: wrote ' + dest + ' (' + (source ? 'ripgrep from ' + source : 'a placeholder: no rg on PATH') + ')')
+}
+
 async function run(args) {
+  writeRipgrepIntoHome()
   const sessionIdx = args.indexOf('--existing-session-id')
   const session = sessionIdx >= 0 ? args[sessionIdx + 1] : ''
   if (!session) fail('run: --existing-session-id is required')

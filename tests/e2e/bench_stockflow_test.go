@@ -4,7 +4,6 @@ package e2e
 
 import (
 	"context"
-	"regexp"
 	"strconv"
 	"testing"
 	"time"
@@ -19,52 +18,30 @@ import (
 // BenchmarkStockFlowStartup measures the startup a flow's user sees: from the job's hand-out
 // (POST /jobs/request) to the flow's first line, the duo CLI's WebSocket session reaching the
 // workflow service (its upgrade, timed by the service on this machine). Through gitlab-runner
-// 17.9, warm pods, back to back: GitLab's default image (stand-in), which installs the duo CLI
-// from the npm registry (stand-in) and probes SRT first, against the hardened image (stand-in),
-// which has the duo CLI baked in and no SRT. Both clone the project first (GIT_DEPTH=1).
+// 17.9, warm pods, back to back: GitLab's hardened image (stand-in), with no SRT, against the
+// default image (stand-in), which probes SRT first; both have the duo CLI baked in (v0.0.11 and
+// later) and clone the project first (GIT_DEPTH=1).
 func BenchmarkStockFlowStartup(b *testing.B) {
 	const n = 3
-	helper, err := duoflow.HelperConfig()
-	if err != nil {
-		b.Fatal(err)
-	}
-	inst, err := duoflow.NewInstance()
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer inst.Close()
-	npm, err := duoflow.NewNPMRegistry()
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer npm.Close()
 	cluster := clusterjobs.Connect(b)
-	c := newRunner(b, cluster, localcluster.Config{Extra: helper, Pools: []localcluster.PoolConfig{
-		{Name: flowPool, Images: []string{flowImage}, ServeOtherTags: true, EgressProxy: flowEgressAdmin, EgressInstance: true, EgressAllow: []string{npm.Host + ":80"}},
-		{Name: hardenedPool, Images: []string{hardenedImage}, ServeOtherTags: true, EgressProxy: flowEgressAdmin, EgressInstance: true},
-	}})
-	base, err := inst.CreateProject()
-	if err != nil {
-		b.Fatal(err)
-	}
-	setup := `npm config set --location=global registry "$` + duoflow.NPMRegistryVariable + `"`
-	baked, _, bakedPhases := stockStartups(b, cluster, c, inst, n, hardenedPool, func() fakegitlab.Job {
-		job := inst.StockJob(base, npm.URL, jobEgressAdmin)
+	inst, c, base := newFlowRunner(b,
+		localcluster.PoolConfig{Name: flowPool, Images: []string{flowImage}, ServeOtherTags: true, EgressProxy: flowEgressAdmin, EgressInstance: true},
+		localcluster.PoolConfig{Name: hardenedPool, Images: []string{hardenedImage}, ServeOtherTags: true, EgressProxy: flowEgressAdmin, EgressInstance: true})
+	// No npm registry: neither image installs the CLI.
+	const noRegistry = "http://registry.invalid/"
+	hardened, hardenedPhases := stockStartups(b, cluster, c, inst, n, hardenedPool, func() fakegitlab.Job {
+		job := inst.StockJob(base, noRegistry, jobEgressAdmin)
 		job.Image.Name = hardenedImage
 		return job
 	})
-	viaNPM, npmInstalls, npmPhases := stockStartups(b, cluster, c, inst, n, flowPool, func() fakegitlab.Job { return inst.StockJob(base, npm.URL, jobEgressAdmin, setup) })
-	report(b, "flow startup, duo CLI baked in (hardened)", baked, 0)
-	reportPhases(b, bakedPhases)
-	report(b, "flow startup, duo CLI from npm (default)", viaNPM, baked.median())
-	reportPhases(b, npmPhases)
-	report(b, "  of which npm install -g (npm's own time)", npmInstalls, 0)
-	b.ReportMetric(float64(baked.median().Milliseconds()), "baked-ms/startup")
-	b.ReportMetric(float64(viaNPM.median().Milliseconds()), "npm-ms/startup")
+	srt, srtPhases := stockStartups(b, cluster, c, inst, n, flowPool, func() fakegitlab.Job { return inst.StockJob(base, noRegistry, jobEgressAdmin) })
+	report(b, "flow startup, hardened image (duo CLI baked in, no SRT)", hardened, 0)
+	reportPhases(b, hardenedPhases)
+	report(b, "flow startup, default image (duo CLI baked in, SRT probed)", srt, hardened.median())
+	reportPhases(b, srtPhases)
+	b.ReportMetric(float64(hardened.median().Milliseconds()), "hardened-ms/startup")
+	b.ReportMetric(float64(srt.median().Milliseconds()), "default-ms/startup")
 }
-
-// npmAdded is npm's closing line: "added 1 package in 317ms" (or "in 1s").
-var npmAdded = regexp.MustCompile(`added 1 package in (\d+)(ms|s)`)
 
 // reportPhases reports where the start-up of a series of jobs went, phase by phase
 // (duoflow.StartupPhases), in the order the job goes through them.
@@ -79,10 +56,10 @@ func reportPhases(b *testing.B, phases [][]duoflow.Phase) {
 }
 
 // stockStartups runs n stock flow jobs from newJob one after the other, each on a warm pod of
-// pool, and returns hand-out -> workflow session for each, npm's install time where the job log
-// has one, and each job's start-up split into its phases by the job log's timestamps.
-func stockStartups(b *testing.B, cluster *clusterjobs.Cluster, c *clusterjobs.Runner, inst *duoflow.Instance, n int, pool string, newJob func() fakegitlab.Job) (samples, samples, [][]duoflow.Phase) {
-	var startups, installs samples
+// pool, and returns hand-out -> workflow session for each and each job's start-up split into its
+// phases by the job log's timestamps.
+func stockStartups(b *testing.B, cluster *clusterjobs.Cluster, c *clusterjobs.Runner, inst *duoflow.Instance, n int, pool string, newJob func() fakegitlab.Job) (samples, [][]duoflow.Phase) {
+	var startups samples
 	var phases [][]duoflow.Phase
 	for i := 0; i < n; i++ {
 		waitPoolFull(b, cluster, pool)
@@ -111,15 +88,7 @@ func stockStartups(b *testing.B, cluster *clusterjobs.Cluster, c *clusterjobs.Ru
 			b.Fatalf("job %d: %v\n%s", job.ID, err, res.Trace)
 		}
 		phases = append(phases, split)
-		if m := npmAdded.FindStringSubmatch(res.Trace); m != nil {
-			v, _ := strconv.Atoi(m[1])
-			unit := time.Millisecond
-			if m[2] == "s" {
-				unit = time.Second
-			}
-			installs = append(installs, time.Duration(v)*unit)
-		}
 		c.WaitJobGone(b, job.ID)
 	}
-	return startups, installs, phases
+	return startups, phases
 }

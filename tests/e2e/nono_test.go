@@ -7,8 +7,6 @@ import (
 	"testing"
 
 	"github.com/sandbox-executor/sandbox-executor/tests/fakes/fakegitlab"
-	"github.com/sandbox-executor/sandbox-executor/tests/harness/clusterjobs"
-	"github.com/sandbox-executor/sandbox-executor/tests/harness/localcluster"
 	"github.com/sandbox-executor/sandbox-executor/tools/duoflow"
 )
 
@@ -24,24 +22,7 @@ import (
 // cause, what isolates the job instead and what the admin can do.
 func TestFlowUnderNonoSaysWhyItCannotRun(t *testing.T) {
 	t.Parallel()
-	helper, err := duoflow.HelperConfig()
-	if err != nil {
-		t.Fatal(err)
-	}
-	inst, err := duoflow.NewInstance()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer inst.Close()
-	pools := append([]localcluster.PoolConfig{
-		{Name: flowPool, Images: []string{flowImage}, EgressProxy: flowEgressAdmin, EgressInstance: true},
-		{Name: hardenedPool, Images: []string{hardenedImage}, EgressProxy: flowEgressAdmin, EgressInstance: true},
-	}, localcluster.Pools(pool)...)
-	c := newRunner(t, clusterjobs.Connect(t), localcluster.Config{Pools: pools, Extra: helper})
-	base, err := inst.CreateProject()
-	if err != nil {
-		t.Fatal(err)
-	}
+	inst, c, base := newFlowRunner(t, bothFlowPools()...)
 	for _, tc := range []struct {
 		name, image, pool string
 		setup             []string

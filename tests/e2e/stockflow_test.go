@@ -28,9 +28,9 @@ import (
 // GitLab's flow images (tests/cluster/images-duo.sh) through the egress proxy.
 const (
 	flowPool      = "duo-flow"
-	flowImage     = "registry.gitlab.com/gitlab-org/duo-workflow/default-docker-image/workflow-generic-image:v0.0.6"
+	flowImage     = "registry.gitlab.com/gitlab-org/duo-workflow/default-docker-image/workflow-generic-image:v0.0.21"
 	hardenedPool  = "duo-flow-hardened"
-	hardenedImage = "registry.gitlab.com/gitlab-org/duo-workflow/default-docker-image/workflow-generic-image-hardened:v0.0.7"
+	hardenedImage = "registry.gitlab.com/gitlab-org/duo-workflow/default-docker-image/workflow-generic-image-hardened:v0.0.21"
 	// flowEgressAdmin is the proxy of these pools: deploy/local's (tests/cluster/egress-proxy.sh).
 	flowEgressAdmin = egressAdmin
 	// jobEgressAdmin is the proxy's admin address as the stock job tries it, through the proxy
@@ -42,9 +42,10 @@ const (
 // TestStockDuoFlow runs the stock flow's shape through gitlab-runner 17.9: a job with no image,
 // served by the pool of GitLab's default image, whose egress is what the executor derives from
 // the job (the instance of CI_SERVER_URL) plus the pool's npm registry, through the egress
-// proxy. In order: setup_script as the image's user (root); the duo CLI installed from the npm
-// stand-in; the repository cloned; SRT probed and falling back (gVisor and the fence are the
-// sandbox, as the job log says); a WebSocket session with the workflow service through the
+// proxy. In order: setup_script as the image's user (root); the duo CLI found in the image
+// (v0.0.11 and later ship it), not installed; the repository cloned; SRT probed and falling back
+// (gVisor and the fence are the sandbox, as the job log says); the CLI writing its ripgrep into
+// $HOME as 9.29.0 does; a WebSocket session with the workflow service through the
 // instance; edit, test, commit, push; a merge request with CI_JOB_TOKEN; and a destination
 // nothing allows, refused and named in the job log. Then what became of the project's
 // agent-config.yml network_policy (duoflow.StockNetworkPolicy), which GitLab wrote into SRT's
@@ -54,32 +55,18 @@ const (
 // sockets are its own and work (networkPolicyChecks).
 func TestStockDuoFlow(t *testing.T) {
 	t.Parallel()
-	helper, err := duoflow.HelperConfig()
-	if err != nil {
-		t.Fatal(err)
-	}
-	inst, err := duoflow.NewInstance()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer inst.Close()
 	npm, err := duoflow.NewNPMRegistry()
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer npm.Close()
-	// The instance is granted from the job itself; only the npm registry is the pool's.
-	pools := append([]localcluster.PoolConfig{
-		{Name: flowPool, Images: []string{flowImage}, ServeOtherTags: true, EgressProxy: flowEgressAdmin, EgressInstance: true, EgressAllow: []string{npm.Host + ":80"}},
-	}, localcluster.Pools(pool)...)
-	c := newRunner(t, clusterjobs.Connect(t), localcluster.Config{Pools: pools, Extra: helper})
-	base, err := inst.CreateProject()
-	if err != nil {
-		t.Fatal(err)
-	}
+	// The instance is granted from the job itself; only the npm registry is the pool's, a
+	// registry the project's network_policy denies (networkPolicyChecks). The image has the duo
+	// CLI: the flow does not install it.
+	inst, c, base := newFlowRunner(t,
+		localcluster.PoolConfig{Name: flowPool, Images: []string{flowImage}, ServeOtherTags: true, EgressProxy: flowEgressAdmin, EgressInstance: true, EgressAllow: []string{npm.Host + ":80"}})
 	job := inst.StockJob(base, npm.URL, jobEgressAdmin,
-		`echo "setup_script: running as $(id -un) (uid $(id -u)) in $(pwd)"`,
-		`npm config set --location=global registry "$`+duoflow.NPMRegistryVariable+`"`)
+		`echo "setup_script: running as $(id -un) (uid $(id -u)) in $(pwd)"`)
 	job.Steps[0].Script = append(job.Steps[0].Script, networkPolicyChecks...)
 	res := runDuoJob(t, c, inst, job)
 	trace := res.Trace
@@ -90,10 +77,11 @@ func TestStockDuoFlow(t *testing.T) {
 		"Network policy: agent-config.yml's network_policy configures SRT and is not applied here: this job reaches only what the egress proxy of pool "+flowPool+" allows",
 		"Fetching changes with git depth set to 1",
 		"setup_script: running as root (uid 0)",
-		"added 1 package",
+		"duo-cli already present, skipping installation",
 		"/usr/local/bin/duo",
 		"0.0.0-standin",
 		"Warning: SRT found but can't create sandbox (insufficient privileges), running command directly",
+		"duo: $HOME is writable: wrote /root/"+duoflow.RipgrepInHome+" (ripgrep from /usr/bin/rg)",
 		"duo: session "+strconv.FormatInt(job.ID, 10)+": connected (websocket)",
 		"tests passed: welcome, farewell",
 		"merge request !1",
@@ -126,8 +114,8 @@ func TestStockDuoFlow(t *testing.T) {
 	if strings.Contains(trace, "egress blocked: GET "+npm.Host) {
 		t.Errorf("the npm registry the pool grants was refused:\n%s", trace)
 	}
-	if n := npm.Downloads("@gitlab/duo-cli"); n != 1 {
-		t.Errorf("@gitlab/duo-cli downloaded %d times, want 1", n)
+	if n := npm.Downloads("@gitlab/duo-cli"); n != 0 {
+		t.Errorf("@gitlab/duo-cli downloaded %d times, want none: the image has it", n)
 	}
 	sessions := inst.Workflows.Sessions(strconv.FormatInt(job.ID, 10))
 	if len(sessions) != 1 || !sessions[0].Finished || len(sessions[0].Replies) != 7 {
@@ -198,23 +186,8 @@ var networkPolicyChecks = []string{
 // executor printed in any stage, nor the runner's log.
 func TestStockDuoFlowHardenedImage(t *testing.T) {
 	t.Parallel()
-	helper, err := duoflow.HelperConfig()
-	if err != nil {
-		t.Fatal(err)
-	}
-	inst, err := duoflow.NewInstance()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer inst.Close()
-	pools := append([]localcluster.PoolConfig{
-		{Name: hardenedPool, Images: []string{hardenedImage}, ServeOtherTags: true, EgressProxy: flowEgressAdmin, EgressInstance: true},
-	}, localcluster.Pools(pool)...)
-	c := newRunner(t, clusterjobs.Connect(t), localcluster.Config{Pools: pools, Extra: helper})
-	base, err := inst.CreateProject()
-	if err != nil {
-		t.Fatal(err)
-	}
+	inst, c, base := newFlowRunner(t,
+		localcluster.PoolConfig{Name: hardenedPool, Images: []string{hardenedImage}, ServeOtherTags: true, EgressProxy: flowEgressAdmin, EgressInstance: true})
 	key, err := inst.FilesCacheKey("duo-workflow", base, "package.json", ".npmrc")
 	if err != nil {
 		t.Fatal(err)
@@ -254,6 +227,7 @@ func TestStockDuoFlowHardenedImage(t *testing.T) {
 		"id_tokens: GITLAB_OIDC_TOKEN for https://vault.example.com",
 		"duo-cli already present, skipping installation",
 		"Warning: srt is not installed or not in PATH, running command directly without sandbox",
+		"duo: $HOME is writable: wrote /home/duo-runner/"+duoflow.RipgrepInHome,
 		"duo: session "+strconv.FormatInt(job.ID, 10)+": connected (websocket)",
 		"tests passed: welcome, farewell",
 		"merge request !1",
@@ -275,6 +249,37 @@ func TestStockDuoFlowHardenedImage(t *testing.T) {
 	assertNotRecorded(t, c, records, job, pod, map[string]string{"id token": idToken, "id token's signature": idToken[strings.LastIndex(idToken, ".")+1:]},
 		map[string]string{"executor output": executorOutput, "runner log": runnerLog(), "trace": trace})
 	t.Logf("job %d: %s in %s (handed out -> final state)", job.ID, res.State, res.Duration())
+}
+
+// newFlowRunner is the setup of the tests of GitLab's flow images: a flow's GitLab instance,
+// closed when the test ends, with the flow's project pushed; and a runner whose pools are
+// flowPools, then the suite's own, with the runner's helper copied into job pods. It returns
+// the instance, the runner and the project's commit.
+func newFlowRunner(t testing.TB, flowPools ...localcluster.PoolConfig) (*duoflow.Instance, *clusterjobs.Runner, string) {
+	t.Helper()
+	helper, err := duoflow.HelperConfig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	inst, err := duoflow.NewInstance()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(inst.Close)
+	c := newRunner(t, clusterjobs.Connect(t), localcluster.Config{Pools: append(flowPools, localcluster.Pools(pool)...), Extra: helper})
+	base, err := inst.CreateProject()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return inst, c, base
+}
+
+// bothFlowPools are the pools of GitLab's two flow images, each serving its exact image only.
+func bothFlowPools() []localcluster.PoolConfig {
+	return []localcluster.PoolConfig{
+		{Name: flowPool, Images: []string{flowImage}, EgressProxy: flowEgressAdmin, EgressInstance: true},
+		{Name: hardenedPool, Images: []string{hardenedImage}, EgressProxy: flowEgressAdmin, EgressInstance: true},
+	}
 }
 
 func sha256Hex(s string) string {
