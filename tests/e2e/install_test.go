@@ -151,8 +151,9 @@ func TestDocumentedInstall(t *testing.T) {
 		return res
 	}
 
-	// The stock flow as far as it goes over HTTPS: setup_script; the duo CLI from the npm
-	// stand-in (the site's mirror, egressProxy.allow) through the chart's proxy; the clone over
+	// The stock flow as far as it goes over HTTPS: setup_script; GitLab's duo CLI line, which
+	// finds the CLI the image ships; a package from the npm stand-in (the site's mirror,
+	// egressProxy.allow) through the chart's proxy, as a setup_script installs one; the clone over
 	// HTTPS trusting the instance's CA as gitlab-runner hands it to the job; the agent's change
 	// pushed and a merge request opened with the job token. The WebSocket session of `duo run`
 	// is left out: the duo stand-in (tests/duocli, baked into the cluster's hardened image)
@@ -163,7 +164,8 @@ func TestDocumentedInstall(t *testing.T) {
 	job.Steps[0].Script = slices.Concat([]string{
 		`echo "setup_script: running as $(id -un) (uid $(id -u))"`,
 		`npm config set --location=global registry "$` + duoflow.NPMRegistryVariable + `"`,
-		`npm install -g --no-audit --no-fund @gitlab/duo-cli@` + duocli.Version,
+		duoflow.InstallCLIUnlessPresent,
+		`npm install --no-audit --no-fund --prefix /tmp/site-mirror @gitlab/duo-cli@` + duocli.Version,
 		`echo "duo CLI $(duo --version)"`,
 		`git log -1 --format="cloned %H from ${CI_REPOSITORY_URL%%://*}://${CI_SERVER_HOST}"`,
 	}, duoflow.Change, duoflow.Commit, []string{
@@ -185,6 +187,7 @@ func TestDocumentedInstall(t *testing.T) {
 		"runtime "+runtimeClass,
 		"stages over pod network",
 		"setup_script: running as root (uid 0)",
+		"duo-cli already present, skipping installation",
 		"added 1 package",
 		"duo CLI 0.0.0-standin",
 		"cloned "+base+" from https://"+inst.Host,

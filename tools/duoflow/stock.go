@@ -124,6 +124,10 @@ func (p NetworkPolicy) SRTSettings(instanceHost string) string {
 // shellQuote quotes s as one word for a POSIX shell.
 func shellQuote(s string) string { return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'" }
 
+// InstallCLIUnlessPresent is GitLab's line that installs the duo CLI from npm unless the image
+// has it (GitLab's flow images from v0.0.11 do).
+const InstallCLIUnlessPresent = `command -v duo > /dev/null 2>&1 && echo "duo-cli already present, skipping installation" || npm install -g --no-audit --no-fund @gitlab/duo-cli@` + duocli.Version
+
 // StockScript is the stock flow job's script in the order GitLab generates it (its
 // StartWorkflowService and DuoWorkflow::Sandbox, rewritten here): the sandbox directory, the
 // setup_script, the oauth remote, the duo CLI unless the image has it, then, when the image has
@@ -136,7 +140,7 @@ func StockScript(srtSettings string, setupScript ...string) []string {
 	script = append(script, setupScript...)
 	return append(script,
 		`git remote set-url origin "http://${DUO_WORKFLOW_GIT_HTTP_USER}:${DUO_WORKFLOW_GIT_HTTP_PASSWORD}@${DUO_WORKFLOW_GIT_HTTP_BASE_URL#http://}/${CI_PROJECT_PATH}.git"`,
-		`command -v duo > /dev/null 2>&1 && echo "duo-cli already present, skipping installation" || npm install -g --no-audit --no-fund @gitlab/duo-cli@`+duocli.Version,
+		InstallCLIUnlessPresent,
 		`which duo && duo --version`,
 		`if which srt > /dev/null; then
   echo "SRT found, creating config..."
