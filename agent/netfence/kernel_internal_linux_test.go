@@ -63,6 +63,39 @@ func (ns *netns) connectsFromPort(from string, port int, addr string, timeout ti
 	return err
 }
 
+// echoes reports whether an ICMPv6 echo request from the namespace to addr (with its zone for a
+// link-local or multicast address) gets an answer within timeout.
+func (ns *netns) echoes(t *testing.T, addr string, timeout time.Duration) bool {
+	t.Helper()
+	var c net.PacketConn
+	var err error
+	ns.Do(func() { c, err = net.ListenPacket("ip6:ipv6-icmp", "::") })
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	dst, err := net.ResolveIPAddr("ip6", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Type 128 (echo request), code 0, checksum (the kernel's), identifier, sequence, payload.
+	request := []byte{128, 0, 0, 0, 0x5e, 0xc1, 0, 1, 'f', 'e', 'n', 'c', 'e'}
+	if _, err := c.WriteTo(request, dst); err != nil {
+		return false // dropped by the fence: EPERM
+	}
+	_ = c.SetReadDeadline(time.Now().Add(timeout))
+	buf := make([]byte, 1500)
+	for {
+		n, _, err := c.ReadFrom(buf)
+		if err != nil {
+			return false
+		}
+		if n >= 8 && buf[0] == 129 && buf[4] == 0x5e && buf[5] == 0xc1 { // echo reply, ours
+			return true
+		}
+	}
+}
+
 // fencedPair is a fresh network namespace joined by a veth pair to a peer namespace, with
 // listeners on both sides.
 type fencedPair struct {
@@ -71,7 +104,9 @@ type fencedPair struct {
 
 // newFencedPair makes the namespaces: the fenced one is 10.201.0.1 and fd00:201::1; the peer is
 // .2 and .3 of each, listening on 8443 and 8444; the fenced one listens on 9000, on the agent's
-// first port and on 9001.
+// first port and on 9001. The peer is the fenced one's IPv6 gateway too: fe80::2 (and fe80::3,
+// no gateway) on the link, fd00:202::2 behind it; fd00:203::/64 goes through fe80::2 or fe80::4
+// (nobody), a multipath route.
 func newFencedPair(t *testing.T) fencedPair {
 	t.Helper()
 	p := newPair(t)
@@ -97,13 +132,20 @@ func newPair(t *testing.T) fencedPair {
 		"ip link add fence0 type veth peer name peer0 netns "+strconv.Itoa(peer.Tid),
 		"ip addr add 10.201.0.1/24 dev fence0",
 		"ip addr add fd00:201::1/64 dev fence0 nodad",
-		"ip link set fence0 up")
+		"ip link set fence0 up",
+		"ip -6 route add fd00:202::/64 via fe80::2 dev fence0",
+		"ip -6 route add fd00:203::/64 nexthop via fe80::2 dev fence0 nexthop via fe80::4 dev fence0")
 	peer.Sh(t,
 		"ip link set lo up",
 		"ip addr add 10.201.0.2/24 dev peer0",
 		"ip addr add 10.201.0.3/24 dev peer0",
 		"ip addr add fd00:201::2/64 dev peer0 nodad",
 		"ip addr add fd00:201::3/64 dev peer0 nodad",
+		// No address of the link's own making: a gateway's solicitations come from fe80::2.
+		"ip link set peer0 addrgenmode none",
+		"ip addr add fe80::2/64 dev peer0 nodad",
+		"ip addr add fe80::3/64 dev peer0 nodad",
+		"ip addr add fd00:202::2/128 dev lo",
 		"ip link set peer0 up")
 	peer.Listen(t, ":8443")
 	peer.Listen(t, ":8444")
@@ -113,11 +155,12 @@ func newPair(t *testing.T) fencedPair {
 }
 
 var (
-	allowedAddrs = []string{"10.201.0.2:8443", "[fd00:201::2]:8443", "127.0.0.1:9000", "[::1]:9000"}
+	allowedAddrs = []string{"10.201.0.2:8443", "[fd00:201::2]:8443", "[fd00:202::2]:8443", "127.0.0.1:9000", "[::1]:9000"}
 	deniedAddrs  = []string{"10.201.0.3:8443", "10.201.0.2:8444", "[fd00:201::3]:8443", "[fd00:201::2]:8444"}
 	pairAllowed  = []Rule{
 		{Dst: netip.MustParsePrefix("10.201.0.2/32"), Proto: TCP, DstPorts: Ports{8443, 8443}},
 		{Dst: netip.MustParsePrefix("fd00:201::2/128"), Proto: TCP, DstPorts: Ports{8443, 8443}},
+		{Dst: netip.MustParsePrefix("fd00:202::2/128"), Proto: TCP, DstPorts: Ports{8443, 8443}},
 	}
 	pairReplyTo = []netip.Prefix{netip.MustParsePrefix("10.201.0.2/32"), netip.MustParsePrefix("fd00:201::2/128")}
 	saveHead    = []string{
@@ -126,6 +169,17 @@ var (
 		":FORWARD DROP [0:0]",
 		":OUTPUT DROP [0:0]",
 	}
+	// pairICMPv6Save is the ICMPv6 that ip6tables-legacy-save shows for pairAllowed: to the
+	// gateways, the solicited-node groups and the allowed destinations.
+	pairICMPv6Save = []string{
+		"-A OUTPUT -d fe80::2/128 -p ipv6-icmp -j ACCEPT",
+		"-A OUTPUT -d fe80::4/128 -p ipv6-icmp -j ACCEPT",
+		"-A OUTPUT -d ff02::1:ff00:0/104 -p ipv6-icmp -j ACCEPT",
+		"-A OUTPUT -d fd00:201::2/128 -p ipv6-icmp -j ACCEPT",
+		"-A OUTPUT -d fd00:202::2/128 -p ipv6-icmp -j ACCEPT",
+	}
+	// noEcho are a link-local neighbour that is no gateway and the link's all-nodes group.
+	noEcho = []string{"fe80::3%fence0", "ff02::1%fence0"}
 )
 
 // unfencedConnects checks that the namespaces' network is up: every address connects, and so
@@ -140,6 +194,27 @@ func (p fencedPair) unfencedConnects(t *testing.T) {
 	if err := p.fenced.witness(t, 5*time.Second); !errors.Is(err, ErrWitnessArrived) {
 		t.Fatalf("before the fence, the witness: %v; want it to arrive", err)
 	}
+	for _, addr := range noEcho {
+		if !p.fenced.echoes(t, addr, 5*time.Second) {
+			t.Fatalf("before the fence, no answer to an echo to %s", addr)
+		}
+	}
+}
+
+// apply writes the fence of pairAllowed, with the reply rules of replyPorts, in the fenced
+// namespace as the verb does (withGateways reads its routes), then makes the peer forget the
+// fenced namespace's link-layer addresses: every reply through the fence then waits for a
+// neighbour discovery answered through it.
+func (p fencedPair) apply(t *testing.T, replyPorts []uint16) (fenced []Fenced, err error) {
+	t.Helper()
+	p.fenced.Do(func() {
+		var allows []Rule
+		if allows, err = withGateways(pairAllowed); err == nil {
+			fenced, err = Apply(OutputRules(pairReplyTo, replyPorts, allows))
+		}
+	})
+	p.peer.Sh(t, "ip -6 neigh flush dev peer0")
+	return fenced, err
 }
 
 // witness runs ProbeWitness in the namespace.
@@ -169,10 +244,14 @@ func skipWithoutFilterTable(t *testing.T, err error) {
 func TestApplyFencesANetworkNamespace(t *testing.T) {
 	p := newFencedPair(t)
 	p.unfencedConnects(t)
-
-	var fenced []Fenced
+	var gateways []netip.Addr
 	var err error
-	p.fenced.Do(func() { fenced, err = Apply(OutputRules(pairReplyTo, AgentReplyPorts, pairAllowed)) })
+	p.fenced.Do(func() { gateways, err = ipv6Gateways() })
+	if want := []netip.Addr{netip.MustParseAddr("fe80::2"), netip.MustParseAddr("fe80::4")}; err != nil || !slices.Equal(gateways, want) {
+		t.Fatalf("ipv6Gateways() = %v, %v; want %v, of the plain route and the multipath one", gateways, err, want)
+	}
+
+	fenced, err := p.apply(t, AgentReplyPorts)
 	skipWithoutFilterTable(t, err)
 	if want := []Fenced{{"IPv4", true}, {"IPv6", true}}; !slices.Equal(fenced, want) {
 		t.Errorf("Apply fenced %v, want %v: both families refusing tcp", fenced, want)
@@ -191,14 +270,19 @@ func TestApplyFencesANetworkNamespace(t *testing.T) {
 		"-A OUTPUT -d fd00:201::2/128 -p tcp -m tcp --sport 7543 -j ACCEPT",
 		"-A OUTPUT -d fd00:201::2/128 -p tcp -m tcp --sport 7544 -j ACCEPT",
 		"-A OUTPUT -d fd00:201::2/128 -p tcp -m tcp --dport 8443 -j ACCEPT",
-		"-A OUTPUT -d fe80::/10 -p ipv6-icmp -j ACCEPT",
-		"-A OUTPUT -d ff02::/16 -p ipv6-icmp -j ACCEPT",
-		"-A OUTPUT -p tcp -j REJECT --reject-with tcp-reset",
-		"COMMIT"}))
+		"-A OUTPUT -d fd00:202::2/128 -p tcp -m tcp --dport 8443 -j ACCEPT"},
+		pairICMPv6Save, []string{
+			"-A OUTPUT -p tcp -j REJECT --reject-with tcp-reset",
+			"COMMIT"}))
 
 	for _, addr := range allowedAddrs {
 		if err := p.fenced.connects(addr, 5*time.Second); err != nil {
 			t.Errorf("allowed %s: %v", addr, err)
+		}
+	}
+	for _, addr := range noEcho {
+		if p.fenced.echoes(t, addr, time.Second) {
+			t.Errorf("an echo to %s was answered through the fence", addr)
 		}
 	}
 	// Refused, not timed out: the connect's own bound is far above the reset's way back.
@@ -246,9 +330,7 @@ func TestApplyWithoutRejectDrops(t *testing.T) {
 		return f.setsockopt(fd, req)
 	}
 	t.Cleanup(func() { setReplace = family.setsockopt })
-	var fenced []Fenced
-	var err error
-	p.fenced.Do(func() { fenced, err = Apply(OutputRules(pairReplyTo, AgentReplyPorts, pairAllowed)) })
+	fenced, err := p.apply(t, AgentReplyPorts)
 	skipWithoutFilterTable(t, err)
 	if want := []Fenced{{"IPv4", false}, {"IPv6", false}}; !slices.Equal(fenced, want) || refused != 2 {
 		t.Errorf("Apply fenced %v after %d refused tables, want %v after 2", fenced, refused, want)
@@ -278,9 +360,51 @@ func TestApplyWithoutRejectDrops(t *testing.T) {
 
 	// A runtime that refuses the dropping table too fails the verb, closed, as before.
 	setReplace = func(family, int, []byte) error { return syscall.EINVAL }
-	p.fenced.Do(func() { _, err = Apply(OutputRules(pairReplyTo, AgentReplyPorts, pairAllowed)) })
-	if err == nil || !strings.Contains(err.Error(), "can't replace iptables table `filter': invalid argument: this runtime refuses the table") {
+	if _, err = p.apply(t, AgentReplyPorts); err == nil || !strings.Contains(err.Error(), "can't replace iptables table `filter': invalid argument: this runtime refuses the table") {
 		t.Errorf("Apply on a runtime that refuses both tables: %v", err)
+	}
+}
+
+// TestApplyWithoutGatewaysCutsIPv6ThroughThem is why the verb fails when it cannot read the pod's
+// gateways (withGateways) rather than write the fence without their rules. A first connect
+// through the gateway may pass: the fenced namespace's own solicitation of fe80::2 came from
+// fd00:201::1 and taught the gateway its link-layer address. But the gateway confirms it from
+// fe80::2, the answer is dropped, the gateway's entry fails, and from then on a connect to a
+// destination behind it times out. Written with the gateways read, the same connect passes.
+func TestApplyWithoutGatewaysCutsIPv6ThroughThem(t *testing.T) {
+	p := newPair(t)
+	p.unfencedConnects(t)
+	readGateways = func() ([]netip.Addr, error) { return nil, nil }
+	t.Cleanup(func() { readGateways = ipv6Gateways })
+	_, err := p.apply(t, nil)
+	skipWithoutFilterTable(t, err)
+	const behind = "[fd00:202::2]:8443"
+	p.peer.Sh(t, "sysctl -qw net.ipv6.neigh.peer0.delay_first_probe_time=1") // confirm after 1s, not 5
+	_ = p.fenced.connects(behind, 5*time.Second)
+	state := ""
+	for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); time.Sleep(250 * time.Millisecond) {
+		var out []byte
+		p.peer.Do(func() { out, err = exec.Command("ip", "-6", "neigh", "show", "fd00:201::1", "dev", "peer0").Output() })
+		if state = strings.TrimSpace(string(out)); err != nil || strings.HasSuffix(state, "FAILED") {
+			break
+		}
+	}
+	if !strings.HasSuffix(state, "FAILED") {
+		t.Fatalf("the gateway's neighbour entry for fd00:201::1: %q, %v; want FAILED, its solicitations unanswered", state, err)
+	}
+	var ne net.Error
+	if err := p.fenced.connects(behind, 3*time.Second); !errors.As(err, &ne) || !ne.Timeout() {
+		t.Errorf("%s through the gateway fe80::2, with no rule for it: %v; want a timeout", behind, err)
+	}
+	if err := p.fenced.connects("[fd00:201::2]:8443", 5*time.Second); err != nil {
+		t.Errorf("control: fd00:201::2, on the link: %v", err)
+	}
+	readGateways = ipv6Gateways
+	if _, err := p.apply(t, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.fenced.connects(behind, 5*time.Second); err != nil {
+		t.Errorf("%s through the gateway fe80::2, its rule read from the routes: %v", behind, err)
 	}
 }
 
@@ -363,8 +487,7 @@ func TestCommandRefusesReplyToEveryAddress(t *testing.T) {
 func TestApplyAcceptsRepliesOnlyFromTheGivenPorts(t *testing.T) {
 	p := newPair(t)
 	p.unfencedConnects(t)
-	var err error
-	p.fenced.Do(func() { _, err = Apply(OutputRules(pairReplyTo, []uint16{wire.FencePort}, pairAllowed)) })
+	_, err := p.apply(t, []uint16{wire.FencePort})
 	skipWithoutFilterTable(t, err)
 	p.fenced.checkSave(t, "iptables-legacy-save", slices.Concat(saveHead, []string{
 		"-A OUTPUT -d 127.0.75.44/32 -p udp -j REJECT --reject-with icmp-port-unreachable",
@@ -377,10 +500,10 @@ func TestApplyAcceptsRepliesOnlyFromTheGivenPorts(t *testing.T) {
 		"-A OUTPUT -o lo -j ACCEPT",
 		"-A OUTPUT -d fd00:201::2/128 -p tcp -m tcp --sport 7544 -j ACCEPT",
 		"-A OUTPUT -d fd00:201::2/128 -p tcp -m tcp --dport 8443 -j ACCEPT",
-		"-A OUTPUT -d fe80::/10 -p ipv6-icmp -j ACCEPT",
-		"-A OUTPUT -d ff02::/16 -p ipv6-icmp -j ACCEPT",
-		"-A OUTPUT -p tcp -j REJECT --reject-with tcp-reset",
-		"COMMIT"}))
+		"-A OUTPUT -d fd00:202::2/128 -p tcp -m tcp --dport 8443 -j ACCEPT"},
+		pairICMPv6Save, []string{
+			"-A OUTPUT -p tcp -j REJECT --reject-with tcp-reset",
+			"COMMIT"}))
 
 	pairs := []struct{ host, client string }{{"10.201.0.1", "10.201.0.2"}, {"fd00:201::1", "fd00:201::2"}}
 	for _, c := range pairs {

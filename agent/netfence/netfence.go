@@ -32,8 +32,10 @@ const Usage = `usage: sandbox-executor-agent netfence --reply-to CIDR... [--repl
 
 Replaces the sandbox's IPv4 and IPv6 filter tables: INPUT accepts, FORWARD drops; OUTPUT accepts
 loopback, the replies of the agent's servers (tcp from each --reply-port) to --reply-to, and the
-destinations allowed below; it refuses all other tcp at once with a reset and udp to
-127.0.75.44 (the fence check's witness) with icmp-port-unreachable, and drops everything else.
+destinations allowed below (for IPv6 ones, with the ICMPv6 of neighbour discovery to them, the
+solicited-node groups and the pod's IPv6 gateways, read from its routes); it refuses all other
+tcp at once with a reset and udp to 127.0.75.44 (the fence check's witness) with
+icmp-port-unreachable, and drops everything else.
 A runtime without the REJECT target gets the same table dropping instead of refusing. Run it as root with CAP_NET_ADMIN
 and CAP_NET_RAW in an init container of a gVisor pod whose runsc has net-raw = true.
 
@@ -140,6 +142,10 @@ func Command(args []string, stdout io.Writer) error {
 		}
 		allows = append(allows, resolved...)
 	}
+	allows, err := withGateways(allows)
+	if err != nil {
+		return err
+	}
 	output := OutputRules(replyTo, replyPorts, allows)
 	if err := ProveRuntime(); err != nil {
 		return err
@@ -160,17 +166,67 @@ type Fenced struct {
 	RefusesTCP bool
 }
 
-// neighborDiscovery lets IPv6 find its neighbours: ICMPv6 to link-local addresses (answers)
-// and to link-local multicast (solicitations). netstack cannot match ICMPv6 types, so these
-// are written only when an IPv6 destination is allowed: without them none could be reached.
-var neighborDiscovery = []Rule{
-	{Dst: netip.MustParsePrefix("fe80::/10"), Proto: ICMPv6},
-	{Dst: netip.MustParsePrefix("ff02::/16"), Proto: ICMPv6},
+// solicitedNodes is where IPv6 neighbour solicitations go (RFC 4291 2.7.1): Linux filters them
+// in OUTPUT; gVisor's netstack sends them around its filter table.
+var solicitedNodes = netip.MustParsePrefix("ff02::1:ff00:0/104")
+
+// neighborDiscovery is the ICMPv6 that the IPv6 destinations of allows need to be reached:
+// solicitations to the solicited-node groups, and answers to the neighbours that solicit this
+// pod, which are its gateways (gatewayRules, among allows) and the allowed destinations on its
+// link. netstack cannot match ICMPv6 types, so these accept every ICMPv6 type, echo included, to
+// those addresses only: not to other link-local addresses nor to the link's other multicast
+// groups (ff02::1 reaches every neighbour). None without an IPv6 destination.
+func neighborDiscovery(allows []Rule) []Rule {
+	var rules []Rule
+	for _, r := range allows {
+		if r.Dst.Addr().Is6() {
+			if rules == nil {
+				rules = []Rule{{Dst: solicitedNodes, Proto: ICMPv6}}
+			}
+			rules = append(rules, Rule{Dst: r.Dst, Proto: ICMPv6})
+		}
+	}
+	return rules
+}
+
+// gatewayRules answer the neighbour solicitations of the pod's IPv6 gateways (ipv6Gateways):
+// a router asks from its link-local address, and without an answer it stops forwarding the
+// replies of every IPv6 destination to the pod.
+func gatewayRules(gateways []netip.Addr) []Rule {
+	rules := make([]Rule, 0, len(gateways))
+	for _, g := range gateways {
+		rules = append(rules, Rule{Dst: netip.PrefixFrom(g, g.BitLen()), Proto: ICMPv6})
+	}
+	return rules
+}
+
+// readGateways is ipv6Gateways, replaced in tests.
+var readGateways = ipv6Gateways
+
+// withGateways is allows and, if any of them is an IPv6 destination, the gatewayRules of the
+// pod's IPv6 gateways as its routes name them now. A failure to read the routes fails the verb,
+// before the table is touched, and so the pod: closed. Neither way around it holds. Writing the
+// fence with no gateway rule would cut every IPv6 destination behind a gateway, with nothing to
+// say why: the gateway solicits the pod from its link-local address, the answer is dropped, and
+// the gateway stops forwarding the replies (TestApplyWithoutGatewaysCutsIPv6ThroughThem: the
+// connects time out). Accepting ICMPv6 to all of fe80::/10 instead would silently reopen what
+// neighborDiscovery closes. gVisor's netlink answers RTM_GETROUTE dumps with each route's
+// RTA_GATEWAY (pkg/sentry/socket/netlink/route); a runtime whose netlink did not would fail here,
+// in one line. Reading no gateway at all (IPv6 routes on the link only) is no failure.
+func withGateways(allows []Rule) ([]Rule, error) {
+	if !slices.ContainsFunc(allows, func(r Rule) bool { return r.Dst.Addr().Is6() }) {
+		return allows, nil
+	}
+	gateways, err := readGateways()
+	if err != nil {
+		return nil, fmt.Errorf("%v: without the pod's IPv6 gateways the fence would drop their neighbour solicitations' answers and cut every IPv6 destination behind them, so it is not written; allow only IPv4 destinations, or set the chart's jobDefaults.netstackFence.enabled=false to rely on NetworkPolicy alone", err)
+	}
+	return append(slices.Clip(allows), gatewayRules(gateways)...), nil
 }
 
 // OutputRules is the OUTPUT chain before its DROP policy: loopback, the agent's replies from
-// each of replyPorts to each replyTo network (none without replyPorts), then allows in order,
-// each once, and neighbour discovery if any allowed destination is IPv6.
+// each of replyPorts to each replyTo network (none without replyPorts), then allows in order and
+// the neighbour discovery of their IPv6 destinations, each once.
 func OutputRules(replyTo []netip.Prefix, replyPorts []uint16, allows []Rule) []Rule {
 	rules := []Rule{{OutInterface: "lo"}}
 	for _, port := range replyPorts {
@@ -180,13 +236,10 @@ func OutputRules(replyTo []netip.Prefix, replyPorts []uint16, allows []Rule) []R
 			}
 		}
 	}
-	for _, r := range allows {
+	for _, r := range append(slices.Clip(allows), neighborDiscovery(allows)...) {
 		if !slices.Contains(rules, r) {
 			rules = append(rules, r)
 		}
-	}
-	if slices.ContainsFunc(allows, func(r Rule) bool { return r.Dst.Addr().Is6() }) {
-		rules = append(rules, neighborDiscovery...)
 	}
 	return rules
 }

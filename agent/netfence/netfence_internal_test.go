@@ -112,8 +112,63 @@ func TestOutputRulesAllowNeighborDiscoveryOnlyForIPv6Destinations(t *testing.T) 
 			t.Errorf("IPv4 destinations only, yet %s", r)
 		}
 	}
-	if got := OutputRules(nil, nil, []Rule{v4, v6}); !slices.Equal(got[len(got)-2:], neighborDiscovery) {
-		t.Errorf("an IPv6 destination, yet OUTPUT ends %v", got[len(got)-2:])
+	want := []Rule{{Dst: solicitedNodes, Proto: ICMPv6}, {Dst: v6.Dst, Proto: ICMPv6}}
+	if got := OutputRules(nil, nil, []Rule{v4, v6}); !slices.Equal(got[len(got)-2:], want) {
+		t.Errorf("an IPv6 destination, yet OUTPUT ends %v, want %v", got[len(got)-2:], want)
+	}
+}
+
+// acceptsICMPv6 reports whether rules accept ICMPv6 to dst (a rule of every protocol would too).
+func acceptsICMPv6(rules []Rule, dst netip.Addr) bool {
+	return slices.ContainsFunc(rules, func(r Rule) bool {
+		return r.OutInterface == "" && (r.Proto == ICMPv6 || r.Proto == 0) && r.SrcPorts.Any() && r.DstPorts.Any() &&
+			(!r.Dst.IsValid() || r.Dst.Contains(dst))
+	})
+}
+
+// ICMPv6 goes only where the allowed IPv6 destinations need it: neighbour solicitations to
+// solicited-node multicast groups, and answers to the neighbours that ask, which are the allowed
+// destinations on the link and the gateways. Not to every link-local address (the node's, other
+// pods' on a bridge) nor to the link's other multicast groups (ff02::1 reaches every neighbour).
+func TestOutputRulesAllowICMPv6OnlyAsAllowedDestinationsNeedIt(t *testing.T) {
+	v6 := Rule{Dst: netip.MustParsePrefix("2001:db8::5/128"), Proto: TCP, DstPorts: Ports{443, 443}}
+	gateway := netip.MustParseAddr("fe80::ecee:eeff:feee:eeee")
+	rules := OutputRules(nil, nil, []Rule{v6})
+	for _, dst := range []string{"fe80::1", gateway.String(), "ff02::1", "ff02::2", "ff02::16", "2001:db8::6"} {
+		if acceptsICMPv6(rules, netip.MustParseAddr(dst)) {
+			t.Errorf("ICMPv6 to %s accepted: %v", dst, rules)
+		}
+	}
+	for _, dst := range []string{"ff02::1:ff00:5", "ff02::1:ff12:3456", "2001:db8::5"} {
+		if !acceptsICMPv6(rules, netip.MustParseAddr(dst)) {
+			t.Errorf("ICMPv6 to %s dropped: %v", dst, rules)
+		}
+	}
+	// A gateway read from the pod's routes is answered; no other link-local address is.
+	rules = OutputRules(nil, nil, append([]Rule{v6}, gatewayRules([]netip.Addr{gateway})...))
+	if !acceptsICMPv6(rules, gateway) || acceptsICMPv6(rules, netip.MustParseAddr("fe80::1")) {
+		t.Errorf("with the gateway %s: %v", gateway, rules)
+	}
+}
+
+// withGateways reads the gateways only for an IPv6 destination, and a failure to read them fails
+// the verb in one line, before the table is touched (it would otherwise need root here): the
+// fence is not written without them, nor widened to every link-local address.
+func TestCommandFailsClosedWithoutTheGateways(t *testing.T) {
+	reads := 0
+	readGateways = func() ([]netip.Addr, error) {
+		reads++
+		return nil, errors.New("reading the IPv6 routes for their gateways: operation not supported")
+	}
+	t.Cleanup(func() { readGateways = ipv6Gateways })
+	if allows, err := withGateways([]Rule{{Dst: netip.MustParsePrefix("10.0.0.0/8"), Proto: TCP, DstPorts: Ports{443, 443}}}); err != nil || len(allows) != 1 || reads != 0 {
+		t.Errorf("IPv4 destinations only: %v, %v after %d reads; want them as they are, unread", allows, err, reads)
+	}
+	var out bytes.Buffer
+	err := Command([]string{"--reply-to", "10.88.0.0/16", "--reply-port", "7544", "--allow", "[2001:db8::5]:443"}, &out)
+	if err == nil || !strings.Contains(err.Error(), "operation not supported: without the pod's IPv6 gateways") ||
+		!strings.Contains(err.Error(), "so it is not written") || strings.Contains(err.Error(), "\n") || out.Len() != 0 || reads != 1 {
+		t.Errorf("Command with the routes unreadable: %v, printed %q after %d reads; want one line saying the fence is not written", err, out.String(), reads)
 	}
 }
 
