@@ -115,6 +115,7 @@ func TestColdStartPolicyHoldsThePodTheNetworkPolicySelects(t *testing.T) {
 			{"a sidecar of the agent image", inits, func(s *sandboxv1beta1.Sandbox) {
 				sidecar := *netfenceOf(t, s).DeepCopy()
 				sidecar.Name, sidecar.Command, sidecar.Args, sidecar.RestartPolicy = "sidecar", []string{"/sandbox-executor-agent", "serve"}, nil, ptr.To(corev1.ContainerRestartPolicyAlways)
+				sidecar.SecurityContext = job(s).SecurityContext.DeepCopy() // no NET_ADMIN: only the init-container rule refuses it
 				s.Spec.PodTemplate.Spec.InitContainers = append(s.Spec.PodTemplate.Spec.InitContainers, sidecar)
 			}},
 			{"a netfence told it is a probe child (it writes no fence)", inits, func(s *sandboxv1beta1.Sandbox) {

@@ -157,9 +157,11 @@ cold_images = ["`+localcluster.PosixImage+`"]`,
 			if len(spec.InitContainers) == 0 {
 				t.Fatal("the executor's cold Sandbox has no init container (netfence) to copy")
 			}
+			// The agent image with the job container's own capabilities: only the init-container rule can refuse it.
 			sidecar := *spec.InitContainers[0].DeepCopy()
 			always := corev1.ContainerRestartPolicyAlways
 			sidecar.Name, sidecar.Command, sidecar.Args, sidecar.RestartPolicy = "sidecar", []string{"/sandbox-executor-agent", "serve"}, nil, &always
+			sidecar.SecurityContext = job(spec).SecurityContext.DeepCopy()
 			spec.InitContainers = append(spec.InitContainers, sidecar)
 		}, nil},
 	} {
