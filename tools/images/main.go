@@ -12,8 +12,6 @@ package main
 import (
 	"archive/tar"
 	"bytes"
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -34,6 +32,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/types"
 
 	"github.com/sandbox-executor/sandbox-executor/agent/wire"
+	"github.com/sandbox-executor/sandbox-executor/executor"
 )
 
 // nonRootUID is the user every image runs as (the same number distroless uses).
@@ -111,7 +110,7 @@ func images(o options) ([]image, error) {
 		{Path: "/sandbox-executor-agent", Src: bin("sandbox-executor-agent"), Mode: 0o755},
 		{Path: "/" + path.Base(wire.PodAgentPath), Link: "sandbox-executor-agent", Mode: 0o777},
 	}
-	if digest, err := fileSHA256(runner("gitlab-runner-helper")); err == nil {
+	if digest, err := executor.HelperDigest(runner("gitlab-runner-helper")); err == nil {
 		// Without it (no make runner) the agent image is built all the same: prepare then
 		// copies the helper into the jobs that need it, as before. Its sha256 beside it is what
 		// install-agent records as it copies (wire.HelperDigestSuffix), so a pod that mounts
@@ -447,18 +446,4 @@ func tarDir(dir, out string) error {
 		return err
 	}
 	return os.Rename(tmp, out)
-}
-
-// fileSHA256 is the hex sha256 of the file at name.
-func fileSHA256(name string) (string, error) {
-	f, err := os.Open(name)
-	if err != nil {
-		return "", err
-	}
-	defer f.Close()
-	h := sha256.New()
-	if _, err := io.Copy(h, f); err != nil {
-		return "", err
-	}
-	return hex.EncodeToString(h.Sum(nil)), nil
 }
