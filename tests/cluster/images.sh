@@ -12,11 +12,13 @@
 #   sandbox-executor.local/posix:bookworm Debian bookworm minbase with bash removed: POSIX sh (dash)
 #                                         and coreutils only, to prove the executor needs no bash
 #   sandbox-executor.local/sandbox-executor-agent:<hash>
-#                                         this repository's stage agent, made by tools/images as
-#                                         `make images` makes it: the init container that bakes it
-#                                         into job pods. Tagged by the binary's hash, so a changed
-#                                         agent changes the template (up.sh sets it) and the warm
-#                                         pools recreate
+#                                         this repository's stage agent and the runner's helper
+#                                         (gitlab-runner-helper and its sha256, as the suites' jobs
+#                                         use it: runner_helper), made by tools/images as `make
+#                                         images` makes it: the image job pods mount the agent from.
+#                                         Tagged by a hash of both and the image tool, so a changed
+#                                         agent or helper changes the template (up.sh sets it) and
+#                                         the warm pools recreate
 #   sandbox-executor.local/coredns:<version>-<hash>, sandbox-executor.local/agent-sandbox-controller:<version>-<hash>
 #                                         the static binaries build.sh made from the pinned modules,
 #                                         alone, run as nonroot like upstream's distroless images:
@@ -139,16 +141,30 @@ C
   strip "$dir/pause"
 }
 
-# The agent is rebuilt from this checkout each time (a second with a warm Go cache); its hash
-# and the image tool's source, not a recipe, say whether the image is current. The image is made by the project's own image
-# tool (tools/images, the one `make images` uses), so the local cluster runs the image users get.
+# runner_helper: the runner's helper the suites' jobs copy or link (tests/runner HelperPath):
+# $SANDBOX_EXECUTOR_GITLAB_RUNNER_HELPER, else gitlab-runner-helper beside
+# $SANDBOX_EXECUTOR_GITLAB_RUNNER, else GitLab Runner 17.9.0's in ../shared/tools beside the
+# repository (the Makefile's RUNNER_DIR, `make runner`).
+runner_helper() {
+  local runner=${SANDBOX_EXECUTOR_GITLAB_RUNNER:-$(dirname "$REPO_ROOT")/shared/tools/gitlab-runner-17.9.0/gitlab-runner}
+  echo "${SANDBOX_EXECUTOR_GITLAB_RUNNER_HELPER:-$(dirname "$runner")/gitlab-runner-helper}"
+}
+
+# The agent is rebuilt from this checkout each time (a second with a warm Go cache); its hash,
+# the runner's helper's and the image tool's source, not a recipe, say whether the image is
+# current. The image is made by the project's own image tool (tools/images, the one `make
+# images` uses, with -runner), so the local cluster runs the image users get: job pods find the
+# runner's helper baked in, and prepare links it rather than copying 46 MB over exec.
 build_agent_image() {
-  local dir=$ROOTFS/agent bin hash ref digest archive
+  local dir=$ROOTFS/agent bin helper hash ref digest archive
+  helper=$(runner_helper)
+  [[ -f $helper && -x $helper ]] ||
+    die "no runner helper at $helper: put GitLab Runner 17.9.0 there (make runner), or point SANDBOX_EXECUTOR_GITLAB_RUNNER_HELPER at a gitlab-runner-helper"
   mkdir -p "$dir"
   bin=$dir/sandbox-executor-agent.new
   (cd "$REPO_ROOT" && CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$bin" ./cmd/sandbox-executor-agent) >>"$CLUSTER_LOG/build-agent.log" 2>&1 ||
     { tail -n 20 "$CLUSTER_LOG/build-agent.log" >&2; die "building the stage agent failed (log: $CLUSTER_LOG/build-agent.log)"; }
-  hash=$(cat "$bin" "$REPO_ROOT/tools/images/main.go" | sha256sum | cut -c1-12)
+  hash=$(cat "$bin" "$helper" "$REPO_ROOT/tools/images/main.go" | sha256sum | cut -c1-12)
   ref=${AGENT_IMAGE_REPO%/*}/sandbox-executor-agent:$hash
   if [[ -f $CLUSTER_IMAGES/agent.tar && "$(cat "$CLUSTER_IMAGES/agent.ref" 2>/dev/null)" == "$ref" ]]; then
     rm -f "$bin"
@@ -156,14 +172,18 @@ build_agent_image() {
     return 0
   fi
   mv -f "$bin" "$dir/sandbox-executor-agent"
-  rm -rf "$CLUSTER_IMAGES/agent-oci"
-  read -r ref digest archive < <(cd "$REPO_ROOT" && go run ./tools/images -bin "$dir" -only sandbox-executor-agent \
+  # tools/images -runner takes a directory with gitlab-runner-helper in it, whatever the
+  # helper's own name.
+  rm -rf "$dir/runner" "$CLUSTER_IMAGES/agent-oci"
+  mkdir -p "$dir/runner"
+  ln -s "$helper" "$dir/runner/gitlab-runner-helper"
+  read -r ref digest archive < <(cd "$REPO_ROOT" && go run ./tools/images -bin "$dir" -runner "$dir/runner" -only sandbox-executor-agent \
     -repo "${AGENT_IMAGE_REPO%/*}" -tag "$hash" -out "$CLUSTER_IMAGES/agent-oci" 2>>"$CLUSTER_LOG/build-agent.log" | grep -v '^base ') ||
     { tail -n 20 "$CLUSTER_LOG/build-agent.log" >&2; die "packing the agent image failed (log: $CLUSTER_LOG/build-agent.log)"; }
   mv -f "$archive" "$CLUSTER_IMAGES/agent.tar"
   echo "$digest" >"$CLUSTER_IMAGES/agent.digest"
   echo "$ref" >"$CLUSTER_IMAGES/agent.ref"
-  log "packed $ref: $(du -h "$CLUSTER_IMAGES/agent.tar" | cut -f1), manifest ${digest:0:19}"
+  log "packed $ref: $(du -h "$CLUSTER_IMAGES/agent.tar" | cut -f1), manifest ${digest:0:19}, with the runner's helper $helper (sha256 $(sha256sum "$helper" | cut -c1-12)…)"
 }
 
 # component_image NAME REPO VERSION BINARY USER: an image of one static binary from $CLUSTER_BIN,

@@ -4,9 +4,7 @@ package e2e
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -104,37 +102,15 @@ func helperPrepare(b *testing.B, c *clusterjobs.Cluster, pool string, j *cluster
 	return took, step
 }
 
-// anotherBuildOf is a copy of helper with bytes appended: it runs the same, but its sha256 is
-// not the baked helper's, as another build's would not be.
-func anotherBuildOf(b *testing.B, helper string) string {
-	b.Helper()
-	src, err := os.Open(helper)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer src.Close()
-	path := filepath.Join(b.TempDir(), runner.HelperBinaryName)
-	dst, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o755)
-	if err != nil {
-		b.Fatal(err)
-	}
-	_, err = io.Copy(dst, src)
-	if err == nil {
-		_, err = dst.WriteString("another build\n")
-	}
-	if err := errors.Join(err, dst.Close()); err != nil {
-		b.Fatal(err)
-	}
-	return path
-}
-
 // bakedHelperTemplate creates a copy of the local SandboxTemplate, named name, whose init
 // container installs from an agent image that carries helper, as the chart's templates do with
 // the images `make images` builds (tools/images -runner): the pod then has the helper and its
-// sha256 beside the agent before it is claimed. deploy/local's agent image has no helper
-// (tests/cluster/images.sh builds it without -runner), so the image is built here, from
-// $SANDBOX_EXECUTOR_BIN's agent, and imported into the node's containerd. The template and the
-// image go when the benchmark ends. It returns the template's name.
+// sha256 beside the agent before it is claimed. deploy/local's agent image carries a helper too
+// (tests/cluster/images.sh), the one the cluster was brought up with and beside the agent of
+// that checkout; the image is built here instead, from $SANDBOX_EXECUTOR_BIN's agent and
+// helper, so that the benchmark measures the build under test whatever the cluster runs, and
+// imported into the node's containerd. The template and the image go when the benchmark ends.
+// It returns the template's name.
 func bakedHelperTemplate(b *testing.B, c *clusterjobs.Cluster, name, helper string) string {
 	b.Helper()
 	ctx := context.Background()

@@ -6,13 +6,18 @@ import (
 	"archive/zip"
 	"bytes"
 	"context"
+	"errors"
+	"fmt"
 	"io"
 	"net/http"
+	"os"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/sandbox-executor/sandbox-executor/executor"
 	"github.com/sandbox-executor/sandbox-executor/tests/fakes/fakegitlab"
 	"github.com/sandbox-executor/sandbox-executor/tests/harness/clusterjobs"
 	"github.com/sandbox-executor/sandbox-executor/tests/harness/localcluster"
@@ -85,19 +90,20 @@ var (
 // sandbox-executor, against an instance on the network job pods may reach: the job clones the
 // project (GIT_DEPTH=1), installs its dependency from the instance's registry, runs its tests,
 // pushes its change back over HTTP, caches node_modules/ in S3 and uploads an artifact, with
-// the runner's helper (gitlab-runner-helper of the same release) copied into the pod
-// (helper_binary), not baked into the image: the cache and artifacts round trips go through it.
+// the runner's helper copied into the pod (helper_binary): the cache and artifacts round trips
+// go through the copy. The local pools' agent image carries the runner's own helper
+// (tests/cluster/images.sh), which prepare would link instead (TestStockDuoFlowHardenedImage
+// proves that path), so helper_binary here is another build of it (anotherBuildOf: the same
+// binary with bytes appended, as after a runner upgrade without the agent image's): prepare
+// says the baked one is not this runner's and copies it.
 func TestDuoFlowJob(t *testing.T) {
 	t.Parallel()
-	helper, err := duoflow.HelperConfig()
+	realHelper, err := runner.HelperPath()
 	if err != nil {
 		t.Fatal(err)
 	}
-	helperPath, err := runner.HelperPath()
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := newCluster(t, helper)
+	helperPath := anotherBuildOf(t, realHelper)
+	c := newCluster(t, fmt.Sprintf("helper_binary = %q", helperPath))
 	// The outside world is up (from here): a pod that cannot reach it is stopped by its policy.
 	if resp, err := http.Get(localcluster.OutsideURL); err != nil {
 		t.Fatalf("positive control: %s is not answering from this machine: %v", localcluster.OutsideURL, err)
@@ -153,13 +159,15 @@ func TestDuoFlowJob(t *testing.T) {
 		}
 		c.WaitJobGone(t, tc.job.ID)
 		if baked := helperBaked.FindStringSubmatch(tc.res.Trace); baked != nil {
-			t.Logf("job %d: %s in %s (handed out -> final state); helper baked in the pod (sha256 %s…), checked in %s; %s",
-				tc.job.ID, tc.res.State, tc.res.Duration().Round(time.Millisecond), baked[1], baked[2], sandboxReady.FindString(tc.res.Trace))
+			t.Errorf("job %d: prepare linked the baked runner helper (sha256 %s…), want a copy of helper_binary %s, whose sha256 is not the baked one's", tc.job.ID, baked[1], helperPath)
 			continue
+		}
+		if !strings.Contains(tc.res.Trace, "is not this runner's") {
+			t.Errorf("job %d: no warning that the runner helper baked in the pod is not this runner's: the local pools' agent image should carry the runner's own helper (tests/cluster/images.sh)", tc.job.ID)
 		}
 		copied := helperCopied.FindStringSubmatch(tc.res.Trace)
 		if copied == nil {
-			t.Errorf("job %d: neither a baked helper line nor a helper copy line in the trace", tc.job.ID)
+			t.Errorf("job %d: no helper copy line in the trace", tc.job.ID)
 			continue
 		}
 		if !strings.HasPrefix(copied[1], helperPath+",") {
@@ -167,6 +175,58 @@ func TestDuoFlowJob(t *testing.T) {
 		}
 		t.Logf("job %d: %s in %s (handed out -> final state); helper (%s) copied in %s; %s",
 			tc.job.ID, tc.res.State, tc.res.Duration().Round(time.Millisecond), copied[1], copied[2], sandboxReady.FindString(tc.res.Trace))
+	}
+}
+
+// anotherBuildOf is a copy of helper with bytes appended: it runs the same, but its sha256 is
+// not the baked helper's, as another build's would not be.
+func anotherBuildOf(t testing.TB, helper string) string {
+	t.Helper()
+	src, err := os.Open(helper)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer src.Close()
+	path := filepath.Join(t.TempDir(), runner.HelperBinaryName)
+	dst, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o755)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = io.Copy(dst, src)
+	if err == nil {
+		_, err = dst.WriteString("another build\n")
+	}
+	if err := errors.Join(err, dst.Close()); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// assertHelperBaked checks that prepare linked the runner's helper baked into the job's pod,
+// rather than copying it: the local pools' agent image carries the runner's own helper
+// (runner.HelperPath's, tests/cluster/images.sh), and the job's runner has it as helper_binary.
+func assertHelperBaked(t *testing.T, jobID int64, trace string) {
+	t.Helper()
+	helper, err := runner.HelperPath()
+	if err != nil {
+		t.Fatal(err)
+	}
+	digest, err := executor.HelperDigest(helper)
+	if err != nil {
+		t.Fatal(err)
+	}
+	baked := helperBaked.FindStringSubmatch(trace)
+	switch {
+	case baked == nil && strings.Contains(trace, "is not this runner's"):
+		t.Errorf("job %d: the local pools' agent image carries another runner helper than %s (sha256 %s…): bring the cluster up with this one (make cluster-up, tests/cluster/images.sh runner_helper)", jobID, helper, digest[:12])
+	case baked == nil:
+		t.Errorf("job %d: prepare did not link the runner helper baked in the pod (%v)", jobID, helperCopied.FindString(trace))
+	case baked[1] != digest[:12]:
+		t.Errorf("job %d: linked a baked helper with sha256 %s…, want %s's %s…", jobID, baked[1], helper, digest[:12])
+	case helperCopied.MatchString(trace):
+		t.Errorf("job %d: prepare both linked and copied the runner helper", jobID)
+	default:
+		t.Logf("job %d: runner helper baked in the pod (sha256 %s…), checked and linked in %s", jobID, baked[1], baked[2])
 	}
 }
 

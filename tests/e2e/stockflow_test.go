@@ -180,8 +180,9 @@ var networkPolicyChecks = []string{
 // hardened image: its pool (duo-flow-hardened) serves it; setup_script runs as the image's USER,
 // UID 1001; the duo CLI is in the image, so the pool grants no npm registry and none is needed;
 // there is no SRT; the cache key is agent-config.yml's `key: {files, prefix}` as GitLab
-// computes it; and agent-config.yml's id_tokens reach the setup_script as GitLab sends them, a
-// masked job variable (GITLAB_OIDC_TOKEN) whose value appears in no version of any pod, claim
+// computes it, and the cache goes through the runner's helper baked into the pool's pods
+// (deploy/local's agent image carries it: prepare links it, nothing is copied); and
+// agent-config.yml's id_tokens reach the setup_script as GitLab sends them, a masked job variable (GITLAB_OIDC_TOKEN) whose value appears in no version of any pod, claim
 // or sandbox of the namespace, no container log of the job's pod, no event, nothing the
 // executor printed in any stage, nor the runner's log.
 func TestStockDuoFlowHardenedImage(t *testing.T) {
@@ -235,6 +236,8 @@ func TestStockDuoFlowHardenedImage(t *testing.T) {
 		"Created cache",
 	)
 	mustContain(t, "trace", trace, "Egress of this job through the egress proxy of pool "+hardenedPool+": "+inst.Host+":80, "+inst.Host+":443 (until")
+	// The cache went through the runner's helper baked into the pool's pods, not a copy.
+	assertHelperBaked(t, job.ID, trace)
 	if sessions := inst.Workflows.Sessions(strconv.FormatInt(job.ID, 10)); len(sessions) != 1 || !sessions[0].Finished {
 		t.Errorf("workflow service sessions: %+v", sessions)
 	}
