@@ -145,31 +145,29 @@ unit: host-packages $(GOTESTSUM) $(HELM) $(PROMTOOL)
 	SANDBOX_EXECUTOR_HELM=$(HELM) SANDBOX_EXECUTOR_PROMTOOL=$(PROMTOOL) $(call gotest,pkgname) -race -count=1 ./...
 	$(MAKE) --no-print-directory fuzz FUZZTIME=$(UNIT_FUZZTIME)
 
-# Fuzzing: every fuzz target in the module, found by its `func Fuzz` line in a _test.go file,
-# each run for FUZZTIME (go test fuzzes one target at a time). A crasher is saved under the
-# package's testdata/fuzz/<target>/ and, committed, runs in every go test from then on, as the
-# seed corpora there do. make unit runs each for UNIT_FUZZTIME (23 targets: about 2.5 minutes,
-# and the fuzzing build of their dependencies once per machine); make fuzz runs each for 5m.
+# Fuzzing (tests/fuzz.sh): every fuzz target in the module, found by its `func Fuzz` line in a
+# _test.go file, each fuzzed for FUZZTIME. A crasher is saved under the package's
+# testdata/fuzz/<target>/ and, committed, runs in every go test from then on, as the seed corpora
+# there do. Each package's fuzzing test binary is built once (go test -fuzz links it again for
+# every target), and FUZZ_JOBS targets fuzz at once: with 2 on the 2 cores each has one worker,
+# not two, so a target runs about a third to a half of the inputs it did alone (FUZZ_JOBS=1
+# gives each target every core). make unit runs each for UNIT_FUZZTIME (24 targets in 10
+# packages: about 1m20s, 2m25s with FUZZ_JOBS=1, 3 minutes through go test one at a time; and
+# the fuzzing build of their dependencies once per machine); make fuzz runs each for 5m (an hour).
 FUZZTIME ?= 5m
 UNIT_FUZZTIME ?= 5s
+FUZZ_JOBS ?= 2
 # Go 1.26's fuzzing coordinator can fail a run that found nothing with "context deadline
 # exceeded" as -fuzztime ends (go.dev/issue/75804, a race between the deadline and the workers'
 # stop; seen in make check on FuzzReadFrames); Go 1.27 fixed it. So the fuzz runs alone use
 # Go 1.27.3, which the go command takes from the module proxy like a module (about 76 MB, once
-# per machine); the module and everything else stay on the machine's Go 1.26. -vet=off: make
-# lint vets the tree, and vet would otherwise compute its facts for every dependency again
-# with the second toolchain.
+# per machine); the module and everything else stay on the machine's Go 1.26. -vet=off (in
+# tests/fuzz.sh): make lint vets the tree, and vet would otherwise compute its facts for every
+# dependency again with the second toolchain.
 FUZZ_GO ?= env GOTOOLCHAIN=go1.27.3 $(GO)
 .PHONY: fuzz
 fuzz: modules
-	@set -e; echo "fuzzing with $$($(FUZZ_GO) env GOVERSION)"; \
-	for file in $$(grep -rl --include='*_test.go' --exclude-dir=.git '^func Fuzz' . | sort); do \
-		dir=$$(dirname $$file); \
-		for target in $$(sed -n 's/^func \(Fuzz[A-Za-z0-9_]*\)(.*/\1/p' $$file); do \
-			echo "fuzz $$dir $$target for $(FUZZTIME)"; \
-			$(FUZZ_GO) test -vet=off -run '^$$' -fuzz "^$$target\$$" -fuzztime $(FUZZTIME) $$dir; \
-		done; \
-	done
+	@FUZZTIME=$(FUZZTIME) FUZZ_JOBS=$(FUZZ_JOBS) FUZZ_GO='$(FUZZ_GO)' tests/fuzz.sh
 
 test: lint unit
 
