@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/http"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -64,6 +65,7 @@ func TestResourceBombsEndOnlyTheirJob(t *testing.T) {
 			t.Run(b.name, func(t *testing.T) {
 				t.Parallel()
 				j := prepared(t, r, clusterjobs.JobSpec{})
+				terminations := watchTerminations(t, c, j)
 				start := time.Now()
 				res := j.Run(t, b.script)
 				t.Logf("%s bomb: run exited %d after %s; last line: %s", b.name, res.ExitCode, time.Since(start).Round(time.Second), lastLine(res.Stderr))
@@ -74,7 +76,7 @@ func TestResourceBombsEndOnlyTheirJob(t *testing.T) {
 					t.Errorf("run exited %d after the %s bomb, want a failure exit code\n%s", res.ExitCode, b.name, res.Output())
 				}
 				// What ended the job: the kubelet killed or evicted its pod for that limit.
-				end := podEnd(t, c, j)
+				end := podEnd(t, c, j) + "; terminations seen: " + strings.Join(terminations(), ", ")
 				if !strings.Contains(end, b.cause) {
 					t.Errorf("the %s bomb's pod does not show %s: %s", b.name, b.cause, end)
 				}
@@ -145,6 +147,57 @@ func podEnd(t *testing.T, c *clusterjobs.Cluster, j *clusterjobs.Job) string {
 		}
 	}
 	return end
+}
+
+// watchTerminations watches j's pod from now until the test ends and returns what says every
+// container termination its status showed, in order. The pod's status keeps only a container's
+// last termination: when a memory bomb's OOM kill takes the whole sandbox down, the kubelet's
+// restart of the container fails (StartError) and replaces the OOMKilled the bomb caused.
+func watchTerminations(t *testing.T, c *clusterjobs.Cluster, j *clusterjobs.Job) func() []string {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	w, err := c.Admin.Kube.CoreV1().Pods(clusterjobs.Namespace).Watch(ctx, metav1.ListOptions{FieldSelector: "metadata.name=" + j.Pod})
+	if err != nil {
+		cancel()
+		t.Fatalf("watching pod %s: %v", j.Pod, err)
+	}
+	var mu sync.Mutex
+	var seen []string
+	known := map[string]bool{}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for ev := range w.ResultChan() {
+			pod, ok := ev.Object.(*corev1.Pod)
+			if !ok || string(pod.UID) != j.PodUID {
+				continue
+			}
+			mu.Lock()
+			for _, cs := range pod.Status.ContainerStatuses {
+				for _, term := range []*corev1.ContainerStateTerminated{cs.LastTerminationState.Terminated, cs.State.Terminated} {
+					if term == nil {
+						continue
+					}
+					key := fmt.Sprintf("%s %s %s", cs.Name, term.ContainerID, term.Reason)
+					if !known[key] {
+						known[key] = true
+						seen = append(seen, cs.Name+" "+term.Reason)
+					}
+				}
+			}
+			mu.Unlock()
+		}
+	}()
+	t.Cleanup(func() {
+		cancel()
+		w.Stop()
+		<-done
+	})
+	return func() []string {
+		mu.Lock()
+		defer mu.Unlock()
+		return append([]string(nil), seen...)
+	}
 }
 
 func lastLine(s string) string {
