@@ -7,7 +7,6 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"fmt"
 	"io"
 	"net/http"
 	"os"
@@ -103,7 +102,7 @@ func TestDuoFlowJob(t *testing.T) {
 		t.Fatal(err)
 	}
 	helperPath := anotherBuildOf(t, realHelper)
-	c := newCluster(t, fmt.Sprintf("helper_binary = %q", helperPath))
+	c := newCluster(t, duoflow.HelperConfigFor(helperPath))
 	// The outside world is up (from here): a pod that cannot reach it is stopped by its policy.
 	if resp, err := http.Get(localcluster.OutsideURL); err != nil {
 		t.Fatalf("positive control: %s is not answering from this machine: %v", localcluster.OutsideURL, err)

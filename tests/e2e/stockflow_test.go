@@ -182,7 +182,8 @@ var networkPolicyChecks = []string{
 // there is no SRT; the cache key is agent-config.yml's `key: {files, prefix}` as GitLab
 // computes it, and the cache goes through the runner's helper baked into the pool's pods
 // (deploy/local's agent image carries it: prepare links it, nothing is copied); and
-// agent-config.yml's id_tokens reach the setup_script as GitLab sends them, a masked job variable (GITLAB_OIDC_TOKEN) whose value appears in no version of any pod, claim
+// agent-config.yml's id_tokens reach the setup_script as GitLab sends them, a masked job
+// variable (GITLAB_OIDC_TOKEN) whose value appears in no version of any pod, claim
 // or sandbox of the namespace, no container log of the job's pod, no event, nothing the
 // executor printed in any stage, nor the runner's log.
 func TestStockDuoFlowHardenedImage(t *testing.T) {

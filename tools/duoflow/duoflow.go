@@ -238,5 +238,10 @@ func HelperConfig() (string, error) {
 	if err != nil {
 		return "", err
 	}
-	return fmt.Sprintf("helper_binary = %q", helper), nil
+	return HelperConfigFor(helper), nil
+}
+
+// HelperConfigFor is the executor config line that makes helper the runner's helper binary.
+func HelperConfigFor(helper string) string {
+	return fmt.Sprintf("helper_binary = %q", helper)
 }
