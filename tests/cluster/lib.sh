@@ -354,6 +354,28 @@ module_dir() {
   echo "$dir"
 }
 
+# pod_ci_image_report NS POD: the pod runs under gVisor (its kernel is gVisor's, "4.4.0-gvisor"
+# like) with the ci image's tools; prints what it found, fails otherwise.
+pod_ci_image_report() {
+  local out
+  # shellcheck disable=SC2016  # expanded inside the pod
+  out=$(kubectl_admin -n "$1" exec "$2" -- /bin/bash -c \
+    'uname -r && git --version && echo node $(node --version) && command -v npm && curl --version | head -n 1 | cut -d" " -f1,2 && ps --version')
+  echo "$out"
+  grep -q gvisor <<<"$out"
+}
+
+# pod_dns_report NS POD: the pod resolves the kubernetes Service by its cluster name (through the
+# kube-dns Service, so kube-proxy's routing from pods too), and resolves nothing outside.
+pod_dns_report() {
+  local out
+  out=$(kubectl_admin -n "$1" exec "$2" -- /bin/sh -c \
+    "getent hosts kubernetes.default.svc.$CLUSTER_DOMAIN; getent hosts kube-dns.kube-system; getent hosts example.com || echo 'example.com: no answer'")
+  echo "$out"
+  grep -q "^$KUBERNETES_SERVICE_IP .*kubernetes.default.svc" <<<"$out" && grep -q "^$CLUSTER_DNS_IP " <<<"$out" &&
+    grep -qx 'example.com: no answer' <<<"$out"
+}
+
 # run_main "$@": call main only when the file is executed, not when it is sourced.
 # (Scripts pass BASH_SOURCE[1] implicitly: the caller of run_main is the script itself.)
 run_main() {

@@ -6,8 +6,8 @@
 #
 # --enforcement proves only that enforcement is on, for the suites' checks before their first test
 # and after a test broke and restored a component (tests/harness/clusterjobs/whole.go): pod a
-# alone, its positive controls, the node's forward guard, and a deny-all egress policy taking effect
-# on it. About a third of the full run's time; the full semantics are `make netpol`'s, once per
+# alone, its gVisor kernel, ci image and cluster DNS, its positive controls, the node's forward guard,
+# and a deny-all egress policy taking effect on it. About a third of the full run's time; the full semantics are `make netpol`'s, once per
 # `make check`.
 #
 # In a scratch namespace: pod A (client) and pod B (HTTP server on :8080), both runtimeClassName
@@ -166,6 +166,20 @@ if routes=$(k -n "$NS" exec a -- cat /proc/net/route 2>&1); then
   fi
 else
   echo "note: cannot read /proc/net/route in pod a ($routes); route check skipped"
+fi
+
+# The pod is a gVisor sandbox of the ci image, and resolves cluster names (before any policy: a
+# deny-all egress stops DNS too). The suites' whole-cluster checks run check.sh --no-pods and
+# leave these to this pod (tests/harness/clusterjobs/whole.go).
+if out=$(pod_ci_image_report "$NS" a 2>&1); then
+  pass "pod a runs under gVisor with the ci image's tools ($(printf '%s' "$out" | tr '\n' ' ' | cut -c1-90))"
+else
+  fail "pod a is not a gVisor sandbox of the ci image: $(printf '%s' "$out" | tr '\n' ' ' | cut -c1-200)"
+fi
+if out=$(pod_dns_report "$NS" a 2>&1); then
+  pass "DNS from pod a: cluster names resolve, outside names do not"
+else
+  fail "DNS from pod a: $(printf '%s' "$out" | tr '\n' ' ' | cut -c1-200)"
 fi
 
 # --- probes ----------------------------------------------------------------------------------------

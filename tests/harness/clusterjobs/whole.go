@@ -15,18 +15,25 @@ import (
 	"github.com/sandbox-executor/sandbox-executor/internal/testing/testutil"
 )
 
-// A cluster is whole when every component answers (tests/cluster/check.sh: daemons, the warm
-// pool, gVisor pods) and NetworkPolicy is enforced on new pods (tests/cluster/netpol-check.sh
-// --enforcement: a deny-all egress policy takes effect on a new gVisor pod whose positive controls
-// pass, and the node's forward guard holds). That proves enforcement is on; what NetworkPolicy
-// means (ingress, ipBlock allows, removals) is `make netpol`'s full run, once per `make check`,
-// and does not change with a component's restart, so the checks here skip it: they run before
-// every suite and after every break. Suites check it before their first test, and a test that
-// stops or kills a component waits for it before it returns, so suites can run in any order and
-// no test inherits a half-broken cluster (a fence that does not hold yet, say).
+// A cluster is whole when every component answers (tests/cluster/check.sh --no-pods: daemons,
+// the API, the warm pool) and NetworkPolicy is enforced on new pods (tests/cluster/netpol-check.sh
+// --enforcement: a new gVisor pod of the ci image starts, resolves cluster names, passes its
+// positive controls, and a deny-all egress policy takes effect on it; the node's forward guard
+// holds). That proves enforcement is on; what NetworkPolicy means (ingress, ipBlock allows,
+// removals) is `make netpol`'s full run, once per `make check`, and does not change with a
+// component's restart, so the checks here skip it: they run before every suite and after every
+// break, 9 times per check. For the same reason the one pod stands in for check.sh's three (a
+// gVisor pod per local image and a runc pod, whose images and runtime no break changes), which
+// `make cluster-up` still starts once per check: a pod costs the node about 12 CPU-seconds.
+// Suites check it before their first test, and a test that stops or kills a component waits for
+// it before it returns, so suites can run in any order and no test inherits a half-broken cluster
+// (a fence that does not hold yet, say).
 
-// Each check.sh run starts gVisor pods; between runs the cluster gets a few seconds to settle.
+// Between check.sh runs the cluster gets a few seconds to settle.
 const checkInterval = 5 * time.Second
+
+// checkArgs are check.sh's: its pods are left to netpol-check.sh --enforcement's.
+var checkArgs = []string{"--no-pods"}
 
 // enforcementWait is how long netpol-check.sh waits for each policy change to take effect
 // after a component restart: kube-router resyncs its pod sets only once its watches are back.
@@ -35,8 +42,8 @@ const enforcementWait = "90"
 // CheckWhole runs check.sh once and, if that passes, proves NetworkPolicy enforcement; the
 // error quotes the failing check's output.
 func CheckWhole(ctx context.Context) error {
-	if out, err := ClusterScript(ctx, "check.sh", nil); err != nil {
-		return fmt.Errorf("tests/cluster/check.sh: %v\n%s", err, out)
+	if out, err := ClusterScript(ctx, "check.sh", nil, checkArgs...); err != nil {
+		return fmt.Errorf("tests/cluster/check.sh --no-pods: %v\n%s", err, out)
 	}
 	return proveEnforcement(ctx)
 }
@@ -58,12 +65,12 @@ func WaitWhole(ctx context.Context, timeout time.Duration) error {
 	defer cancel()
 	var last string
 	err := wait.PollUntilContextCancel(ctx, checkInterval, true, func(ctx context.Context) (bool, error) {
-		out, err := ClusterScript(ctx, "check.sh", nil)
+		out, err := ClusterScript(ctx, "check.sh", nil, checkArgs...)
 		last = out
 		return err == nil, nil
 	})
 	if err != nil {
-		return fmt.Errorf("the cluster is not whole %s after the break (tests/cluster/check.sh):\n%s", timeout, last)
+		return fmt.Errorf("the cluster is not whole %s after the break (tests/cluster/check.sh --no-pods):\n%s", timeout, last)
 	}
 	return proveEnforcement(ctx)
 }
