@@ -155,19 +155,20 @@ func testSteadyOutputForAMinute(t *testing.T, path runPath) {
 // while a stage is held mid-output. The kill drops the exec stream at once (the kernel closes
 // the dead server's sockets); run must note the drop, re-attach once the API server is back, and
 // deliver the exact output. Before it returns, the cluster is whole again, NetworkPolicy
-// enforcement included. On both run paths (served: the stage server's warm connection to the API
-// server is the one that breaks).
+// enforcement included. On both run paths at once, through the same crash (served: the stage
+// server's warm connection to the API server is the one that breaks): each crash, and the wait
+// until the cluster is whole again, holds up every other test for about a minute.
 func TestStageSurvivesAPIServerCrash(t *testing.T) {
 	// Serial: it kills kube-apiserver, which every other test needs.
-	onEachRunPath(t, testStageSurvivesAPIServerCrash)
-}
-
-func testStageSurvivesAPIServerCrash(t *testing.T, path runPath) {
-	c := newClusterOn(t, path, execThroughAPIServer)
-	j, pod, _ := preparedJob(t, c, ciImage)
+	var stages []stageUnderBreaks
+	for _, path := range runPaths {
+		c := newClusterOn(t, path, execThroughAPIServer)
+		j, pod, _ := preparedJob(t, c, ciImage)
+		stages = append(stages, stageUnderBreaks{name: path.name, c: c, j: j, pod: pod})
+	}
 	clusterjobs.RestoreAfterBreak(t, func() error { return clusterjobs.RunScript("start.sh", "start", "apiserver") })
 	stage := gatedStage{last: 400, gates: []int{100}}
-	out := stage.runThroughBreaks(t, c, j, pod,
+	outcomes := stage.runAllThroughBreaks(t, stages,
 		func() {
 			if err := clusterjobs.RunScript("start.sh", "kill", "apiserver"); err != nil {
 				t.Fatal(err)
@@ -178,11 +179,13 @@ func testStageSurvivesAPIServerCrash(t *testing.T, path runPath) {
 				t.Fatal(err)
 			}
 		})
-	if out.err != nil {
-		t.Fatalf("run after an API server crash: %v\n%s", out.err, out.log)
-	}
-	if strings.Contains(out.log, "UnhandledError") {
-		t.Errorf("client-go's own log lines reached the job log:\n%s", out.log)
+	for i, out := range outcomes {
+		if out.err != nil {
+			t.Errorf("%s: run after an API server crash: %v\n%s", stages[i].name, out.err, out.log)
+		}
+		if strings.Contains(out.log, "UnhandledError") {
+			t.Errorf("%s: client-go's own log lines reached the job log:\n%s", stages[i].name, out.log)
+		}
 	}
 }
 
@@ -284,33 +287,71 @@ type stageOutcome struct {
 // fails the test unless the stage's output arrived exactly once and every break was noted.
 func (g gatedStage) runThroughBreaks(t *testing.T, c *clusterjobs.Runner, j *clusterjobs.Job, pod string, breakStream, mend func()) stageOutcome {
 	t.Helper()
-	script, want := g.script()
-	run := j.Command("run", j.Script(t, script), "build_script")
-	var stdout bytes.Buffer
-	live := clusterjobs.NewLive()
-	run.Stdout, run.Stderr = io.MultiWriter(&stdout, live), live
-	if err := run.Start(); err != nil {
-		t.Fatal(err)
+	return g.runAllThroughBreaks(t, []stageUnderBreaks{{c: c, j: j, pod: pod}}, breakStream, mend)[0]
+}
+
+// stageUnderBreaks is one job's stage for runAllThroughBreaks: its runner, job and pod, and a
+// name for the messages (none when it is alone).
+type stageUnderBreaks struct {
+	name string
+	c    *clusterjobs.Runner
+	j    *clusterjobs.Job
+	pod  string
+}
+
+func (s stageUnderBreaks) prefix() string {
+	if s.name == "" {
+		return ""
 	}
-	defer run.Process.Kill() // a no-op once run has exited
+	return s.name + ": "
+}
+
+// runAllThroughBreaks is runThroughBreaks for several jobs' stages at once, through the same
+// breaks: at each gate, every stage is held there when breakStream runs, and every run must
+// note the break before mend. One break for all, where a break is costly (the API server's).
+func (g gatedStage) runAllThroughBreaks(t *testing.T, stages []stageUnderBreaks, breakStream, mend func()) []stageOutcome {
+	t.Helper()
+	script, want := g.script()
+	runs := make([]*exec.Cmd, len(stages))
+	stdouts := make([]*bytes.Buffer, len(stages))
+	lives := make([]*clusterjobs.Live, len(stages))
+	for i, s := range stages {
+		runs[i] = s.j.Command("run", s.j.Script(t, script), "build_script")
+		stdouts[i], lives[i] = &bytes.Buffer{}, clusterjobs.NewLive()
+		runs[i].Stdout, runs[i].Stderr = io.MultiWriter(stdouts[i], lives[i]), lives[i]
+		if err := runs[i].Start(); err != nil {
+			t.Fatal(err)
+		}
+		defer runs[i].Process.Kill() // a no-op once run has exited
+	}
 	for n, line := range g.gates {
-		if !live.Wait(fmt.Sprintf("line %05d", line), 2*time.Minute) {
-			t.Fatalf("the stage did not reach its gate at line %d:\n%s", line, live.String())
+		for i, s := range stages {
+			if !lives[i].Wait(fmt.Sprintf("line %05d", line), 2*time.Minute) {
+				t.Fatalf("%sthe stage did not reach its gate at line %d:\n%s", s.prefix(), line, lives[i].String())
+			}
 		}
 		breakStream()
-		if !live.WaitCount("re-attaching", n+1, 2*time.Minute) {
-			t.Fatalf("run did not notice break %d (at line %d):\n%s", n+1, line, live.String())
+		for i, s := range stages {
+			if !lives[i].WaitCount("re-attaching", n+1, 2*time.Minute) {
+				t.Fatalf("%srun did not notice break %d (at line %d):\n%s", s.prefix(), n+1, line, lives[i].String())
+			}
 		}
 		mend()
-		if out, err := c.Exec(context.Background(), pod, "touch", gateFile(line)); err != nil {
-			t.Fatalf("opening the gate at line %d in pod %s: %v %s", line, pod, err, out)
+		for _, s := range stages {
+			if out, err := s.c.Exec(context.Background(), s.pod, "touch", gateFile(line)); err != nil {
+				t.Fatalf("%sopening the gate at line %d in pod %s: %v %s", s.prefix(), line, s.pod, err, out)
+			}
 		}
 	}
-	err := run.Wait()
-	if stdout.String() != want {
-		t.Fatalf("output after %d breaks differs: got %d bytes, want %d (lost or duplicated output)\n%s",
-			len(g.gates), stdout.Len(), len(want), live.String())
+	outcomes := make([]stageOutcome, len(stages))
+	for i, s := range stages {
+		err := runs[i].Wait()
+		if stdouts[i].String() != want {
+			t.Fatalf("%soutput after %d breaks differs: got %d bytes, want %d (lost or duplicated output)\n%s",
+				s.prefix(), len(g.gates), stdouts[i].Len(), len(want), lives[i].String())
+		}
+		t.Logf("%s%d breaks, %d re-attaches noted", s.prefix(), len(g.gates), strings.Count(lives[i].String(), "re-attaching"))
+		outcomes[i] = stageOutcome{err: err, log: lives[i].String()}
 	}
-	t.Logf("%d breaks, %d re-attaches noted", len(g.gates), strings.Count(live.String(), "re-attaching"))
-	return stageOutcome{err: err, log: live.String()}
+	return outcomes
 }
