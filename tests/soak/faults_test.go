@@ -4,6 +4,7 @@ package soak
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"os/exec"
@@ -26,8 +27,8 @@ import (
 )
 
 // The fault kinds. Targeted ones hit one job's pod, chosen when the fault fires among the pods
-// claimed at that moment (a job in prepare, a stage or cleanup); the others hit every job in
-// flight.
+// claimed at that moment (a job in prepare, a stage or cleanup), or, with none then, the next
+// one (pickPod); the others hit every job in flight.
 const (
 	faultAgentKill      = "agent-kill"         // SIGKILL the stage daemon in a job pod
 	faultStreamReset    = "stream-reset"       // RST the stage transport of a job pod (iptables REJECT), 5-40 s
@@ -65,9 +66,10 @@ type fault struct {
 	pick  uint64        // chooses the target among the pods claimed when it fires
 
 	begin, end time.Time
-	target     string // pod
-	jobID      int64  // the target's job, for targeted faults
-	skipped    string // why it did not fire (no job pod at that moment)
+	target     string        // pod
+	jobID      int64         // the target's job, for targeted faults
+	waited     time.Duration // how long a targeted fault waited for a job pod (none at its moment)
+	skipped    string        // why it did not fire (the run ended first)
 	err        error
 }
 
@@ -81,6 +83,9 @@ func (f *fault) String() string {
 		s += ": skipped, " + f.skipped
 	case f.target != "":
 		s += fmt.Sprintf(": pod %s (job %d)", f.target, f.jobID)
+	}
+	if w := f.waited.Round(time.Millisecond); w > 0 {
+		s += fmt.Sprintf(", after waiting %s for a job pod", w)
 	}
 	if f.err != nil {
 		s += fmt.Sprintf(": ERROR %v", f.err)
@@ -134,7 +139,8 @@ func schedule(rng *rand.Rand, n int, span time.Duration) []*fault {
 }
 
 // injector fires the schedule on the release: each fault at its time in its own goroutine, so
-// faults of different kinds overlap; two of one kind never do (one waits for the other).
+// faults of different kinds overlap; two of one kind never do (one waits for the other, also
+// while the first waits for a job pod).
 type injector struct {
 	r      *chartinstall.Release
 	admin  *kube.Clients
@@ -145,7 +151,9 @@ type injector struct {
 	runnerKilled func(at time.Time)
 }
 
-func (in *injector) run(ctx context.Context, start time.Time, faults []*fault) *sync.WaitGroup {
+// run fires faults from start until ctx ends. jobsCtx ends when every job has settled: a
+// targeted fault waiting for a job pod then gives up (no job pod will run again).
+func (in *injector) run(ctx, jobsCtx context.Context, start time.Time, faults []*fault) *sync.WaitGroup {
 	in.perKnd = map[string]*sync.Mutex{}
 	for _, k := range faultKinds {
 		in.perKnd[k] = &sync.Mutex{}
@@ -162,17 +170,18 @@ func (in *injector) run(ctx context.Context, start time.Time, faults []*fault) *
 			mu := in.perKnd[f.kind]
 			mu.Lock()
 			defer mu.Unlock()
-			f.err = in.fire(ctx, f)
+			f.err = in.fire(ctx, jobsCtx, f)
 			in.logf("%s (%s to %s)", f, f.begin.Format("15:04:05.000"), f.end.Format("15:04:05.000"))
 		})
 	}
 	return &wg
 }
 
-func (in *injector) fire(ctx context.Context, f *fault) error {
+// fire fires f, a targeted one on the pod pickPod waits for until jobsCtx ends.
+func (in *injector) fire(ctx, jobsCtx context.Context, f *fault) error {
 	ns := in.r.Namespace
 	if targeted(f.kind) {
-		pod, err := in.pickPod(ctx, f)
+		pod, err := in.pickPod(ctx, jobsCtx, f)
 		if err != nil || pod == nil {
 			return err
 		}
@@ -261,9 +270,52 @@ func (in *injector) fire(ctx context.Context, f *fault) error {
 const jobPodSelector = "app.kubernetes.io/name=sandbox-executor-job,!agents.x-k8s.io/warm-pool-sandbox"
 
 // pickPod chooses the fault's target among the job pods of claims now, each found by its
-// Sandbox (named like the pod) and that Sandbox's controlling claim, which names the job. No
-// such pod: the fault is skipped.
-func (in *injector) pickPod(ctx context.Context, f *fault) (*corev1.Pod, error) {
+// Sandbox (named like the pod) and that Sandbox's controlling claim, which names the job. With
+// none now, it waits for the next such pod and records how long in f.waited: a targeted fault
+// fires on a job, or says why not. When jobsCtx ends first (every job has settled, none will run
+// again) the fault is skipped.
+//
+// It waits by looking again every second, not by a watch: a pod turns eligible by a change to
+// the pod (claimed, its job container started) or to its Sandbox alone (a warm Sandbox taken by
+// a claim), so a watch would need pods and Sandboxes both, and the lists again on each event.
+// Three small lists a second in one namespace cost the cluster little, the poll rides out an
+// API server fault as the lists' retry does, and a second late is small beside a job's life.
+func (in *injector) pickPod(ctx, jobsCtx context.Context, f *fault) (*corev1.Pod, error) {
+	var pod *corev1.Pod
+	var none time.Time // the first look that found no job pod
+	// The looks take ctx, the fault's: the first one happens even when jobsCtx has ended, as
+	// before, and a look under way finishes; jobsCtx only ends the wait.
+	err := wait.PollUntilContextCancel(jobsCtx, time.Second, true, func(context.Context) (bool, error) {
+		pods, jobOf, err := in.jobPods(ctx)
+		if err != nil {
+			return false, err
+		}
+		if len(pods) == 0 {
+			if none.IsZero() {
+				none = time.Now()
+			}
+			return false, nil
+		}
+		pod = &pods[f.pick%uint64(len(pods))]
+		f.jobID = jobOf[pod.Name]
+		return true, nil
+	})
+	if !none.IsZero() {
+		f.waited = time.Since(none)
+	}
+	switch {
+	case pod != nil:
+		return pod, nil
+	case jobsCtx.Err() != nil && errors.Is(err, jobsCtx.Err()):
+		f.skipped = "the run ended before a job pod ran"
+		return nil, nil
+	}
+	return nil, err
+}
+
+// jobPods are the job pods of claims now (not being deleted, with an address and their job
+// container running) and the job of each by pod name. API errors are retried for a minute.
+func (in *injector) jobPods(ctx context.Context) ([]corev1.Pod, map[string]int64, error) {
 	ns := in.r.Namespace
 	var pods []corev1.Pod
 	jobOf := map[string]int64{} // by pod (Sandbox) name
@@ -284,6 +336,7 @@ func (in *injector) pickPod(ctx context.Context, f *fault) (*corev1.Pod, error) 
 		for _, c := range claims.Items {
 			jobOfClaim[c.Name], _ = strconv.ParseInt(c.Labels[kube.LabelJobID], 10, 64)
 		}
+		clear(jobOf)
 		for _, sb := range sandboxes.Items {
 			if ref := metav1.GetControllerOf(&sb); ref != nil && ref.Kind == "SandboxClaim" {
 				jobOf[sb.Name] = jobOfClaim[ref.Name]
@@ -300,16 +353,7 @@ func (in *injector) pickPod(ctx context.Context, f *fault) (*corev1.Pod, error) 
 		}
 		return nil
 	})
-	if err != nil {
-		return nil, err
-	}
-	if len(pods) == 0 {
-		f.skipped = "no job pod at that moment"
-		return nil, nil
-	}
-	pod := pods[f.pick%uint64(len(pods))]
-	f.jobID = jobOf[pod.Name]
-	return &pod, nil
+	return pods, jobOf, err
 }
 
 // jobContainerRunning says whether the pod's job container (the agent's) is running.

@@ -86,9 +86,11 @@ func report(s settings, jobs []*soakJob, faults []*fault, v *violations, took ti
 		b.WriteString("\n")
 	}
 
-	b.WriteString("\n| Fault | Scheduled | Fired | Skipped (no job pod then) | Errors |\n|---|---:|---:|---:|---:|\n")
+	// A targeted fault with no job pod at its moment waits for one: it fires late, or is
+	// skipped when the run ends first.
+	b.WriteString("\n| Fault | Scheduled | Fired | of which late (waited for a job pod) | Skipped (the run ended first) | Errors |\n|---|---:|---:|---:|---:|---:|\n")
 	for _, k := range faultKinds {
-		var n, fired, skipped, errs int
+		var n, fired, late, skipped, errs int
 		for _, f := range faults {
 			if f.kind != k {
 				continue
@@ -99,12 +101,15 @@ func report(s settings, jobs []*soakJob, faults []*fault, v *violations, took ti
 				skipped++
 			case !f.begin.IsZero():
 				fired++
+				if f.waited > 0 {
+					late++
+				}
 			}
 			if f.err != nil {
 				errs++
 			}
 		}
-		fmt.Fprintf(&b, "| %s | %d | %d | %d | %d |\n", k, n, fired, skipped, errs)
+		fmt.Fprintf(&b, "| %s | %d | %d | %d | %d | %d |\n", k, n, fired, late, skipped, errs)
 	}
 
 	if len(restarts) > 0 {

@@ -219,7 +219,10 @@ func TestSoak(t *testing.T) {
 	inj := &injector{r: r, admin: c.Admin, pool: "duo-default", logf: t.Logf, runnerKilled: ru.abandonInFlight}
 	faultCtx, stopFaults := context.WithCancel(ctx)
 	defer stopFaults()
-	injecting := inj.run(faultCtx, ru.start, faults)
+	// Ends when every job has settled: a targeted fault still waiting for a job pod is skipped.
+	jobsCtx, jobsSettled := context.WithCancel(faultCtx)
+	defer jobsSettled()
+	injecting := inj.run(faultCtx, jobsCtx, ru.start, faults)
 	superviseCtx, stopSupervising := context.WithCancel(ctx)
 	supervising := supervise(superviseCtx, func(daemon string) {
 		ru.mu.Lock()
@@ -229,6 +232,7 @@ func TestSoak(t *testing.T) {
 	})
 	go ru.handOut(all)
 	ru.waitAll()
+	jobsSettled()
 	injecting.Wait()
 	stopSupervising()
 	supervising.Wait()
