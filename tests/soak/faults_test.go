@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os/exec"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -149,12 +150,19 @@ type injector struct {
 	perKnd map[string]*sync.Mutex
 	// runnerKilled is told the time each runner kill completed.
 	runnerKilled func(at time.Time)
+
+	// targets are the pods of targeted faults under way: another targeted fault picks among the
+	// other job pods, so that two faults waiting for a job pod do not hit the first one together
+	// (a pod-delete would leave an agent-kill nothing to kill).
+	targetsMu sync.Mutex
+	targets   map[string]bool
 }
 
 // run fires faults from start until ctx ends. jobsCtx ends when every job has settled: a
 // targeted fault waiting for a job pod then gives up (no job pod will run again).
 func (in *injector) run(ctx, jobsCtx context.Context, start time.Time, faults []*fault) *sync.WaitGroup {
 	in.perKnd = map[string]*sync.Mutex{}
+	in.targets = map[string]bool{}
 	for _, k := range faultKinds {
 		in.perKnd[k] = &sync.Mutex{}
 	}
@@ -185,6 +193,11 @@ func (in *injector) fire(ctx, jobsCtx context.Context, f *fault) error {
 		if err != nil || pod == nil {
 			return err
 		}
+		defer func() {
+			in.targetsMu.Lock()
+			delete(in.targets, pod.Name)
+			in.targetsMu.Unlock()
+		}()
 		f.target = pod.Name
 		f.begin = time.Now()
 		defer func() { f.end = time.Now() }()
@@ -290,6 +303,9 @@ func (in *injector) pickPod(ctx, jobsCtx context.Context, f *fault) (*corev1.Pod
 		if err != nil {
 			return false, err
 		}
+		in.targetsMu.Lock()
+		defer in.targetsMu.Unlock()
+		pods = slices.DeleteFunc(pods, func(p corev1.Pod) bool { return in.targets[p.Name] })
 		if len(pods) == 0 {
 			if none.IsZero() {
 				none = time.Now()
@@ -298,6 +314,7 @@ func (in *injector) pickPod(ctx, jobsCtx context.Context, f *fault) (*corev1.Pod
 		}
 		pod = &pods[f.pick%uint64(len(pods))]
 		f.jobID = jobOf[pod.Name]
+		in.targets[pod.Name] = true // until fire's end
 		return true, nil
 	})
 	if !none.IsZero() {
