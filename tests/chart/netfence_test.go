@@ -191,3 +191,42 @@ pools:
 		}
 	}
 }
+
+// The fence probe's period is the admin's (jobDefaults.fence.probePeriodSeconds, or a template's
+// fence): how long a warm pod whose fence stopped holding may stay Ready, against what a fresh
+// check costs every warm gVisor pod (docs/security.md). 2 s unless set; a template's fence that
+// does not name it keeps the default's; the schema refuses what the kubelet would not take.
+func TestFenceProbePeriodIsTheAdminsChoice(t *testing.T) {
+	values := `
+templates:
+  - {name: plain, image: ci:1, egress: none}
+  - {name: own, image: ci:1, egress: none, fence: {deny: ["10.0.0.1:80"], probePeriodSeconds: 5}}
+  - {name: denyonly, image: ci:1, egress: none, fence: {deny: ["10.0.0.1:80"]}}
+pools:
+  - {name: p, template: plain, replicas: 1, images: ["ci:1"]}
+executor: {defaultPool: p}
+`
+	for _, tc := range []struct {
+		defaults string
+		want     map[string]int32
+	}{
+		{"", map[string]int32{"plain": 2, "own": 5, "denyonly": 2}},
+		{"jobDefaults: {fence: {deny: [\"169.254.169.254:80\"], probePeriodSeconds: 10}}\n", map[string]int32{"plain": 10, "own": 5, "denyonly": 10}},
+	} {
+		objs := helmchart.Render(t, "duo", "duo-ci", tc.defaults+values)
+		for name, want := range tc.want {
+			var tmpl extv1beta1.SandboxTemplate
+			objs.Decode(t, "SandboxTemplate", name, &tmpl)
+			probe := tmpl.Spec.PodTemplate.Spec.Containers[0].ReadinessProbe
+			if probe == nil || probe.PeriodSeconds != want {
+				t.Errorf("%q: template %s: readiness probe %+v, want periodSeconds %d", tc.defaults, name, probe, want)
+			}
+		}
+	}
+	for _, bad := range []string{"0", "-2", "1.5", `"2s"`, "301"} {
+		_, err := helmchart.Template(t, "duo", "duo-ci", "jobDefaults: {fence: {probePeriodSeconds: "+bad+"}}\n")
+		if err == nil || !strings.Contains(err.Error(), "probePeriodSeconds") {
+			t.Errorf("probePeriodSeconds %s: helm template said %v; want the schema to refuse it", bad, err)
+		}
+	}
+}

@@ -244,7 +244,7 @@ spec:
           # fresh fence check: a warm pod whose fence is down is not Ready and not handed out.
           readinessProbe:
             httpGet: {path: /fence, port: 7544}
-            periodSeconds: 2
+            periodSeconds: {{ $fence.probePeriodSeconds | default $.Values.jobDefaults.fence.probePeriodSeconds | default 2 }}
             timeoutSeconds: 1
             failureThreshold: 1
           {{- end }}
