@@ -7,8 +7,8 @@
 # --enforcement proves only that enforcement is on, for the suites' checks before their first test
 # and after a test broke and restored a component (tests/harness/clusterjobs/whole.go): pod a
 # alone, its gVisor kernel, ci image and cluster DNS, its positive controls, the node's forward guard,
-# and a deny-all egress policy taking effect on it. About a third of the full run's time; the full semantics are `make netpol`'s, once per
-# `make check`.
+# and a deny-all egress policy taking effect on it. About a third of the full run's time; the full
+# semantics are `make netpol`'s, once per `make check`.
 #
 # In a scratch namespace: pod A (client) and pod B (HTTP server on :8080), both runtimeClassName
 # gvisor. Positive controls first (A reaches the outside world, "the GitLab instance" and B), then
