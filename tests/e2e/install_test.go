@@ -39,10 +39,11 @@ import (
 // The node is labelled and tainted as a GKE Sandbox pool while the chart installs, and the
 // RuntimeClass's scheduling must get the warm pools' pods onto it. Jobs reach the network through
 // the chart's egress proxy only. Through it: the stock flow's steps that work over HTTPS, a job
-// that exits 3, and a cancelled job; then the docs' helm uninstall leaves nothing behind but what
-// the docs say stays.
+// that exits 3, a cancelled job, and a job under a drain of its node (which waits for it); then
+// the docs' helm uninstall leaves nothing behind but what the docs say stays.
 func TestDocumentedInstall(t *testing.T) {
-	// Serial: it taints the only node NoSchedule, so no other test's pod can start meanwhile.
+	// Serial: it taints the only node NoSchedule, and later cordons it for a drain, so no other
+	// test's pod can start meanwhile.
 	c := clusterjobs.Connect(t)
 	root, err := testutil.ModuleRoot()
 	if err != nil {
@@ -209,6 +210,7 @@ func TestDocumentedInstall(t *testing.T) {
 
 	assertFailingJob(t, c, inst, ns, flowImage, wait)
 	assertCanceledJob(t, c, inst, ns, flowImage, wait, run.RunnerLog)
+	assertDrainWaitsForRunningJob(t, c, inst, run.Release, flowImage, wait)
 
 	// The docs' helm uninstall: nothing of the release is left, and in the namespace only what
 	// the docs say is the user's (the token and CA Secrets) or stays (the agent CA).

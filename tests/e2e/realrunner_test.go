@@ -16,6 +16,7 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	sandboxv1beta1 "sigs.k8s.io/agent-sandbox/api/v1beta1"
+	extv1beta1 "sigs.k8s.io/agent-sandbox/extensions/api/v1beta1"
 
 	"github.com/sandbox-executor/sandbox-executor/kube"
 	"github.com/sandbox-executor/sandbox-executor/tests/fakes/fakegitlab"
@@ -97,10 +98,16 @@ func jobPod(t testing.TB, r *clusterjobs.Runner, job fakegitlab.Job) string {
 	if err != nil {
 		t.Fatalf("job %d: its claim: %v", id, err)
 	}
-	name := clusterjobs.SandboxOfClaim(t, r.Admin, claim)
-	sbx, err := r.Admin.Sandboxes.AgentsV1beta1().Sandboxes(namespace).Get(ctx, name, metav1.GetOptions{})
+	return podOfClaim(t, r.Cluster, claim)
+}
+
+// podOfClaim is the pod of the sandbox a claim holds, followed with admin rights.
+func podOfClaim(t testing.TB, c *clusterjobs.Cluster, claim *extv1beta1.SandboxClaim) string {
+	t.Helper()
+	name := clusterjobs.SandboxOfClaim(t, c.Admin, claim)
+	sbx, err := c.Admin.Sandboxes.AgentsV1beta1().Sandboxes(claim.Namespace).Get(context.Background(), name, metav1.GetOptions{})
 	if err != nil {
-		t.Fatalf("job %d: sandbox %q of its claim: %v", id, name, err)
+		t.Fatalf("claim %s: its sandbox %q: %v", claim.Name, name, err)
 	}
 	if name := sbx.Annotations[sandboxv1beta1.SandboxPodNameAnnotation]; name != "" {
 		return name

@@ -229,6 +229,12 @@ func (r *Release) KubectlOutput(args ...string) (stdout, stderr string, err erro
 	return Output(r.kubectl(), append([]string{r.kubeconfigFlag()}, args...)...)
 }
 
+// KubectlCommand is the cluster's kubectl as admin, to start: for a command that runs while the
+// caller goes on (a drain).
+func (r *Release) KubectlCommand(args ...string) *exec.Cmd {
+	return exec.Command(r.kubectl(), append([]string{r.kubeconfigFlag()}, args...)...)
+}
+
 func (r *Release) kubectl() string { return filepath.Join(r.Env.Dir, "bin", "kubectl") }
 
 // Fullname is the chart's name for the release's objects (sandbox-executor.fullname).

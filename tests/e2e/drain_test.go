@@ -1,0 +1,125 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	sandboxv1beta1 "sigs.k8s.io/agent-sandbox/api/v1beta1"
+
+	"github.com/sandbox-executor/sandbox-executor/kube"
+	"github.com/sandbox-executor/sandbox-executor/tests/fakes/fakegitlab"
+	"github.com/sandbox-executor/sandbox-executor/tests/harness/chartinstall"
+	"github.com/sandbox-executor/sandbox-executor/tests/harness/clusterjobs"
+	"github.com/sandbox-executor/sandbox-executor/tools/duoflow"
+)
+
+// jobPodsOf selects the job pods of release r (the chart's SandboxTemplates label them so).
+func jobPodsOf(r *chartinstall.Release) string {
+	return "app.kubernetes.io/name=sandbox-executor-job,app.kubernetes.io/instance=" + r.Release
+}
+
+// assertDrainWaitsForRunningJob drains the node under a running job of release r with
+// docs/install.md's command (#draining-a-node): the release's warm pods are evicted at once, the
+// job's pod is not (kubectl reports the refusal), the job finishes with its whole output, and
+// the drain completes after it. The node is uncordoned afterwards.
+func assertDrainWaitsForRunningJob(t *testing.T, c *clusterjobs.Cluster, inst *duoflow.Instance, r *chartinstall.Release, image string, wait func(int64) fakegitlab.Result) {
+	t.Helper()
+	ctx := context.Background()
+	ns := r.Namespace
+	const gate, lines = "/tmp/drain-gate", 500
+	job := inst.GitLab.NewJob(fakegitlab.JobSpec{Image: image, GitStrategy: "none", Script: []string{
+		"echo waiting-for-the-drain",
+		"while [ ! -e " + gate + " ]; do sleep 0.2; done",
+		fmt.Sprintf(`i=1; while [ $i -le %d ]; do echo "drained-job line $i"; i=$((i+1)); done`, lines),
+	}})
+	inst.GitLab.Enqueue(job)
+	started, cancel := context.WithTimeout(ctx, inClusterTimeout)
+	res, err := inst.GitLab.WaitForTrace(started, job.ID, "waiting-for-the-drain")
+	cancel()
+	if err != nil {
+		t.Fatalf("job %d never started its stage: %v\n%s\nrunner pod log:\n%s", job.ID, err, res.Trace, r.RunnerLog())
+	}
+	claims, err := c.Admin.Extensions.ExtensionsV1beta1().SandboxClaims(ns).List(ctx, metav1.ListOptions{LabelSelector: kube.LabelJobID + "=" + strconv.FormatInt(job.ID, 10)})
+	if err != nil || len(claims.Items) != 1 {
+		t.Fatalf("job %d: its claim in %s: %v (%d found)", job.ID, ns, err, len(claims.Items))
+	}
+	pod := podOfClaim(t, c, &claims.Items[0])
+	p, err := c.Admin.Kube.CoreV1().Pods(ns).Get(ctx, pod, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	node := p.Spec.NodeName
+	warm, err := c.Admin.Kube.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{
+		LabelSelector: jobPodsOf(r) + "," + sandboxv1beta1.SandboxWarmPoolLabel, FieldSelector: "spec.nodeName=" + node})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(warm.Items) == 0 {
+		t.Fatalf("release %s has no warm pod on node %s: nothing would show a drain moving them", r.Release, node)
+	}
+
+	// The local cluster's only node also runs the control plane's add-ons and the other suites'
+	// pools, so the drain is narrowed to this release's job pods (--pod-selector).
+	drain := r.KubectlCommand("drain", node, "--ignore-daemonsets", "--delete-emptydir-data", "--timeout=10m", "--pod-selector="+jobPodsOf(r))
+	out := clusterjobs.NewLive()
+	drain.Stdout, drain.Stderr = out, out
+	t.Cleanup(func() {
+		if _, err := r.Kubectl("uncordon", node); err != nil {
+			t.Errorf("uncordoning node %s: %v", node, err)
+		}
+	})
+	if err := drain.Start(); err != nil {
+		t.Fatal(err)
+	}
+	drained := make(chan error, 1)
+	go func() { drained <- drain.Wait() }()
+	t.Cleanup(func() { _ = drain.Process.Kill() }) // a no-op once it has exited
+
+	for _, w := range warm.Items {
+		if !out.Wait("pod/"+w.Name+" evicted", 2*time.Minute) {
+			t.Fatalf("the drain did not evict warm pod %s:\n%s", w.Name, out)
+		}
+	}
+	// kubectl retries a refused eviction every 5 s and says why each time.
+	refused := fmt.Sprintf("error when evicting pods/%q -n %q (will retry after 5s): Cannot evict pod as it would violate the pod's disruption budget", pod, ns)
+	if !out.Wait(refused, 2*time.Minute) {
+		t.Fatalf("the drain was not refused job %d's pod %s:\n%s", job.ID, pod, out)
+	}
+	select {
+	case err := <-drained:
+		t.Fatalf("the drain ended (%v) while job %d ran in pod %s:\n%s", err, job.ID, pod, out)
+	default:
+	}
+	if _, err := r.Kubectl("-n", ns, "exec", pod, "-c", "job", "--", "touch", gate); err != nil {
+		t.Fatal(err)
+	}
+
+	res = wait(job.ID)
+	if res.State != fakegitlab.StateSuccess {
+		t.Fatalf("job %d under the drain: %s (%s)\n%s", job.ID, res.State, res.FailureReason, res.Trace)
+	}
+	for i := 1; i <= lines; i++ {
+		if n := strings.Count(res.Trace, fmt.Sprintf("drained-job line %d\n", i)); n != 1 {
+			t.Fatalf("job %d under the drain: line %d arrived %d times, want once\n%s", job.ID, i, n, res.Trace)
+		}
+	}
+	select {
+	case err := <-drained:
+		if err != nil || !strings.Contains(out.String(), "node/"+node+" drained") {
+			t.Fatalf("the drain after job %d ended: %v\n%s", job.ID, err, out)
+		}
+	case <-time.After(inClusterTimeout):
+		t.Fatalf("the drain did not complete after job %d ended:\n%s", job.ID, out)
+	}
+	if _, err := r.Kubectl("uncordon", node); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("drain of %s: %d warm pods evicted at once, job %d's pod %s refused until the job ended (%s)", node, len(warm.Items), job.ID, pod, res.State)
+}
