@@ -39,8 +39,14 @@ PROMTOOL := $(TOOLS)/promtool-$(PROMTOOL_VERSION)
 # events it counts.
 gotest = $(GOTESTSUM) --format $(1) $(if $(TEST_JSON),--jsonfile $(TEST_JSON)) --
 LDFLAGS := -s -w -X github.com/sandbox-executor/sandbox-executor/buildinfo.Version=$(VERSION)
-# Static binaries: the agent is copied into job pods of any image.
-GOBUILD := CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)'
+# Without cgo everywhere but under -race (which needs it): vet, the binaries and the suites' test
+# binaries then compile every dependency the same way, once, where cgo on for some and off for
+# others (and -trimpath for some) compiled them three times on a fresh machine (about 6 minutes).
+export CGO_ENABLED := 0
+RACE := CGO_ENABLED=1
+# Static binaries: the agent is copied into job pods of any image. make release adds -trimpath
+# (reproducible paths); make build leaves it out so its compiles are the ones vet made.
+GOBUILD = CGO_ENABLED=0 $(GO) build $(TRIMPATH) -ldflags '$(LDFLAGS)'
 
 .PHONY: all modules host-packages helm helm-path images release build test lint vet unit check cluster-up cluster-down cluster-wipe netpol e2e e2e-long security soak soak-short demo runner runner-test bench bench-scale clean
 
@@ -52,9 +58,12 @@ modules:
 	@$(GO) mod download >$(LOGS)/go-mod-download.log 2>&1 || { tail -n 20 $(LOGS)/go-mod-download.log; exit 1; }
 
 # Test tools, pinned, from the Go module proxy: $(call install_tool,PACKAGE,VERSION[,GO INSTALL FLAGS]).
-install_tool = mkdir -p $(TOOLS)/.install && echo "installing $(notdir $(1)) $(2) (log: $(LOGS)/tools.log)" && \
-	GOBIN=$(TOOLS)/.install $(GO) install $(3) $(1)@$(2) >>$(LOGS)/tools.log 2>&1 && mv $(TOOLS)/.install/$(notdir $(1)) $@ || \
-	{ tail -n 20 $(LOGS)/tools.log; exit 1; }
+# Each install has a directory of its own and ends in a rename: make check runs cluster-up (which
+# installs helm) beside the unit suite (which does too), and two installs must not mix.
+install_tool = mkdir -p $(TOOLS) && gobin=$$(mktemp -d $(TOOLS)/.install.XXXXXX) && \
+	echo "installing $(notdir $(1)) $(2) (log: $(LOGS)/tools.log)" && \
+	{ GOBIN=$$gobin $(GO) install $(3) $(1)@$(2) >>$(LOGS)/tools.log 2>&1 && mv $$gobin/$(notdir $(1)) $@ && rmdir $$gobin || \
+	{ rm -rf $$gobin; tail -n 20 $(LOGS)/tools.log; exit 1; }; }
 
 $(GOTESTSUM): | modules
 	@$(call install_tool,gotest.tools/gotestsum,$(GOTESTSUM_VERSION))
@@ -106,6 +115,7 @@ images: build-linux-$(IMAGE_ARCH) runner
 # SHA256SUMS over all of it.
 CHART_VERSION := $(if $(filter v%,$(VERSION)),$(patsubst v%,%,$(VERSION)),0.0.0-g$(VERSION))
 RELEASE := $(DIST)/release/$(VERSION)
+release: TRIMPATH := -trimpath
 release: build-linux-amd64 build-linux-arm64 $(HELM) runner
 	rm -rf $(RELEASE) && mkdir -p $(RELEASE)/images
 	@for arch in amd64 arm64; do for cmd in $(COMMANDS); do \
@@ -142,7 +152,7 @@ host-packages:
 # Unit tests: fake clientsets and a stubbed exec, with the race detector; the chart's lint and
 # rendering tests (tests/chart) run the pinned helm.
 unit: host-packages $(GOTESTSUM) $(HELM) $(PROMTOOL)
-	SANDBOX_EXECUTOR_HELM=$(HELM) SANDBOX_EXECUTOR_PROMTOOL=$(PROMTOOL) $(call gotest,pkgname) -race -count=1 ./...
+	$(RACE) SANDBOX_EXECUTOR_HELM=$(HELM) SANDBOX_EXECUTOR_PROMTOOL=$(PROMTOOL) $(call gotest,pkgname) -race -count=1 ./...
 	$(MAKE) --no-print-directory fuzz FUZZTIME=$(UNIT_FUZZTIME)
 
 # Fuzzing (tests/fuzz.sh): every fuzz target in the module, found by its `func Fuzz` line in a
@@ -205,7 +215,7 @@ runner:
 
 # The real gitlab-runner against the fake GitLab with a host-local executor: the harness itself.
 runner-test: runner $(GOTESTSUM)
-	$(call gotest,pkgname) -tags runner -race -count=1 ./tests/runner/...
+	$(RACE) $(call gotest,pkgname) -tags runner -race -count=1 ./tests/runner/...
 
 # The e2e tests that break or hold a shared component (tests/README.md#serial-and-parallel-tests)
 # do not call t.Parallel: go test runs them first, one at a time, with nothing else running. The
