@@ -168,9 +168,11 @@ var networkPolicyChecks = []string{
 	`found=""; for s in /var/run/docker.sock /run/docker.sock /run/containerd/containerd.sock /var/run/containerd/containerd.sock /run/crio/crio.sock /run/podman/podman.sock /var/lib/kubelet/kubelet.sock /var/lib/kubelet/pod-resources/kubelet.sock /var/lib/kubelet/device-plugins/kubelet.sock /run/dbus/system_bus_socket /run/systemd/private; do if [ -e "$s" ]; then found="$found $s"; fi; done; echo "host and runtime sockets in the pod:${found:- none}"`,
 	`unix_sockets() { awk 'NR > 1 && $8 != "" {print $8}' /proc/net/unix | LC_ALL=C sort -u | paste -sd ' '; }`,
 	`echo "unix sockets in the kernel before: [$(unix_sockets)]"`,
-	`socat UNIX-LISTEN:` + jobSocket + `,fork SYSTEM:'echo pong' & socket_server=$!`,
+	// The server reads the ping before it answers: answering at once and closing raced the
+	// client's write of it (EPIPE, and socat exited without the answer: make check 03:39Z).
+	`socat UNIX-LISTEN:` + jobSocket + `,fork SYSTEM:'read ping; echo pong' & socket_server=$!`,
 	`until [ -S ` + jobSocket + ` ]; do sleep 0.1; done`,
-	`echo "the job's own unix socket: $(echo ping | socat - UNIX-CONNECT:` + jobSocket + `)"`,
+	`echo "the job's own unix socket: $(echo ping | socat -t 30 - UNIX-CONNECT:` + jobSocket + `)"`,
 	`echo "unix sockets in the kernel after: [$(unix_sockets)]"`,
 	`echo "unix sockets on the filesystem: [$(find / -type s 2>/dev/null | LC_ALL=C sort | paste -sd ' ')]"`,
 	`kill "$socket_server"`,
