@@ -5,20 +5,25 @@ import (
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 )
 
 // ClaimInfo is what gc needs to know of a claim, or of a cold-started Sandbox.
 type ClaimInfo struct {
 	Namespace, Name, JobID string
+	UID                    types.UID
 	Created, ShutdownTime  time.Time
-	Deleting               bool
+	// DrainSeen is AnnotationDrainSeen's time, zero without (or unreadable).
+	DrainSeen time.Time
+	Deleting  bool
 	// ColdStart: a Sandbox of unknown_image = "cold" (ReleaseColdStart), not a claim.
 	ColdStart bool
 }
 
 func jobObjectInfo(meta metav1.ObjectMeta, shutdown *metav1.Time, coldStart bool) ClaimInfo {
-	info := ClaimInfo{Namespace: meta.Namespace, Name: meta.Name, JobID: meta.Labels[LabelJobID], Created: meta.CreationTimestamp.Time,
+	info := ClaimInfo{Namespace: meta.Namespace, Name: meta.Name, JobID: meta.Labels[LabelJobID], UID: meta.UID, Created: meta.CreationTimestamp.Time,
 		Deleting: meta.DeletionTimestamp != nil, ColdStart: coldStart}
+	info.DrainSeen, _ = time.Parse(time.RFC3339, meta.Annotations[AnnotationDrainSeen])
 	if shutdown != nil {
 		info.ShutdownTime = shutdown.Time
 	}

@@ -26,6 +26,8 @@ var (
 	SandboxWarmPools = extv1beta1.GroupVersion.WithResource("sandboxwarmpools").GroupResource()
 	Pods             = schema.GroupResource{Resource: "pods"}
 	RuntimeClasses   = schema.GroupResource{Group: "node.k8s.io", Resource: "runtimeclasses"}
+	// Read by gc only: is a job pod's node cordoned (drain.runningJobTimeout).
+	Nodes = schema.GroupResource{Resource: "nodes"}
 	// Read by doctor only.
 	NetworkPolicies         = schema.GroupResource{Group: "networking.k8s.io", Resource: "networkpolicies"}
 	AdmissionPolicies       = schema.GroupResource{Group: "admissionregistration.k8s.io", Resource: "validatingadmissionpolicies"}

@@ -8,8 +8,20 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
-// PodGone explains why a pod can no longer run stages, or returns "" while it still can.
+// PodGone explains why a pod can no longer run stages, or returns "" while it still can. When
+// gc took the pod away (a drain held past its bound), the job's claim says so, and that leads.
 func (c *Claimer) PodGone(ctx context.Context, sbx *Sandbox) (string, error) {
+	why, err := c.podGone(ctx, sbx)
+	if why == "" {
+		return why, err
+	}
+	if ended := c.endedBy(ctx, sbx); ended != "" {
+		return ended + " (" + why + ")", nil
+	}
+	return why, nil
+}
+
+func (c *Claimer) podGone(ctx context.Context, sbx *Sandbox) (string, error) {
 	pod, err := c.clients.Kube.CoreV1().Pods(sbx.Namespace).Get(ctx, sbx.Pod, metav1.GetOptions{})
 	if isObjectNotFound(err) {
 		return fmt.Sprintf("pod %s/%s was deleted", sbx.Namespace, sbx.Pod), nil

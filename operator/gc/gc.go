@@ -27,9 +27,13 @@ func Command(setup stages.Setup) *cli.Command {
 		Flags: []cli.Flag{
 			&cli.BoolFlag{Name: "delete", Usage: "delete them; without it gc only reports"},
 			&cli.DurationFlag{Name: "older-than", Usage: "also reap claims older than this, whatever their shutdownTime"},
+			&cli.DurationFlag{Name: "drain-timeout", Usage: "end a job whose pod has held a drain (its node cordoned) this long since gc first saw it; 0: never"},
 		},
 		Action: setup(func(c *cli.Context, env *stages.Env) error {
-			return Run(c.Context, env, Options{Delete: c.Bool("delete"), OlderThan: c.Duration("older-than")})
+			if c.Duration("drain-timeout") < 0 {
+				return failure.PermanentError(nil, "--drain-timeout %s: want a positive duration, or 0 for no bound", c.Duration("drain-timeout"))
+			}
+			return Run(c.Context, env, Options{Delete: c.Bool("delete"), OlderThan: c.Duration("older-than"), DrainTimeout: c.Duration("drain-timeout")})
 		}),
 	}
 }
@@ -40,6 +44,8 @@ type Options struct {
 	Delete bool
 	// OlderThan, when set, also reaps claims older than this whatever their shutdownTime.
 	OlderThan time.Duration
+	// DrainTimeout, when set, ends the jobs that have held a node's drain this long (boundDrains).
+	DrainTimeout time.Duration
 }
 
 // Run lists this runner's claims and cold starts and reaps the expired ones, one line each on
@@ -94,6 +100,9 @@ func Run(ctx context.Context, env *stages.Env, opts Options) error {
 		fmt.Fprintf(env.Stdout, "%s %s/%s (%sjob %s, age %s): %s\n", verb, c.Namespace, c.Name, kind, c.JobID, now.Sub(c.Created).Round(time.Second), why)
 	}
 	fmt.Fprintf(env.Stdout, "%d of %d %s of runner %q %s\n", reaped, len(owned), what, env.Config.RunnerName, map[bool]string{true: "deleted", false: "to delete (dry run: pass --delete)"}[opts.Delete])
+	if opts.DrainTimeout > 0 {
+		return boundDrains(ctx, env, claimer, owned, now, opts)
+	}
 	return nil
 }
 

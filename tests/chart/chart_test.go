@@ -379,38 +379,93 @@ func loadEgressConfig(t *testing.T, objs *helmchart.Objects, name string, files 
 // gc has its own ServiceAccount, which may list and delete claims (and with cold starts,
 // Sandboxes) and nothing else.
 func TestGCHasItsOwnLeastPrivilege(t *testing.T) {
-	for _, cold := range []bool{false, true} {
-		values := ""
-		want := []string{"delete sandboxclaims.extensions.agents.x-k8s.io", "list sandboxclaims.extensions.agents.x-k8s.io"}
-		if cold {
-			values = "coldStart: {enabled: true}\n"
-			want = append(want, "delete sandboxes.agents.x-k8s.io", "list sandboxes.agents.x-k8s.io")
-		}
-		objs := helmchart.Render(t, "sandbox-executor", "ci", values)
-		var cj batchv1.CronJob
-		objs.Decode(t, "CronJob", "sandbox-executor-gc", &cj)
-		pod := cj.Spec.JobTemplate.Spec.Template.Spec
-		if pod.ServiceAccountName != "sandbox-executor-gc" {
-			t.Errorf("gc runs as ServiceAccount %q, want its own sandbox-executor-gc", pod.ServiceAccountName)
-		}
-		var role rbacv1.Role
-		objs.Decode(t, "Role", "sandbox-executor-gc", &role)
-		var got []string
-		for _, r := range role.Rules {
-			for _, g := range r.APIGroups {
-				for _, res := range r.Resources {
-					for _, v := range r.Verbs {
-						got = append(got, v+" "+res+"."+g)
-					}
+	for _, tc := range []struct {
+		name, values string
+		// bound: drain.runningJobTimeout applies (the default): gc patches claims, deletes the
+		// pods that hold a drain past it, and reads Nodes.
+		cold, bound bool
+	}{
+		{name: "defaults", bound: true},
+		{name: "cold starts", values: "coldStart: {enabled: true}\n", cold: true, bound: true},
+		{name: "no drain bound", values: "drain: {runningJobTimeout: \"\"}\n"},
+		{name: "drains do not wait", values: "drain: {waitForRunningJobs: false}\n"},
+		{name: "cold starts and no drain bound", values: "coldStart: {enabled: true}\ndrain: {runningJobTimeout: \"\"}\n", cold: true},
+		{name: "namespace only", values: "clusterScoped: {create: false}\nruntimeClass: {name: gvisor}\n"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			want := []string{"delete sandboxclaims.extensions.agents.x-k8s.io", "list sandboxclaims.extensions.agents.x-k8s.io"}
+			if tc.cold {
+				want = append(want, "delete sandboxes.agents.x-k8s.io", "list sandboxes.agents.x-k8s.io")
+			}
+			wantArgs := []string{"--config", "/etc/sandbox-executor/gc.toml", "gc", "--delete"}
+			if tc.bound {
+				want = append(want, "patch sandboxclaims.extensions.agents.x-k8s.io", "list pods.", "delete pods.")
+				if tc.cold {
+					want = append(want, "patch sandboxes.agents.x-k8s.io")
+				}
+				wantArgs = append(wantArgs, "--drain-timeout", "1h")
+			}
+			objs := helmchart.Render(t, "sandbox-executor", "ci", tc.values)
+			var cj batchv1.CronJob
+			objs.Decode(t, "CronJob", "sandbox-executor-gc", &cj)
+			pod := cj.Spec.JobTemplate.Spec.Template.Spec
+			if pod.ServiceAccountName != "sandbox-executor-gc" {
+				t.Errorf("gc runs as ServiceAccount %q, want its own sandbox-executor-gc", pod.ServiceAccountName)
+			}
+			if got := pod.Containers[0].Args; !slices.Equal(got, wantArgs) {
+				t.Errorf("gc runs with %q, want %q", got, wantArgs)
+			}
+			var role rbacv1.Role
+			objs.Decode(t, "Role", "sandbox-executor-gc", &role)
+			if got, want := ruleStrings(role.Rules), sorted(want); !slices.Equal(got, want) {
+				t.Errorf("gc's Role grants %q, want exactly %q", got, want)
+			}
+			nodes := objs.Find("ClusterRole", "ci-sandbox-executor-gc-nodes")
+			if !tc.bound {
+				if nodes != nil || objs.Find("ClusterRoleBinding", "ci-sandbox-executor-gc-nodes") != nil {
+					t.Error("without the drain bound gc still may read Nodes")
+				}
+				return
+			}
+			var cr rbacv1.ClusterRole
+			objs.Decode(t, "ClusterRole", "ci-sandbox-executor-gc-nodes", &cr)
+			if got := ruleStrings(cr.Rules); !slices.Equal(got, []string{"get nodes."}) {
+				t.Errorf("gc's ClusterRole grants %q, want exactly get nodes", got)
+			}
+			var crb rbacv1.ClusterRoleBinding
+			objs.Decode(t, "ClusterRoleBinding", "ci-sandbox-executor-gc-nodes", &crb)
+			if crb.RoleRef.Name != cr.Name || len(crb.Subjects) != 1 || crb.Subjects[0].Name != "sandbox-executor-gc" || crb.Subjects[0].Namespace != "ci" {
+				t.Errorf("gc-nodes binding %+v: want the ClusterRole bound to ServiceAccount ci/sandbox-executor-gc only", crb)
+			}
+			// gc's patches are held to annotations by the release's policy, as the executor's are.
+			var vap admissionv1.ValidatingAdmissionPolicy
+			objs.Decode(t, "ValidatingAdmissionPolicy", "ci-sandbox-executor-annotations-only", &vap)
+			if got := vap.Spec.MatchConditions[0].Expression; !strings.Contains(got, "'system:serviceaccount:ci:sandbox-executor-gc'") {
+				t.Errorf("annotations-only policy matches %s, want gc's ServiceAccount among its users", got)
+			}
+		})
+	}
+}
+
+// ruleStrings lists "verb resource.group" for each grant of rules, sorted.
+func ruleStrings(rules []rbacv1.PolicyRule) []string {
+	var got []string
+	for _, r := range rules {
+		for _, g := range r.APIGroups {
+			for _, res := range r.Resources {
+				for _, v := range r.Verbs {
+					got = append(got, v+" "+res+"."+g)
 				}
 			}
 		}
-		slices.Sort(got)
-		slices.Sort(want)
-		if !slices.Equal(got, want) {
-			t.Errorf("cold starts %v: gc's Role grants %q, want exactly %q", cold, got, want)
-		}
 	}
+	return sorted(got)
+}
+
+func sorted(s []string) []string {
+	s = slices.Clone(s)
+	slices.Sort(s)
+	return s
 }
 
 // The cold-start admission policy holds this release's ServiceAccount, in this release's
@@ -716,15 +771,16 @@ func TestAgentTLS(t *testing.T) {
 	}
 }
 
-// The executor may patch its claims and Sandboxes (the job's outcome), and the chart holds those
-// patches to annotations, for this release's ServiceAccount in this release's namespace.
+// The executor may patch its claims and Sandboxes (the job's outcome), and gc its claims (a job
+// that holds a drain), and the chart holds those patches to annotations, for this release's
+// ServiceAccounts in this release's namespace.
 func TestPatchesHeldToAnnotations(t *testing.T) {
 	objs := helmchart.Render(t, "duo", "duo-ci", "")
 	name := "duo-ci-duo-sandbox-executor-annotations-only"
 	var vap admissionv1.ValidatingAdmissionPolicy
 	objs.Decode(t, "ValidatingAdmissionPolicy", name, &vap)
-	if got := vap.Spec.MatchConditions[0].Expression; got != "request.userInfo.username == 'system:serviceaccount:duo-ci:duo-sandbox-executor'" {
-		t.Errorf("policy matches %s, want this release's ServiceAccount", got)
+	if got := vap.Spec.MatchConditions[0].Expression; got != "request.userInfo.username in ['system:serviceaccount:duo-ci:duo-sandbox-executor', 'system:serviceaccount:duo-ci:duo-sandbox-executor-gc']" {
+		t.Errorf("policy matches %s, want this release's ServiceAccounts, the executor's and gc's", got)
 	}
 	if len(vap.Spec.Validations) == 0 || vap.Spec.Validations[0].Expression != "object.spec == oldObject.spec" {
 		t.Errorf("policy validations %+v: want the spec unchanged first", vap.Spec.Validations)

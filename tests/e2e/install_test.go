@@ -211,6 +211,7 @@ func TestDocumentedInstall(t *testing.T) {
 	assertFailingJob(t, c, inst, ns, flowImage, wait)
 	assertCanceledJob(t, c, inst, ns, flowImage, wait, run.RunnerLog)
 	assertDrainWaitsForRunningJob(t, c, inst, run.Release, flowImage, wait)
+	assertDrainBoundEndsJob(t, c, inst, run.Release, flowImage, wait)
 
 	// The docs' helm uninstall: nothing of the release is left, and in the namespace only what
 	// the docs say is the user's (the token and CA Secrets) or stays (the agent CA).

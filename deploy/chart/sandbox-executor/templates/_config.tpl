@@ -80,6 +80,16 @@ egress_allow = {{ toJson . }}
 {{- end -}}
 
 
+{{/* gc's --drain-timeout: drain.runningJobTimeout where gc runs and drains wait for jobs, and
+where the release's admission policy holds gc's patches to annotations (clusterScoped.create);
+"" otherwise. */}}
+{{- define "sandbox-executor.drainTimeout" -}}
+{{- if and .Values.gc.enabled .Values.drain.waitForRunningJobs .Values.clusterScoped.create -}}
+{{- .Values.drain.runningJobTimeout -}}
+{{- end -}}
+{{- end -}}
+
+
 {{/* Values that would render but fail every job, refused at install in one line each. */}}
 {{- define "sandbox-executor.validate" -}}
 {{- $duration := "^([0-9]+(\\.[0-9]+)?(ns|us|µs|ms|s|m|h))+$" -}}
@@ -87,6 +97,11 @@ egress_allow = {{ toJson . }}
 {{- $v := toString (index $.Values.executor $key) -}}
 {{- if not (regexMatch $duration $v) -}}
 {{- fail (printf "executor.%s %q is not a Go duration: write it like 90s, 2m or 1h30m" $key $v) -}}
+{{- end -}}
+{{- end -}}
+{{- with $.Values.drain.runningJobTimeout -}}
+{{- if not (regexMatch $duration (toString .)) -}}
+{{- fail (printf "drain.runningJobTimeout %q is not a Go duration: write it like 45m or 1h30m, or \"\" for no bound" (toString .)) -}}
 {{- end -}}
 {{- end -}}
 {{- $pools := list -}}
