@@ -135,8 +135,12 @@ func assertDrainBoundEndsJob(t *testing.T, c *clusterjobs.Cluster, inst *duoflow
 	t.Helper()
 	ctx := context.Background()
 	ns := r.Namespace
+	// The local cluster has one node, which the drain cordons: gc's pods tolerate the cordon
+	// (gc.tolerations) to run there, where a user's run on another node.
 	if _, err := chartinstall.Run(r.Helm, "upgrade", r.Release, filepath.Join(r.Root, "deploy", "chart", "sandbox-executor"), "-n", ns,
-		"--reuse-values", "--set", "drain.runningJobTimeout=1s", "--wait", "--timeout", "3m", "--kubeconfig="+r.Env.AdminKubeconfig()); err != nil {
+		"--reuse-values", "--set", "drain.runningJobTimeout=1s",
+		"--set-json", `gc.tolerations=[{"key":"node.kubernetes.io/unschedulable","operator":"Exists","effect":"NoSchedule"}]`,
+		"--wait", "--timeout", "3m", "--kubeconfig="+r.Env.AdminKubeconfig()); err != nil {
 		t.Fatalf("helm upgrade with drain.runningJobTimeout=1s: %v", err)
 	}
 
