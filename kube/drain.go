@@ -29,24 +29,41 @@ type JobPod struct {
 	Node string
 }
 
-// JobPods maps each claim's UID to its pod, and each cold-started Sandbox's UID to its pod, for
-// the job pods of namespace that have a node: a claimed pod carries its claim's UID as a label,
-// a cold-started one is controlled by its Sandbox.
-func (c *Claimer) JobPods(ctx context.Context, namespace string) (map[types.UID]JobPod, error) {
+// JobPods are a namespace's scheduled job pods, found by what ties each to its job.
+type JobPods struct {
+	// byClaimUID: a pod the controller made for a claim carries the claim's UID as a label.
+	byClaimUID map[types.UID]JobPod
+	// bySandbox: every job pod is controlled by its Sandbox; a warm pod a claim adopted is found
+	// only so, by the Sandbox the claim's status names.
+	bySandbox map[string]JobPod
+}
+
+// Of is job's pod, if it is scheduled and not being deleted.
+func (p JobPods) Of(job ClaimInfo) (JobPod, bool) {
+	if pod, ok := p.byClaimUID[job.UID]; ok && !job.ColdStart {
+		return pod, true
+	}
+	pod, ok := p.bySandbox[job.Sandbox]
+	return pod, ok && job.Sandbox != ""
+}
+
+// JobPods lists the job pods of namespace that have a node and are not being deleted.
+func (c *Claimer) JobPods(ctx context.Context, namespace string) (JobPods, error) {
 	list, err := c.clients.Kube.CoreV1().Pods(namespace).List(ctx, metav1.ListOptions{})
 	if err != nil {
-		return nil, explainAPIError(err, apiCall{"list", Pods.String(), namespace, ""})
+		return JobPods{}, explainAPIError(err, apiCall{"list", Pods.String(), namespace, ""})
 	}
-	out := map[types.UID]JobPod{}
+	out := JobPods{byClaimUID: map[types.UID]JobPod{}, bySandbox: map[string]JobPod{}}
 	for _, pod := range list.Items {
 		if pod.Spec.NodeName == "" || pod.DeletionTimestamp != nil {
 			continue
 		}
 		jp := JobPod{Name: pod.Name, UID: pod.UID, Node: pod.Spec.NodeName}
 		if uid := pod.Labels[extv1beta1.SandboxIDLabel]; uid != "" {
-			out[types.UID(uid)] = jp
-		} else if ref := metav1.GetControllerOf(&pod); ref != nil && ref.Kind == "Sandbox" {
-			out[ref.UID] = jp
+			out.byClaimUID[types.UID(uid)] = jp
+		}
+		if ref := metav1.GetControllerOf(&pod); ref != nil && ref.Kind == "Sandbox" {
+			out.bySandbox[ref.Name] = jp
 		}
 	}
 	return out, nil

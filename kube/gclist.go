@@ -12,7 +12,9 @@ import (
 type ClaimInfo struct {
 	Namespace, Name, JobID string
 	UID                    types.UID
-	Created, ShutdownTime  time.Time
+	// Sandbox is the job's Sandbox: the one the claim's status names, or the cold-started one.
+	Sandbox               string
+	Created, ShutdownTime time.Time
 	// DrainSeen is AnnotationDrainSeen's time, zero without (or unreadable).
 	DrainSeen time.Time
 	Deleting  bool
@@ -42,7 +44,9 @@ func (c *Claimer) RunnerClaims(ctx context.Context, namespace, runner string) ([
 		if cl.Spec.Lifecycle != nil {
 			shutdown = cl.Spec.Lifecycle.ShutdownTime
 		}
-		out = append(out, jobObjectInfo(cl.ObjectMeta, shutdown, false))
+		info := jobObjectInfo(cl.ObjectMeta, shutdown, false)
+		info.Sandbox = cl.Status.SandboxStatus.Name
+		out = append(out, info)
 	}
 	return out, nil
 }
@@ -56,7 +60,9 @@ func (c *Claimer) RunnerColdStarts(ctx context.Context, namespace, runner string
 	var out []ClaimInfo
 	for i := range list.Items {
 		if sbx := &list.Items[i]; isColdStart(sbx) {
-			out = append(out, jobObjectInfo(sbx.ObjectMeta, sbx.Spec.ShutdownTime, true))
+			info := jobObjectInfo(sbx.ObjectMeta, sbx.Spec.ShutdownTime, true)
+			info.Sandbox = sbx.Name
+			out = append(out, info)
 		}
 	}
 	return out, nil

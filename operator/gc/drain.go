@@ -23,7 +23,7 @@ func boundDrains(ctx context.Context, env *stages.Env, claimer *kube.Claimer, jo
 	}
 	cordoned := map[string]bool{}
 	for _, job := range jobs {
-		pod, ok := pods[job.UID]
+		pod, ok := pods.Of(job)
 		if !ok || job.Deleting || expired(job, now, opts.OlderThan) != "" {
 			continue
 		}

@@ -12,6 +12,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	extv1beta1 "sigs.k8s.io/agent-sandbox/extensions/api/v1beta1"
 
 	"github.com/sandbox-executor/sandbox-executor/egress"
 	"github.com/sandbox-executor/sandbox-executor/internal/testing/fakecluster"
@@ -61,7 +62,11 @@ func TestGCEndsAJobThatHoldsADrainPastItsBound(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// As a warm pod a claim adopted is: scheduled, controlled by its Sandbox, with no claim label.
 	pod.Spec.NodeName = "gvisor-1"
+	delete(pod.Labels, extv1beta1.SandboxIDLabel)
+	isController := true
+	pod.OwnerReferences = []metav1.OwnerReference{{APIVersion: "agents.x-k8s.io/v1beta1", Kind: "Sandbox", Name: podName, UID: "uid-sandbox", Controller: &isController}}
 	if _, err := pods.Update(ctx, pod, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
