@@ -34,28 +34,8 @@ func assertDrainWaitsForRunningJob(t *testing.T, c *clusterjobs.Cluster, inst *d
 	t.Helper()
 	ctx := context.Background()
 	ns := r.Namespace
-	const gate, lines = "/tmp/drain-gate", 500
-	job := inst.GitLab.NewJob(fakegitlab.JobSpec{Image: image, GitStrategy: "none", Script: []string{
-		"echo waiting-for-the-drain",
-		"while [ ! -e " + gate + " ]; do sleep 0.2; done",
-		fmt.Sprintf(`i=1; while [ $i -le %d ]; do echo "drained-job line $i"; i=$((i+1)); done`, lines),
-	}})
-	inst.GitLab.Enqueue(job)
-	started, cancel := context.WithTimeout(ctx, inClusterTimeout)
-	res, err := inst.GitLab.WaitForTrace(started, job.ID, "waiting-for-the-drain")
-	cancel()
-	if err != nil {
-		t.Fatalf("job %d never started its stage: %v\n%s\nrunner pod log:\n%s", job.ID, err, res.Trace, r.RunnerLog())
-	}
-	claims, err := c.Admin.Extensions.ExtensionsV1beta1().SandboxClaims(ns).List(ctx, metav1.ListOptions{LabelSelector: kube.LabelJobID + "=" + strconv.FormatInt(job.ID, 10)})
-	if err != nil || len(claims.Items) != 1 {
-		t.Fatalf("job %d: its claim in %s: %v (%d found)", job.ID, ns, err, len(claims.Items))
-	}
-	pod := podOfClaim(t, c, &claims.Items[0])
-	p, err := c.Admin.Kube.CoreV1().Pods(ns).Get(ctx, pod, metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	held := startHeldJobs(t, c, inst, r, image, 1, 500)[0]
+	job, pod, p := held.Job, held.Pod.Name, held.Pod
 	node := p.Spec.NodeName
 	warm, err := c.Admin.Kube.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{
 		LabelSelector: jobPodsOf(r) + "," + sandboxv1beta1.SandboxWarmPoolLabel, FieldSelector: "spec.nodeName=" + node})
@@ -98,19 +78,8 @@ func assertDrainWaitsForRunningJob(t *testing.T, c *clusterjobs.Cluster, inst *d
 		t.Fatalf("the drain ended (%v) while job %d ran in pod %s:\n%s", err, job.ID, pod, out)
 	default:
 	}
-	if _, err := r.Kubectl("-n", ns, "exec", pod, "-c", "job", "--", "touch", gate); err != nil {
-		t.Fatal(err)
-	}
-
-	res = wait(job.ID)
-	if res.State != fakegitlab.StateSuccess {
-		t.Fatalf("job %d under the drain: %s (%s)\n%s", job.ID, res.State, res.FailureReason, res.Trace)
-	}
-	for i := 1; i <= lines; i++ {
-		if n := strings.Count(res.Trace, fmt.Sprintf("drained-job line %d\n", i)); n != 1 {
-			t.Fatalf("job %d under the drain: line %d arrived %d times, want once\n%s", job.ID, i, n, res.Trace)
-		}
-	}
+	held.open(t, r)
+	res := held.assertWhole(t, "under the drain", wait)
 	select {
 	case err := <-drained:
 		if err != nil || !strings.Contains(out.String(), "node/"+node+" drained") {

@@ -47,22 +47,9 @@ func TestInClusterInstall(t *testing.T) {
 	ctx := context.Background()
 	suffix := strconv.Itoa(os.Getpid())
 	inst, base := duoInstance(t)
-	r, err := chartinstall.Install(ctx, chartinstall.Options{Root: root, Env: c.Env, Kube: c.Admin.Kube,
+	r := installRelease(t, chartinstall.Options{Root: root, Env: c.Env, Kube: c.Admin.Kube,
 		Namespace: "sbx-incluster-" + suffix, GitLabNamespace: "sbx-incluster-gitlab-" + suffix, Release: "duo",
 		InstanceIP: inst.Host, RunnerToken: inst.GitLab.RunnerToken(), JobImage: ciImage})
-	if r != nil {
-		t.Cleanup(func() {
-			if !r.Uninstalled() {
-				_ = r.Uninstall()
-			}
-			if err := r.Close(); err != nil {
-				t.Error(err)
-			}
-		})
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
 	ns := r.Namespace
 	t.Logf("release %s in %s (images %s); GitLab instance %s as %s", r.Release, ns, r.Tag, inst.GitLab.URL(), r.GitLabURL)
 	kubectl := func(args ...string) string {
@@ -128,6 +115,27 @@ func TestInClusterInstall(t *testing.T) {
 		t.Fatal(err)
 	}
 	assertNothingLeft(t, c, r)
+}
+
+// installRelease installs the chart as o says (chartinstall.Install); when the test ends, the
+// release is uninstalled unless it was, and its namespaces deleted.
+func installRelease(t *testing.T, o chartinstall.Options) *chartinstall.Release {
+	t.Helper()
+	r, err := chartinstall.Install(context.Background(), o)
+	if r != nil {
+		t.Cleanup(func() {
+			if !r.Uninstalled() {
+				_ = r.Uninstall()
+			}
+			if err := r.Close(); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
 }
 
 // assertNoMaskedValues: no masked variable of job appears in its trace.

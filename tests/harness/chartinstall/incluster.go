@@ -84,6 +84,7 @@ type builtImages struct {
 	Tag    string `json:"tag"`
 	Images []struct {
 		Name string `json:"name"`
+		Ref  string `json:"ref"`
 	} `json:"images"`
 }
 
@@ -104,6 +105,48 @@ func ImagesTag(root string) (string, error) {
 		}
 	}
 	return "", fmt.Errorf("%s has no sandbox-executor-runner image (tools/images skips it without the runner binaries)", path)
+}
+
+// TagImages gives every image make images imported (dist/images/images.json) a second tag in the
+// local cluster's containerd, pinned as tests/cluster/images.sh pins what it imports: the same
+// bytes under another reference, for a test that upgrades a release to "new" images (the changed
+// reference is what rolls the pods). untag removes those tags, never the images' own.
+func TagImages(root string, env *localcluster.Env, tag string) (untag func() error, err error) {
+	path := filepath.Join(root, "dist", "images", "images.json")
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	var m builtImages
+	if err := json.Unmarshal(data, &m); err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	ctr := func(args ...string) (string, error) {
+		return Run(filepath.Join(env.Dir, "bin", "ctr"), append([]string{"--address", filepath.Join(env.Dir, "run", "containerd.sock"), "--namespace", "k8s.io"}, args...)...)
+	}
+	var tagged []string
+	untag = func() error {
+		if len(tagged) == 0 {
+			return nil
+		}
+		_, err := ctr(append([]string{"images", "rm"}, tagged...)...)
+		return err
+	}
+	for _, img := range m.Images {
+		repo, _, ok := strings.Cut(img.Ref, ":"+m.Tag)
+		if !ok || repo+":"+m.Tag != img.Ref {
+			return untag, fmt.Errorf("%s: image %s is not tagged %s", path, img.Ref, m.Tag)
+		}
+		ref := repo + ":" + tag
+		if _, err := ctr("images", "tag", "--force", img.Ref, ref); err != nil {
+			return untag, err
+		}
+		tagged = append(tagged, ref)
+		if _, err := ctr("images", "label", ref, "io.cri-containerd.pinned=pinned"); err != nil {
+			return untag, err
+		}
+	}
+	return untag, nil
 }
 
 // helmBuild serialises Helm: tests of one process run in parallel, and two makes building the
