@@ -26,6 +26,29 @@ func jobPodsOf(r *chartinstall.Release) string {
 	return "app.kubernetes.io/name=sandbox-executor-job,app.kubernetes.io/instance=" + r.Release
 }
 
+// startDrain starts docs/install.md's drain of node (#draining-a-node) and returns its live output
+// and its end; the node is uncordoned when the test ends. The local cluster's only node also runs
+// the control plane's add-ons and the other suites' pools, so the drain is narrowed to release
+// r's job pods (--pod-selector).
+func startDrain(t *testing.T, r *chartinstall.Release, node string) (*clusterjobs.Live, <-chan error) {
+	t.Helper()
+	drain := r.KubectlCommand("drain", node, "--ignore-daemonsets", "--delete-emptydir-data", "--timeout=10m", "--pod-selector="+jobPodsOf(r))
+	out := clusterjobs.NewLive()
+	drain.Stdout, drain.Stderr = out, out
+	t.Cleanup(func() {
+		if _, err := r.Kubectl("uncordon", node); err != nil {
+			t.Errorf("uncordoning node %s: %v", node, err)
+		}
+	})
+	if err := drain.Start(); err != nil {
+		t.Fatal(err)
+	}
+	drained := make(chan error, 1)
+	go func() { drained <- drain.Wait() }()
+	t.Cleanup(func() { _ = drain.Process.Kill() }) // a no-op once it has exited
+	return out, drained
+}
+
 // assertDrainWaitsForRunningJob drains the node under a running job of release r with
 // docs/install.md's command (#draining-a-node): the release's warm pods are evicted at once, the
 // job's pod is not (kubectl reports the refusal), the job finishes with its whole output, and
@@ -46,22 +69,7 @@ func assertDrainWaitsForRunningJob(t *testing.T, c *clusterjobs.Cluster, inst *d
 		t.Fatalf("release %s has no warm pod on node %s: nothing would show a drain moving them", r.Release, node)
 	}
 
-	// The local cluster's only node also runs the control plane's add-ons and the other suites'
-	// pools, so the drain is narrowed to this release's job pods (--pod-selector).
-	drain := r.KubectlCommand("drain", node, "--ignore-daemonsets", "--delete-emptydir-data", "--timeout=10m", "--pod-selector="+jobPodsOf(r))
-	out := clusterjobs.NewLive()
-	drain.Stdout, drain.Stderr = out, out
-	t.Cleanup(func() {
-		if _, err := r.Kubectl("uncordon", node); err != nil {
-			t.Errorf("uncordoning node %s: %v", node, err)
-		}
-	})
-	if err := drain.Start(); err != nil {
-		t.Fatal(err)
-	}
-	drained := make(chan error, 1)
-	go func() { drained <- drain.Wait() }()
-	t.Cleanup(func() { _ = drain.Process.Kill() }) // a no-op once it has exited
+	out, drained := startDrain(t, r, node)
 
 	for _, w := range warm.Items {
 		if !out.Wait("pod/"+w.Name+" evicted", 2*time.Minute) {
@@ -136,20 +144,7 @@ func assertDrainBoundEndsJob(t *testing.T, c *clusterjobs.Cluster, inst *duoflow
 	}
 	node := p.Spec.NodeName
 
-	drain := r.KubectlCommand("drain", node, "--ignore-daemonsets", "--delete-emptydir-data", "--timeout=10m", "--pod-selector="+jobPodsOf(r))
-	out := clusterjobs.NewLive()
-	drain.Stdout, drain.Stderr = out, out
-	t.Cleanup(func() {
-		if _, err := r.Kubectl("uncordon", node); err != nil {
-			t.Errorf("uncordoning node %s: %v", node, err)
-		}
-	})
-	if err := drain.Start(); err != nil {
-		t.Fatal(err)
-	}
-	drained := make(chan error, 1)
-	go func() { drained <- drain.Wait() }()
-	t.Cleanup(func() { _ = drain.Process.Kill() })
+	out, drained := startDrain(t, r, node)
 	if !out.Wait(fmt.Sprintf("error when evicting pods/%q -n %q", pod, ns), 2*time.Minute) {
 		t.Fatalf("the drain was not refused job %d's pod %s:\n%s", job.ID, pod, out)
 	}
