@@ -48,7 +48,7 @@ RACE := CGO_ENABLED=1
 # (reproducible paths); make build leaves it out so its compiles are the ones vet made.
 GOBUILD = CGO_ENABLED=0 $(GO) build $(TRIMPATH) -ldflags '$(LDFLAGS)'
 
-.PHONY: all modules host-packages helm helm-path images release build test lint vet unit check cluster-up cluster-down cluster-wipe netpol e2e e2e-long security soak soak-short demo runner runner-test bench bench-scale clean
+.PHONY: all modules host-packages helm helm-path images release build test lint vet unit check cluster-up cluster-down cluster-wipe netpol e2e e2e-long security soak soak-short perf-smoke demo runner runner-test bench bench-scale clean
 
 all: build
 
@@ -244,6 +244,15 @@ soak: build images $(GOTESTSUM)
 # CPU-seconds: tests/README.md), so the job count is the suite's time.
 soak-short: build images $(GOTESTSUM)
 	SANDBOX_EXECUTOR_BIN=$(BIN) SOAK_JOBS=18 SOAK_SEED=20261469 $(call gotest,standard-verbose) -tags soak -count=1 -timeout 30m ./tests/soak/...
+
+# make check's performance smoke (tests/e2e/bench_smoke_test.go, about a minute): SMOKE_N hello jobs
+# at rest and back to back through gitlab-runner and the stage server, against agent-sandbox's
+# own claim and the runner alone plus the same stage scripts by a raw exec, measured in the same
+# run. A job that fails fails it; a slow one does not: tests/check.sh prints the ratios and warns
+# about those more than half worse than docs/benchmarks.md's (tests/checkreport).
+SMOKE_N ?= 5
+perf-smoke: build runner
+	SANDBOX_EXECUTOR_BIN=$(BIN) SMOKE_N=$(SMOKE_N) $(GO) test -tags e2e -count=1 -run '^$$' -bench '^BenchmarkSmoke$$' -benchtime 1x -timeout 10m ./tests/e2e/
 
 # Adds the slow cases (a stage silent for 10 minutes).
 e2e-long: build

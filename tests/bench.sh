@@ -10,6 +10,10 @@ go test -tags e2e -run '^$' -bench "${BENCH:-.}" -benchtime 1x -count 1 -timeout
 grep -q '^ok' "$out" || { echo "bench.sh: the benchmarks failed" >&2; exit 1; }
 # The scale section of the last run, kept when this run does not measure scale (BENCH_SCALE=0).
 previous_scale=$(sed -n '/^## Control-plane scale (kwok)/,$p' docs/benchmarks.md 2>/dev/null || true)
+# The performance smoke's section (BenchmarkSmoke, whose ratios make check compares with these:
+# tests/checkreport), kept when this run does not measure it (BENCH names other benchmarks).
+smoke_header='## Performance smoke (make check)'
+previous_smoke=$(awk -v h="$smoke_header" '$0 == h {p = 1; print; next} p && /^## / {exit} p' docs/benchmarks.md 2>/dev/null || true)
 cluster_dir=${CLUSTER_DIR:-${SANDBOX_EXECUTOR_CACHE:-$HOME/.cache/sandbox-executor}/cluster}
 cluster_bin=$cluster_dir/bin cluster_etc=$cluster_dir/etc
 {
@@ -19,7 +23,7 @@ cluster_bin=$cluster_dir/bin cluster_etc=$cluster_dir/etc
   echo "ratios are against the baseline measured in the same run (the first row of its group)."
   echo
   echo '```'
-  sed -n 's/^BENCH //p' "$out"
+  sed -n 's/^BENCH //p' "$out" | grep -v '^smoke: ' || true
   echo '```'
   echo
   echo "## Machine and versions"
@@ -46,6 +50,21 @@ cluster_bin=$cluster_dir/bin cluster_etc=$cluster_dir/etc
     # The flow rows and the "of which" rows right under them (the phases of its start-up).
     awk '/^BENCH flow startup/ {flow = 1} flow && /^BENCH (flow startup| +of which)/ {print substr($0, 7); next} {flow = 0}' "$out"
     echo '```'
+  fi
+  if grep -q '^BENCH smoke: ' "$out"; then
+    echo
+    echo "$smoke_header"
+    echo
+    # The date and commit travel with the rows: a run without BenchmarkSmoke keeps them as they are.
+    echo "BenchmarkSmoke (tests/e2e/bench_smoke_test.go), measured by \`make bench\` ($(date -u +%Y-%m-%dT%H:%MZ), commit $(git rev-parse --short HEAD)):"
+    echo "the rows with a ratio are the figures \`make check\` compares its perf-smoke suite's with, warning about one more than half worse."
+    echo
+    echo '```'
+    sed -n 's/^BENCH \(smoke: \)/\1/p' "$out"
+    echo '```'
+  elif [[ -n $previous_smoke ]]; then
+    echo
+    printf '%s\n' "$previous_smoke"
   fi
 } > docs/benchmarks.md
 echo "wrote docs/benchmarks.md" >&2

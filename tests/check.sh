@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # check.sh: what `make check` runs. Every suite runs, even after another failed; the run ends
 # with one line per suite (result, tests passed/failed/skipped, time), the ten slowest tests of
-# the run, a warning naming the suites over their budgets (tests/README.md) when the whole run
-# took over 30 minutes, and a closing line, and exits 1 if anything failed. Suites that need the
-# cluster are reported as failed, not silently dropped, when the cluster could not be brought up.
+# the run, the performance smoke's ratios (perf-smoke) with a warning for each more than half
+# worse than docs/benchmarks.md's, a warning naming the suites over their budgets
+# (tests/README.md) when the whole run took over 30 minutes, and a closing line, and exits 1 if
+# anything failed (a slow smoke is not a failure, timings being noisy; a job of it that fails
+# is). Suites that need the cluster are reported as failed, not silently dropped, when the
+# cluster could not be brought up.
 #
 #   tests/check.sh [SUITE...]      (default: all, in the order below)
 #
@@ -17,8 +20,8 @@
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
-ALL_SUITES=(lint unit build runner-test cluster-up netpol e2e security soak-short)
-CLUSTER_SUITES=" netpol e2e security soak-short "
+ALL_SUITES=(lint unit build runner-test cluster-up netpol e2e security soak-short perf-smoke)
+CLUSTER_SUITES=" netpol e2e security soak-short perf-smoke "
 CACHE=${SANDBOX_EXECUTOR_CACHE:-$HOME/.cache/sandbox-executor}
 export CHECK_LOG_DIR=${CHECK_LOG_DIR:-$CACHE/logs/check-$(date -u +%Y%m%dT%H%M%SZ)}
 mkdir -p "$CHECK_LOG_DIR"
@@ -130,10 +133,12 @@ main() {
   echo
   echo "=== make check summary ($(duration $(($(now) - begun))))"
   printf '%s\n' "${summary[@]}"
-  # The slowest tests, and a warning naming the suites over their budgets (tests/README.md) when
-  # the whole run is over 30 minutes. Reported, not failed: timings are noisy.
-  go run ./tests/checkreport -dir "$CHECK_LOG_DIR" -budgets tests/README.md -limit 30m "${times[@]}" ||
-    echo "(the slowest tests and the budgets could not be reported: see above)"
+  # The slowest tests, the performance smoke's ratios against docs/benchmarks.md's (a warning for
+  # each more than half worse), and a warning naming the suites over their budgets
+  # (tests/README.md) when the whole run is over 30 minutes. Reported, not failed: timings are noisy.
+  go run ./tests/checkreport -dir "$CHECK_LOG_DIR" -budgets tests/README.md -limit 30m \
+    -smoke perf-smoke -benchmarks docs/benchmarks.md "${times[@]}" ||
+    echo "(the slowest tests, the smoke's ratios and the budgets could not be reported: see above)"
   if ((${#failed[@]})); then
     echo "FAILED suites: ${failed[*]}"
   fi

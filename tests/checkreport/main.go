@@ -1,9 +1,12 @@
 // Command checkreport ends `make check`'s summary (tests/check.sh): the slowest tests of the run,
-// read from the suites' `go test -json` files, and a one-line warning naming the suites over
-// their budgets (the table in tests/README.md) when the whole check took longer than its limit.
-// A warning, not a failure: timings are noisy.
+// read from the suites' `go test -json` files; when the performance smoke ran (the perf-smoke
+// suite), its ratios from its log against the committed ones (docs/benchmarks.md), with a warning
+// line for each more than half worse; and a one-line warning naming the suites over their
+// budgets (the table in tests/README.md) when the whole check took longer than its limit.
+// Warnings, not failures: timings are noisy.
 //
-//	checkreport -dir CHECK_LOG_DIR [-budgets tests/README.md] [-limit 30m] [-top 10] SUITE=SECONDS...
+//	checkreport -dir CHECK_LOG_DIR [-budgets tests/README.md] [-limit 30m] [-top 10]
+//	    [-smoke perf-smoke] [-benchmarks docs/benchmarks.md] SUITE=SECONDS...
 package main
 
 import (
@@ -26,6 +29,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 	budgetFile := flags.String("budgets", "tests/README.md", "the file with the per-suite budget table")
 	limit := flags.Duration("limit", 30*time.Minute, "the whole check's budget")
 	top := flags.Int("top", 10, "how many of the slowest tests to list")
+	smoke := flags.String("smoke", "perf-smoke", "the suite of the performance smoke, whose SUITE.log has its rows")
+	benchmarks := flags.String("benchmarks", "docs/benchmarks.md", "the file with the smoke's committed ratios")
 	if err := flags.Parse(args); err != nil {
 		return 2
 	}
@@ -61,6 +66,14 @@ func run(args []string, stdout, stderr io.Writer) int {
 			fmt.Fprintf(stdout, "  %8s  %-12s %s\n", minutes(t.Elapsed), t.Suite, t.Test)
 		}
 	}
+	for _, s := range suites {
+		if s.Suite == *smoke {
+			if err := reportSmoke(filepath.Join(*dir, s.Suite+".log"), *benchmarks, stdout); err != nil {
+				fmt.Fprintf(stderr, "checkreport: %v\n", err)
+				return 1
+			}
+		}
+	}
 	f, err := os.Open(*budgetFile)
 	if err != nil {
 		fmt.Fprintf(stderr, "checkreport: %v\n", err)
@@ -90,4 +103,43 @@ func parseSuiteTimes(args []string) ([]SuiteTime, error) {
 		suites = append(suites, SuiteTime{Suite: name, Took: time.Duration(n) * time.Second})
 	}
 	return suites, nil
+}
+
+// reportSmoke prints the performance smoke's ratios from its log against the committed ones in
+// benchmarks, and a warning line for each ratio more than half worse than its committed figure.
+func reportSmoke(log, benchmarks string, stdout io.Writer) error {
+	run, err := readSmokeRatios(log)
+	if err != nil {
+		return err
+	}
+	if len(run) == 0 {
+		fmt.Fprintf(stdout, "performance smoke: no ratios in %s (see the suite's result above)\n", log)
+		return nil
+	}
+	committed, err := readSmokeRatios(benchmarks)
+	if err != nil {
+		return err
+	}
+	lines, warnings := CompareSmoke(run, committed, benchmarks)
+	fmt.Fprintf(stdout, "performance smoke, ratios to baselines of the same run (committed: %s):\n", benchmarks)
+	for _, line := range lines {
+		fmt.Fprintf(stdout, "  %s\n", line)
+	}
+	for _, warning := range warnings {
+		fmt.Fprintln(stdout, warning)
+	}
+	return nil
+}
+
+func readSmokeRatios(path string) ([]SmokeRatio, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	ratios, err := ReadSmokeRatios(f)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %v", path, err)
+	}
+	return ratios, nil
 }

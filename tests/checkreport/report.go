@@ -6,7 +6,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -136,4 +138,68 @@ func OverBudget(suites []SuiteTime, budgets map[string]time.Duration, limit time
 func minutes(d time.Duration) string {
 	s := int(d.Round(time.Second) / time.Second)
 	return fmt.Sprintf("%dm%02ds", s/60, s%60)
+}
+
+// SmokeRatio is one row of the performance smoke (tests/e2e/bench_smoke_test.go, the perf-smoke
+// suite) that has a ratio: the row's name and its ratio to the baseline of the same run.
+type SmokeRatio struct {
+	Row   string
+	Ratio float64
+}
+
+// smokeRatioLine is a smoke row with a ratio, as BenchmarkSmoke prints it (after "BENCH " in its
+// log) and as docs/benchmarks.md keeps it: "smoke: NAME  n=5 median=... ratio=1.23x".
+var smokeRatioLine = regexp.MustCompile(`^(?:BENCH )?(smoke: .*?)\s+n=\d+ .* ratio=(\d+(?:\.\d+)?)x\s*$`)
+
+// ReadSmokeRatios reads the smoke's rows that have a ratio, in their order, from the perf-smoke
+// log or from docs/benchmarks.md; other lines are skipped.
+func ReadSmokeRatios(text io.Reader) ([]SmokeRatio, error) {
+	var ratios []SmokeRatio
+	scanner := bufio.NewScanner(text)
+	scanner.Buffer(make([]byte, 0, 64*1024), 16*1024*1024)
+	for scanner.Scan() {
+		m := smokeRatioLine.FindStringSubmatch(strings.TrimSpace(scanner.Text()))
+		if m == nil {
+			continue
+		}
+		ratio, err := strconv.ParseFloat(m[2], 64)
+		if err != nil {
+			continue
+		}
+		ratios = append(ratios, SmokeRatio{Row: m[1], Ratio: ratio})
+	}
+	return ratios, scanner.Err()
+}
+
+// smokeWorseBy is how much worse than its committed figure a smoke ratio must be for a warning:
+// more than half (a ratio over 1.5 times the committed one). Timings are noisy; the smoke is a
+// guard against a regression of that size, not a measurement.
+const smokeWorseBy = 1.5
+
+// CompareSmoke sets the ratios of this run against the committed ones (docs/benchmarks.md): one
+// line per ratio of the run, with its committed figure or "no committed figure", and one warning
+// per ratio more than half worse than its committed figure.
+func CompareSmoke(run, committed []SmokeRatio, committedIn string) (lines, warnings []string) {
+	figures := map[string]float64{}
+	for _, c := range committed {
+		if _, ok := figures[c.Row]; !ok {
+			figures[c.Row] = c.Ratio
+		}
+	}
+	width := 0
+	for _, r := range run {
+		width = max(width, len(r.Row))
+	}
+	for _, r := range run {
+		figure, ok := figures[r.Row]
+		if !ok {
+			lines = append(lines, fmt.Sprintf("%-*s %6.2fx  (no committed figure)", width, r.Row, r.Ratio))
+			continue
+		}
+		lines = append(lines, fmt.Sprintf("%-*s %6.2fx  (committed %.2fx)", width, r.Row, r.Ratio, figure))
+		if r.Ratio > smokeWorseBy*figure {
+			warnings = append(warnings, fmt.Sprintf("warning: performance smoke: %s %.2fx against %.2fx in %s", r.Row, r.Ratio, figure, committedIn))
+		}
+	}
+	return lines, warnings
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -116,6 +117,97 @@ func TestRunPrintsTheSlowestAndTheWarning(t *testing.T) {
 		"warning: make check took 32m40s, over its 30m00s budget; over their budgets (tests/README.md): e2e 31m40s (budget 9m30s)\n"
 	if stdout.String() != want {
 		t.Fatalf("got\n%s\nwant\n%s", stdout.String(), want)
+	}
+}
+
+// smokeLog is a perf-smoke log: go test's lines, the smoke's BENCH rows (with and without a
+// ratio) and another benchmark's row with a ratio.
+const smokeLog = `=== RUN   BenchmarkSmoke
+BENCH smoke: warm claim->Ready (agent-sandbox) n=5 median=60.0ms p95=80.0ms min=50.0ms max=80.0ms
+BENCH smoke: warm prepare at rest n=5 median=90.0ms p95=99.0ms min=80.0ms max=99.0ms ratio=1.50x
+BENCH smoke: hello job at rest    n=5 median=900.0ms p95=990.0ms min=800.0ms max=990.0ms ratio=3.01x
+BENCH smoke: hello jobs back to back n=5 median=1800.0ms p95=1900.0ms min=900.0ms max=1900.0ms ratio=2.00x
+BENCH hello job, pool at rest      n=7 median=742.6ms p95=902.6ms min=581.5ms max=902.6ms ratio=6.98x
+ok  	x/tests/e2e	80.1s
+`
+
+// committedSmoke is docs/benchmarks.md's section of the smoke, without the BENCH prefix; the
+// back-to-back row is not there.
+const committedSmoke = "## Performance smoke (make check)\n\n```\n" +
+	"smoke: warm prepare at rest n=5 median=80.0ms p95=99.0ms min=70.0ms max=99.0ms ratio=1.20x\n" +
+	"smoke: hello job at rest    n=5 median=800.0ms p95=990.0ms min=700.0ms max=990.0ms ratio=2.00x\n```\n"
+
+func TestReadSmokeRatiosTakesTheSmokesRowsWithARatio(t *testing.T) {
+	ratios, err := ReadSmokeRatios(strings.NewReader(smokeLog))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []SmokeRatio{{"smoke: warm prepare at rest", 1.5}, {"smoke: hello job at rest", 3.01}, {"smoke: hello jobs back to back", 2}}
+	if !slices.Equal(ratios, want) {
+		t.Fatalf("got %v, want %v", ratios, want)
+	}
+	committed, err := ReadSmokeRatios(strings.NewReader(committedSmoke))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(committed) != 2 || committed[1] != (SmokeRatio{"smoke: hello job at rest", 2}) {
+		t.Fatalf("docs/benchmarks.md's rows: got %v", committed)
+	}
+}
+
+func TestCompareSmokeWarnsOnlyMoreThanHalfWorse(t *testing.T) {
+	run := []SmokeRatio{{"smoke: a", 1.5}, {"smoke: b", 1.51}, {"smoke: c", 0.5}, {"smoke: new", 9}}
+	committed := []SmokeRatio{{"smoke: a", 1}, {"smoke: b", 1}, {"smoke: c", 1}}
+	lines, warnings := CompareSmoke(run, committed, "docs/benchmarks.md")
+	wantLines := []string{
+		"smoke: a     1.50x  (committed 1.00x)",
+		"smoke: b     1.51x  (committed 1.00x)",
+		"smoke: c     0.50x  (committed 1.00x)",
+		"smoke: new   9.00x  (no committed figure)",
+	}
+	if !slices.Equal(lines, wantLines) {
+		t.Fatalf("got lines\n%s\nwant\n%s", strings.Join(lines, "\n"), strings.Join(wantLines, "\n"))
+	}
+	// 1.5 times is not more than half worse; a row without a committed figure never warns.
+	wantWarnings := []string{"warning: performance smoke: smoke: b 1.51x against 1.00x in docs/benchmarks.md"}
+	if !slices.Equal(warnings, wantWarnings) {
+		t.Fatalf("got warnings %q, want %q", warnings, wantWarnings)
+	}
+}
+
+func TestRunPrintsTheSmokeAgainstTheCommittedRatios(t *testing.T) {
+	dir := t.TempDir()
+	benchmarks := filepath.Join(dir, "benchmarks.md")
+	budgetFile := filepath.Join(dir, "README.md")
+	for name, text := range map[string]string{"perf-smoke.log": smokeLog, benchmarks: committedSmoke, budgetFile: readme} {
+		if err := os.WriteFile(filepath.Join(dir, filepath.Base(name)), []byte(text), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var stdout, stderr bytes.Buffer
+	code := run([]string{"-dir", dir, "-budgets", budgetFile, "-benchmarks", benchmarks, "lint=60", "perf-smoke=80"}, &stdout, &stderr)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr.String())
+	}
+	want := "performance smoke, ratios to baselines of the same run (committed: " + benchmarks + "):\n" +
+		"  smoke: warm prepare at rest      1.50x  (committed 1.20x)\n" +
+		"  smoke: hello job at rest         3.01x  (committed 2.00x)\n" +
+		"  smoke: hello jobs back to back   2.00x  (no committed figure)\n" +
+		"warning: performance smoke: smoke: hello job at rest 3.01x against 2.00x in " + benchmarks + "\n"
+	if stdout.String() != want {
+		t.Fatalf("got\n%s\nwant\n%s", stdout.String(), want)
+	}
+
+	// A smoke that broke has no ratios: said in one line, no warning.
+	if err := os.WriteFile(filepath.Join(dir, "perf-smoke.log"), []byte("--- FAIL: BenchmarkSmoke\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	stdout.Reset()
+	if code := run([]string{"-dir", dir, "-budgets", budgetFile, "-benchmarks", benchmarks, "perf-smoke=80"}, &stdout, &stderr); code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr.String())
+	}
+	if got := stdout.String(); strings.Count(got, "\n") != 1 || !strings.Contains(got, "no ratios") {
+		t.Fatalf("a broken smoke: got %q", got)
 	}
 }
 

@@ -29,8 +29,11 @@ import (
 )
 
 // benchN is the sample count of a sequential series; BENCH_N overrides it for quick runs.
-func benchN(def int) int {
-	if n, err := strconv.Atoi(os.Getenv("BENCH_N")); err == nil && n > 0 {
+func benchN(def int) int { return countFromEnv("BENCH_N", def) }
+
+// countFromEnv is the positive count the environment variable name gives, else def.
+func countFromEnv(name string, def int) int {
+	if n, err := strconv.Atoi(os.Getenv(name)); err == nil && n > 0 {
 		return n
 	}
 	return def
@@ -86,6 +89,13 @@ func waitPoolFull(b testing.TB, c *clusterjobs.Cluster, name string) {
 // would. It returns that latency and deletes the claim.
 func rawClaim(b *testing.B, c *clusterjobs.Cluster, pool string) time.Duration {
 	b.Helper()
+	return rawClaimThen(b, c, pool, nil)
+}
+
+// rawClaimThen is rawClaim, which also calls then (unless nil) with the claimed sandbox's pod
+// once the claim is Ready, outside the latency it returns, and deletes the claim after.
+func rawClaimThen(b *testing.B, c *clusterjobs.Cluster, pool string, then func(pod string)) time.Duration {
+	b.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	claims := c.Admin.Extensions.ExtensionsV1beta1().SandboxClaims(namespace)
@@ -109,7 +119,15 @@ func rawClaim(b *testing.B, c *clusterjobs.Cluster, pool string) time.Duration {
 	defer claims.Delete(context.Background(), name, metav1.DeleteOptions{})
 	for ev := range w.ResultChan() {
 		if cl, ok := ev.Object.(*extv1beta1.SandboxClaim); ok && meta.IsStatusConditionTrue(cl.Status.Conditions, "Ready") && cl.Status.SandboxStatus.Name != "" {
-			return time.Since(start)
+			took := time.Since(start)
+			if then != nil {
+				sbx, err := c.Admin.Sandboxes.AgentsV1beta1().Sandboxes(namespace).Get(ctx, cl.Status.SandboxStatus.Name, metav1.GetOptions{})
+				if err != nil {
+					b.Fatal(err)
+				}
+				then(kube.PodNameOf(sbx))
+			}
+			return took
 		}
 	}
 	b.Fatalf("claim %s: watch ended before Ready: %v", name, ctx.Err())

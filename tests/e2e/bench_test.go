@@ -78,17 +78,12 @@ func BenchmarkStageOverhead(b *testing.B) {
 		*into = append(*into, time.Since(t0))
 	}
 	for i := 0; i < n; i++ { // interleaved, so drift on a shared machine hits every path alike
-		var out, errOut bytes.Buffer
-		t0 := time.Now()
-		if err := clients.Exec.Exec(context.Background(), kube.ExecRequest{Namespace: namespace, Pod: pod, Container: "job",
-			Command: []string{"/bin/bash", "-s"}, Stdin: bytes.NewReader(script), Stdout: &out, Stderr: &errOut}); err != nil {
-			b.Fatal(err)
-		}
-		raw = append(raw, time.Since(t0))
+		took, _ := rawExec(b, clients.Exec, pod, script)
+		raw = append(raw, took)
 		timeStage(&detachedExec, viaExec)
 		timeStage(&detachedNet, viaNetwork)
 		c.RunDirect = true // sandbox-executor run, in its own process
-		t0 = time.Now()
+		t0 := time.Now()
 		if out, err := j.Command("run", scriptPath, "build_script").CombinedOutput(); err != nil {
 			b.Fatalf("run: %v %s", err, out)
 		}
@@ -109,6 +104,20 @@ func BenchmarkStageOverhead(b *testing.B) {
 	b.ReportMetric(float64(detachedNet.median())/float64(raw.median()), "network/raw")
 	b.ReportMetric(float64(detachedNet.median().Microseconds())/1000, "network-ms/stage")
 	b.ReportMetric(float64(served.median())/float64(cli.median()), "served/direct-run")
+}
+
+// rawExec runs script in pod's job container as `kubectl exec -i` would (bash reading it from
+// stdin) and returns how long that took and its output (stdout, then stderr); a script that
+// fails fails the benchmark.
+func rawExec(b *testing.B, ex kube.RemoteExecutor, pod string, script []byte) (time.Duration, string) {
+	b.Helper()
+	var out, errOut bytes.Buffer
+	t0 := time.Now()
+	if err := ex.Exec(context.Background(), kube.ExecRequest{Namespace: namespace, Pod: pod, Container: "job",
+		Command: []string{"/bin/bash", "-s"}, Stdin: bytes.NewReader(script), Stdout: &out, Stderr: &errOut}); err != nil {
+		b.Fatalf("raw exec in %s: %v\n%s%s", pod, err, out.String(), errOut.String())
+	}
+	return time.Since(t0), out.String() + errOut.String()
 }
 
 func report(b testing.TB, name string, s samples, baseline time.Duration) {
@@ -167,10 +176,7 @@ func BenchmarkHelloJob(b *testing.B) {
 	// Where the network job's time goes, from the summary line that closes each job log.
 	var claim, prepare, stages, scripts, runnerOwn samples
 	for i, trace := range traces {
-		m := summaryLine.FindStringSubmatch(trace)
-		if m == nil {
-			b.Fatalf("job log has no summary line:\n%s", trace)
-		}
+		m := summaryOf(b, trace)
 		claim = append(claim, msOf(m[1]))
 		prepare = append(prepare, msOf(m[2]))
 		stages = append(stages, msOf(m[4]))
@@ -191,6 +197,16 @@ func BenchmarkHelloJob(b *testing.B) {
 // summaryLine is the executor's closing job log line: claim, prepare, stage count, stages' cost,
 // scripts.
 var summaryLine = regexp.MustCompile(`(?:claimed|created) in (\d+) ms; executor overhead \d+ ms \(prepare (\d+) ms, (\d+) stages (\d+) ms\); scripts (\d+) ms`)
+
+// summaryOf is the submatches of summaryLine in a job log; a log without one fails the benchmark.
+func summaryOf(b *testing.B, trace string) []string {
+	b.Helper()
+	m := summaryLine.FindStringSubmatch(trace)
+	if m == nil {
+		b.Fatalf("job log has no summary line:\n%s", trace)
+	}
+	return m
+}
 
 func msOf(digits string) time.Duration {
 	n, _ := strconv.Atoi(digits)
