@@ -3,7 +3,7 @@
 #
 #   agent-sandbox.sh up     apply the pinned module's k8s/ kustomization (core + extensions, one
 #                           controller Deployment with --extensions) with the controller image
-#                           replaced by ours; wait until the controller is available and has
+#                           replaced by ours and the replenish delay docs/install.md recommends; wait until the controller is available and has
 #                           patched the CRDs' conversion caBundles
 #   agent-sandbox.sh down   stop a controller left running on the node by an earlier version of
 #                           these scripts (the in-cluster one stops with the node's pods)
@@ -19,12 +19,17 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 UPSTREAM_IMAGE=ko://sigs.k8s.io/agent-sandbox/cmd/agent-sandbox-controller
 DEPLOYMENT=deployment/agent-sandbox-controller
+# The replenish delay docs/install.md recommends (a pool refills 3 s after its last claim, so
+# back-to-back jobs do not share the cores with sandbox boots): the local cluster runs as admins
+# are told to run theirs. BenchmarkJobsBeforeRefills rolls the controller out without it to compare.
+REPLENISH_DELAY_ARG=--sandbox-warm-pool-replenish-delay=3s
 
 release_manifests() {
   local m image
   image=$(cat "$CLUSTER_IMAGES/agent-sandbox-controller.ref") || die "no agent-sandbox controller image built (images.sh build)"
   m=$(module_dir "sigs.k8s.io/agent-sandbox@$AGENT_SANDBOX_VERSION")/k8s
-  kubectl_admin kustomize "$m" | sed "s|image: $UPSTREAM_IMAGE\b.*|image: $image|"
+  kubectl_admin kustomize "$m" | sed -e "s|image: $UPSTREAM_IMAGE\b.*|image: $image|" \
+    -e "s|^\( *\)- --extensions\$|&\n\1- $REPLENISH_DELAY_ARG|"
 }
 
 # The controller once ran on the node (out of cluster, client-certificate user, a selector-less
@@ -61,6 +66,8 @@ up() {
   release_manifests | kubectl_admin apply --server-side --force-conflicts -f - >/dev/null
   kubectl_admin wait --for condition=Established --timeout=60s "${AGENT_SANDBOX_CRDS[@]/#/crd/}" >/dev/null
   kubectl_admin -n "$AGENT_SANDBOX_NAMESPACE" rollout status "$DEPLOYMENT" --timeout=180s >/dev/null
+  kubectl_admin -n "$AGENT_SANDBOX_NAMESPACE" get "$DEPLOYMENT" -o jsonpath='{.spec.template.spec.containers[0].args}' |
+    grep -qF -- "$REPLENISH_DELAY_ARG" || die "the agent-sandbox controller runs without $REPLENISH_DELAY_ARG: its release manifest's args changed"
   wait_until "agent-sandbox webhook endpoint ready" 60 webhook_endpoint_ready
   wait_until "agent-sandbox CRD conversion caBundles" 60 ca_bundles_patched
   log "agent-sandbox $AGENT_SANDBOX_VERSION controller in-cluster ($(cat "$CLUSTER_IMAGES/agent-sandbox-controller.ref"))"
