@@ -44,7 +44,6 @@ func TestInClusterInstall(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx := context.Background()
 	suffix := strconv.Itoa(os.Getpid())
 	inst, base := duoInstance(t)
 	r := installRelease(t, chartinstall.Options{Root: root, Env: c.Env, Kube: c.Admin.Kube,
@@ -60,16 +59,7 @@ func TestInClusterInstall(t *testing.T) {
 		}
 		return out
 	}
-	wait := func(id int64) fakegitlab.Result {
-		t.Helper()
-		ctx, cancel := context.WithTimeout(ctx, inClusterTimeout)
-		defer cancel()
-		res, err := inst.GitLab.Wait(ctx, id)
-		if err != nil {
-			t.Fatalf("job %d: %v\ntrace so far:\n%s\nrunner pod log:\n%s", id, err, res.Trace, r.RunnerLog())
-		}
-		return res
-	}
+	wait := jobWaiter(t, inst, r)
 
 	// A Duo-shaped job: clone, npm install from the instance, tests, a push back, an artifact.
 	duo := inst.Job(base, ciImage)
@@ -136,6 +126,21 @@ func installRelease(t *testing.T, o chartinstall.Options) *chartinstall.Release 
 		t.Fatal(err)
 	}
 	return r
+}
+
+// jobWaiter waits for a job of inst run by release r to end, within inClusterTimeout, and fails
+// the test with its trace so far and the runner pod's log if it does not.
+func jobWaiter(t *testing.T, inst *duoflow.Instance, r *chartinstall.Release) func(int64) fakegitlab.Result {
+	return func(id int64) fakegitlab.Result {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), inClusterTimeout)
+		defer cancel()
+		res, err := inst.GitLab.Wait(ctx, id)
+		if err != nil {
+			t.Fatalf("job %d: %v\ntrace so far:\n%s\nrunner pod log:\n%s", id, err, res.Trace, r.RunnerLog())
+		}
+		return res
+	}
 }
 
 // assertNoMaskedValues: no masked variable of job appears in its trace.

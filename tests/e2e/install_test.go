@@ -141,16 +141,7 @@ func TestDocumentedInstall(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	wait := func(id int64) fakegitlab.Result {
-		t.Helper()
-		ctx, cancel := context.WithTimeout(ctx, inClusterTimeout)
-		defer cancel()
-		res, err := inst.GitLab.Wait(ctx, id)
-		if err != nil {
-			t.Fatalf("job %d: %v\ntrace so far:\n%s\nrunner pod log:\n%s", id, err, res.Trace, run.RunnerLog())
-		}
-		return res
-	}
+	wait := jobWaiter(t, inst, run.Release)
 
 	// The stock flow as far as it goes over HTTPS: setup_script; GitLab's duo CLI line, which
 	// finds the CLI the image ships; a package from the npm stand-in (the site's mirror,

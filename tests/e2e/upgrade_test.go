@@ -62,7 +62,6 @@ func TestUpgradeUnderLoad(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx := context.Background()
 	tag, err := chartinstall.ImagesTag(root)
 	if err != nil {
 		t.Fatal(err)
@@ -86,16 +85,7 @@ func TestUpgradeUnderLoad(t *testing.T) {
 		Namespace: "sbx-upgrade-" + suffix, GitLabNamespace: "sbx-upgrade-gitlab-" + suffix, Release: "up",
 		InstanceIP: inst.Host, RunnerToken: inst.GitLab.RunnerToken(), JobImage: ciImage})
 	t.Logf("release %s in %s (images %s, then %s)", r.Release, r.Namespace, tag, next)
-	wait := func(id int64) fakegitlab.Result {
-		t.Helper()
-		ctx, cancel := context.WithTimeout(ctx, inClusterTimeout)
-		defer cancel()
-		res, err := inst.GitLab.Wait(ctx, id)
-		if err != nil {
-			t.Fatalf("job %d: %v\ntrace so far:\n%s\nrunner pod log:\n%s", id, err, res.Trace, r.RunnerLog())
-		}
-		return res
-	}
+	wait := jobWaiter(t, inst, r)
 
 	rev1 := revision{number: 1, tag: tag, cpu: "50m"}
 	rev2 := revision{number: 2, tag: next, cpu: "60m"}
